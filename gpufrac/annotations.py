@@ -1,0 +1,235 @@
+"""The fraction annotation grammar (DESIGN §1-2): every key gpufrac reads or writes, and their value formats.
+
+Pure: no I/O, no Kubernetes client. The webhook uses it to read what users and the scheduler write and to write
+the canonical annotations; the agent uses it to read those canonical annotations back on the node.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+# Pod-level shorthands: KAI's older vocabulary, translated to the per-container form.
+FRACTION = "gpu-fraction"
+FRACTION_LIMIT = "gpu-fraction.limit"
+MEMORY = "gpu-memory"
+MEMORY_LIMIT = "gpu-memory.limit"
+NUM_DEVICES = "gpu-fraction-num-devices"
+CONTAINER_NAME = "gpu-fraction-container-name"
+SHORTHAND_KEYS = (FRACTION, FRACTION_LIMIT, MEMORY, MEMORY_LIMIT, NUM_DEVICES, CONTAINER_NAME)
+
+NVIDIA_PREFIX = "nvidia.com/container."
+KAI_PREFIX = "kai.scheduler/container."
+GPUFRAC_DOMAIN = "gpufrac.io/"
+CANONICAL_PREFIX = "gpufrac.io/container."
+FRACTIONAL_LABEL = "gpufrac.io/fractional"
+
+WHOLE_GPU_RESOURCE = "nvidia.com/gpu"
+DEFAULT_MPS_ROOT = "/run/gpufrac/mps"
+
+# A container name is a DNS-1123 label, so it holds no dot and the key splits unambiguously.
+_CONTAINER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# The name part of an annotation key (after the `prefix/`) is at most 63 characters.
+_KEY_NAME_MAX = 63
+
+
+class ComputeMode(StrEnum):
+    TIME_SLICING = "time-slicing"
+    SM_SHARING = "sm-sharing"
+
+
+DEFAULT_MODE = ComputeMode.TIME_SLICING
+
+
+class Field(StrEnum):
+    """Per-container keys users and the scheduler write, under `nvidia.com/container.<c>.`."""
+
+    MEMORY_REQUEST = "gpu-memory.request"
+    MEMORY_LIMIT = "gpu-memory.limit"
+    COMPUTE_MODE = "gpu-compute.mode"
+    DEVICES = "gpus.devices"
+
+
+# The one key KAI writes under its own prefix.
+PORTION_LIMIT_SUFFIX = "gpu-memory.portion.limit"
+
+
+class CanonicalField(StrEnum):
+    """What the webhook writes under `gpufrac.io/container.<c>.`, in forms the node uses directly."""
+
+    REQUEST_MIB = "gpu-memory.request-mib"
+    LIMIT_MIB = "gpu-memory.limit-mib"
+    MPS_PINNED_MEM_LIMIT = "mps-pinned-mem-limit"
+    COMPUTE_MODE = "compute-mode"
+
+
+_SUFFIXES: dict[str, tuple[str, ...]] = {
+    NVIDIA_PREFIX: tuple(Field),
+    KAI_PREFIX: (PORTION_LIMIT_SUFFIX,),
+    CANONICAL_PREFIX: tuple(CanonicalField),
+}
+
+
+class MalformedKeyError(ValueError):
+    """An annotation key under one of our prefixes that does not follow the grammar."""
+
+    def __init__(self, key: str, accepted: str) -> None:
+        super().__init__(f"annotation key {key} is not valid: {accepted}")
+        self.key = key
+        self.accepted = accepted
+
+
+@dataclass(frozen=True)
+class ContainerKey:
+    """A parsed per-container key, e.g. `nvidia.com/container.app.gpu-memory.request`."""
+
+    key: str
+    prefix: str
+    container: str
+    suffix: str
+
+
+def nvidia_key(container: str, field: Field) -> str:
+    return f"{NVIDIA_PREFIX}{container}.{field}"
+
+
+def portion_limit_key(container: str) -> str:
+    return f"{KAI_PREFIX}{container}.{PORTION_LIMIT_SUFFIX}"
+
+
+def canonical_key(container: str, field: CanonicalField) -> str:
+    return f"{CANONICAL_PREFIX}{container}.{field}"
+
+
+def is_fraction_key(key: str) -> bool:
+    """Whether a pod annotation belongs to the fraction contract (the webhook reviews every pod carrying one)."""
+    return key in SHORTHAND_KEYS or key.startswith((NVIDIA_PREFIX, KAI_PREFIX, GPUFRAC_DOMAIN))
+
+
+def parse_container_key(key: str) -> ContainerKey | None:
+    """Split a per-container key; None for keys outside our prefixes; MalformedKeyError for a bad one inside."""
+    for prefix, suffixes in _SUFFIXES.items():
+        if not key.startswith(prefix):
+            continue
+        container, _, suffix = key[len(prefix):].partition(".")
+        accepted = f"expected {prefix}<container>.<{'|'.join(suffixes)}>"
+        if not _CONTAINER_NAME.match(container) or suffix not in suffixes:
+            raise MalformedKeyError(key, accepted)
+        return ContainerKey(key, prefix, container, suffix)
+    if key.startswith(GPUFRAC_DOMAIN):
+        raise MalformedKeyError(
+            key, f"the {GPUFRAC_DOMAIN} annotations are {CANONICAL_PREFIX}<container>.<"
+            f"{'|'.join(CanonicalField)}>, written by the webhook"
+        )
+    return None
+
+
+def longest_key_name(container: str) -> int:
+    """Length of the longest annotation key name gpufrac may need for this container (limit: 63)."""
+    return max(len(k.partition("/")[2]) for k in (
+        portion_limit_key(container),
+        nvidia_key(container, Field.MEMORY_REQUEST),
+        *(canonical_key(container, f) for f in CanonicalField),
+    ))
+
+
+def max_container_name_length() -> int:
+    """Longest container name whose keys are all valid annotation keys."""
+    return _KEY_NAME_MAX - longest_key_name("")
+
+
+def parse_mode(text: str) -> ComputeMode:
+    return ComputeMode(text)
+
+
+_DEVICE_ID = re.compile(
+    r"^(?:GPU-[0-9a-fA-F-]{8,64}|MIG-[0-9a-zA-Z/-]{8,96}|[0-9]{1,3}"
+    r"|[a-z0-9.-]+/[a-z0-9.-]+=[A-Za-z0-9_.:-]{1,128})$"
+)
+
+
+def parse_devices(text: str) -> tuple[str, ...]:
+    """`GPU-a,GPU-b`: GPU/MIG UUIDs, indexes, or CDI names (`k8s.device-plugin.nvidia.com/gpu=GPU-a`).
+
+    Raises ValueError naming the first bad entry; empty entries and duplicates are bad too.
+    """
+    devices = tuple(d.strip() for d in text.split(","))
+    for device in devices:
+        if not _DEVICE_ID.match(device):
+            raise ValueError(device or "(empty entry)")
+    if len(set(devices)) != len(devices):
+        raise ValueError("a device listed twice")
+    return devices
+
+
+def format_pinned_mem_limit(limit_mib: int, num_devices: int) -> str:
+    """CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: the limit for each device the client sees, `0=61440M,1=61440M`."""
+    return ",".join(f"{index}={limit_mib}M" for index in range(num_devices))
+
+
+_PINNED_ENTRY = re.compile(r"^([0-9]{1,3})=([0-9]{1,9})M$")
+
+
+def parse_pinned_mem_limit(text: str) -> dict[int, int]:
+    """Device index -> MiB, from the value format_pinned_mem_limit writes."""
+    limits: dict[int, int] = {}
+    for entry in text.split(","):
+        match = _PINNED_ENTRY.match(entry.strip())
+        if match is None:
+            raise ValueError(f"not an MPS pinned memory limit entry: {entry!r}")
+        limits[int(match[1])] = int(match[2])
+    return limits
+
+
+@dataclass(frozen=True)
+class CanonicalContainer:
+    """What the node needs to know of one fractional container, read back from the canonical annotations."""
+
+    container: str
+    mode: ComputeMode
+    request_mib: int | None
+    limit_mib: int | None
+    pinned_mem_limit_mib: dict[int, int]
+    devices: tuple[str, ...]
+
+
+def read_canonical(annotations: Mapping[str, str]) -> dict[str, CanonicalContainer]:
+    """The fractional containers of a pod the webhook admitted, by name. Unparsable values are skipped.
+
+    Values of a bound portion pod are there only after the bind; before it, request and limit are None.
+    """
+    fields: dict[str, dict[str, str]] = {}
+    for key, value in annotations.items():
+        if not key.startswith(CANONICAL_PREFIX):
+            continue
+        try:
+            parsed = parse_container_key(key)
+        except MalformedKeyError:
+            continue
+        if parsed is not None:
+            fields.setdefault(parsed.container, {})[parsed.suffix] = value
+    result: dict[str, CanonicalContainer] = {}
+    for container, values in fields.items():
+        try:
+            mode = ComputeMode(values.get(CanonicalField.COMPUTE_MODE, DEFAULT_MODE))
+            request = values.get(CanonicalField.REQUEST_MIB)
+            limit = values.get(CanonicalField.LIMIT_MIB)
+            pinned = values.get(CanonicalField.MPS_PINNED_MEM_LIMIT)
+            devices = annotations.get(nvidia_key(container, Field.DEVICES))
+            result[container] = CanonicalContainer(
+                container=container,
+                mode=mode,
+                request_mib=int(request) if request else None,
+                limit_mib=int(limit) if limit else None,
+                pinned_mem_limit_mib=parse_pinned_mem_limit(pinned) if pinned else {},
+                devices=parse_devices(devices) if devices else (),
+            )
+        except ValueError:
+            continue
+    return result
+
+
+def is_container_name(name: str) -> bool:
+    return bool(_CONTAINER_NAME.match(name))

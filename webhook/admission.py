@@ -1,0 +1,73 @@
+"""The two decisions, from a checked ReviewRequest to an outcome. Pure: the HTTP layer only moves bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonpatch
+
+from webhook.errors import Violation
+from webhook.fractions import resolve
+from webhook.mutation import Mutation, mutate_bind, mutate_create, mutate_ephemeral
+from webhook.policy import Policy
+from webhook.review import ReviewRequest
+from webhook.validation import validate_binding, validate_pod
+
+
+@dataclass
+class Outcome:
+    violations: list[Violation] = field(default_factory=list)
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def allowed(self) -> bool:
+        return not self.violations
+
+    @property
+    def message(self) -> str:
+        return "; ".join(str(v) for v in self.violations)
+
+
+def _patch(before: dict[str, Any], mutation: Mutation) -> Outcome:
+    return Outcome(patch=list(jsonpatch.make_patch(before, mutation.obj)), warnings=mutation.warnings)
+
+
+def mutate(request: ReviewRequest, policy: Policy) -> Outcome:
+    """The mutating webhook. It denies what it cannot turn into limits, so the user hears why at once."""
+    obj = request.obj
+    if obj is None or request.resource != "pods" or request.operation not in ("CREATE", "UPDATE"):
+        return Outcome()
+    if request.sub_resource == "ephemeralcontainers":
+        fractions, _ = resolve(obj, bound=True)
+        return _patch(obj, mutate_ephemeral(obj, fractions))
+    if request.sub_resource:
+        return Outcome()
+    if request.operation == "CREATE":
+        fractions, violations = resolve(obj, bound=False)
+        if violations:
+            return Outcome(violations=violations)
+        return _patch(obj, mutate_create(obj, fractions, policy))
+    # UPDATE: only the scheduler's bind-time values are turned into canonical annotations. Anyone else's change to
+    # fraction annotations is left for the validating webhook to deny, not quietly repaired.
+    if not policy.is_scheduler(request.user):
+        return Outcome()
+    fractions, violations = resolve(obj, bound=True)
+    if violations:
+        return Outcome(violations=violations)
+    return _patch(obj, mutate_bind(obj, fractions))
+
+
+def validate(request: ReviewRequest, policy: Policy) -> Outcome:
+    obj = request.obj
+    if obj is None or request.resource != "pods" or request.operation not in ("CREATE", "UPDATE"):
+        return Outcome()
+    if request.sub_resource == "binding":
+        return Outcome(violations=validate_binding(obj))
+    if request.sub_resource not in ("", "ephemeralcontainers"):
+        return Outcome()
+    old = request.old_obj if request.operation == "UPDATE" else None
+    if request.operation == "UPDATE" and old is None:
+        old = {}
+    return Outcome(violations=validate_pod(obj, old, request.user, policy))

@@ -1,0 +1,195 @@
+"""What the mutating webhook writes: canonical annotations, the label, and each fractional container's limits.
+
+Pure: `mutate_*` take the pod and return a changed copy plus warnings; the JSON patch is the diff of the two.
+Everything is keyed by name, so mutating an already-mutated pod changes nothing (reinvocationPolicy IfNeeded).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufrac import annotations as ann
+from gpufrac.annotations import CanonicalField, ComputeMode, Field
+from webhook import pod as podview
+from webhook.errors import BadReviewError, show_value
+from webhook.fractions import PodFractions
+from webhook.policy import Policy
+
+ENFORCEMENT_LABEL_PREFIX = "gpufrac.io/enforcement."
+ENFORCING_VALUES = ("driver", "mps")
+NO_GPU = "void"  # NVIDIA_VISIBLE_DEVICES for containers of a fractional pod that get no GPU
+NO_GPU_VALUES = ("void", "none")
+# Env names that carry a fraction's limits; only the webhook sets them.
+LIMIT_ENV_NAMES = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_GPU_MEMORY_REQUEST", "NVIDIA_GPU_MEMORY_LIMIT",
+                   "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_PIPE_DIRECTORY")
+LIMIT_ENV_PREFIXES = ("CUDA_MPS_", "NVIDIA_GPU_MEMORY_")
+
+
+@dataclass
+class Mutation:
+    obj: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
+
+
+def canonical_annotations(fractions: PodFractions) -> dict[str, str]:
+    """The `gpufrac.io/` annotations a pod with these fractions must carry, and nothing else."""
+    result: dict[str, str] = {}
+    for c in fractions.containers.values():
+        result[ann.canonical_key(c.container, CanonicalField.COMPUTE_MODE)] = str(c.mode)
+        if c.memory is not None:
+            result[ann.canonical_key(c.container, CanonicalField.REQUEST_MIB)] = str(c.memory.request_mib)
+            result[ann.canonical_key(c.container, CanonicalField.LIMIT_MIB)] = str(c.memory.limit_mib)
+            result[ann.canonical_key(c.container, CanonicalField.MPS_PINNED_MEM_LIMIT)] = \
+                ann.format_pinned_mem_limit(c.memory.limit_mib, c.num_devices)
+    return result
+
+
+def volume_name(mode: ComputeMode) -> str:
+    return f"gpufrac-mps-{mode}"
+
+
+def _field_ref(key: str) -> dict[str, Any]:
+    return {"fieldRef": {"apiVersion": "v1", "fieldPath": f"metadata.annotations['{key}']"}}
+
+
+def injected_env(container: str, mode: ComputeMode, policy: Policy) -> list[dict[str, Any]]:
+    """The env of one fractional container. Annotation-backed values are read by the kubelet at container start,
+    after the bind, so what the scheduler writes at bind reaches the process."""
+    return [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": _field_ref(ann.nvidia_key(container, Field.DEVICES))},
+        {"name": "NVIDIA_GPU_MEMORY_REQUEST",
+         "valueFrom": _field_ref(ann.canonical_key(container, CanonicalField.REQUEST_MIB))},
+        {"name": "NVIDIA_GPU_MEMORY_LIMIT",
+         "valueFrom": _field_ref(ann.canonical_key(container, CanonicalField.LIMIT_MIB))},
+        {"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+         "valueFrom": _field_ref(ann.canonical_key(container, CanonicalField.MPS_PINNED_MEM_LIMIT))},
+        {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": policy.mps_dirs[mode]},
+    ]
+
+
+def injected_volume(mode: ComputeMode, policy: Policy) -> dict[str, Any]:
+    # type Directory: if the node agent has not made the pipe directory, the pod does not start, rather than
+    # starting without MPS and so without its limits.
+    return {"name": volume_name(mode), "hostPath": {"path": policy.mps_dirs[mode], "type": "Directory"}}
+
+
+def injected_mount(mode: ComputeMode, policy: Policy) -> dict[str, Any]:
+    return {"name": volume_name(mode), "mountPath": policy.mps_dirs[mode]}
+
+
+def _set_annotations(obj: dict[str, Any], wanted: dict[str, str], stale_prefix: str, warnings: list[str],
+                     user_written: bool) -> None:
+    """Make the annotations under `stale_prefix` exactly `wanted`, plus set the other `wanted` keys."""
+    annotations = _string_map(obj, "annotations")
+    for key in [k for k in annotations if k.startswith(stale_prefix) and k not in wanted]:
+        if user_written:
+            warnings.append(f"annotation {key}: removed {show_value(annotations[key])}; gpufrac writes these")
+        del annotations[key]
+    for key, value in wanted.items():
+        current = annotations.get(key)
+        if current is not None and current != value and user_written:
+            warnings.append(f"annotation {key}: replaced {show_value(current)} with {value}, computed by gpufrac")
+        annotations[key] = value
+
+
+def _string_map(obj: dict[str, Any], key: str) -> dict[str, str]:
+    """metadata.annotations or .labels of the copy being mutated, created when absent."""
+    values = podview.string_map(obj, key)
+    obj.setdefault("metadata", {})[key] = values
+    return values
+
+
+def _upsert_by_name(items: list[dict[str, Any]], wanted: dict[str, Any]) -> dict[str, Any] | None:
+    """Put `wanted` in place of the item of the same name (or append it); return the item it replaced."""
+    for index, item in enumerate(items):
+        if item.get("name") == wanted["name"]:
+            if item != wanted:
+                items[index] = wanted
+                return item
+            return None
+    items.append(wanted)
+    return None
+
+
+def _require_enforcing_node(obj: dict[str, Any], mode: ComputeMode) -> None:
+    expression = {"key": f"{ENFORCEMENT_LABEL_PREFIX}{mode}", "operator": "In", "values": list(ENFORCING_VALUES)}
+    affinity = podview.child_object(podview.spec(obj), "affinity", "object.spec")
+    node_affinity = podview.child_object(affinity, "nodeAffinity", "spec.affinity")
+    required = podview.child_object(node_affinity, "requiredDuringSchedulingIgnoredDuringExecution",
+                                    "spec.affinity.nodeAffinity")
+    terms = podview.child_list(required, "nodeSelectorTerms", "nodeAffinity.required")
+    if not terms:
+        terms.append({})
+    # Terms are ORed: every term must carry the expression for it to hold.
+    for term in terms:
+        if not isinstance(term, dict):
+            raise BadReviewError("nodeSelectorTerms entries must be objects")
+        expressions = podview.child_list(term, "matchExpressions", "nodeSelectorTerms[]")
+        if expression not in expressions:
+            expressions.append(expression)
+
+
+def mutate_create(obj: dict[str, Any], fractions: PodFractions, policy: Policy) -> Mutation:
+    """The whole mutation of a pod being created."""
+    result = Mutation(copy.deepcopy(obj))
+    pod = result.obj
+    if not fractions.is_fractional:
+        return result
+    annotations = _string_map(pod, "annotations")
+    for key, value in fractions.translated.items():
+        annotations.setdefault(key, value)
+    _set_annotations(pod, canonical_annotations(fractions), ann.CANONICAL_PREFIX, result.warnings, True)
+    labels = _string_map(pod, "labels")
+    if labels.get(ann.FRACTIONAL_LABEL, "true") != "true":
+        result.warnings.append(f"label {ann.FRACTIONAL_LABEL}: replaced {show_value(labels[ann.FRACTIONAL_LABEL])} "
+                               "with true")
+    labels[ann.FRACTIONAL_LABEL] = "true"
+
+    modes = {c.mode for c in fractions.containers.values()}
+    for ref in podview.containers(pod, podview.ContainerKind.CONTAINER, podview.ContainerKind.INIT):
+        env = ref.spec["env"] = podview.env(ref)
+        fraction = fractions.containers.get(ref.name)
+        if fraction is None:
+            # Images such as CUDA's set NVIDIA_VISIBLE_DEVICES=all; a sidecar must not see the GPUs.
+            if not any(e.get("name") == "NVIDIA_VISIBLE_DEVICES" for e in env):
+                env.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": NO_GPU})
+            continue
+        for wanted in injected_env(ref.name, fraction.mode, policy):
+            replaced = _upsert_by_name(env, wanted)
+            if replaced is not None:
+                result.warnings.append(f"container {ref.name}: env {wanted['name']} was replaced by gpufrac "
+                                       "(it carries the fraction's limits)")
+        mounts = ref.spec["volumeMounts"] = podview.volume_mounts(ref)
+        if _upsert_by_name(mounts, injected_mount(fraction.mode, policy)) is not None:
+            result.warnings.append(f"container {ref.name}: volume mount {volume_name(fraction.mode)} was replaced "
+                                   "by gpufrac")
+    volumes = pod["spec"]["volumes"] = podview.volumes(pod)
+    for mode in sorted(modes):
+        if _upsert_by_name(volumes, injected_volume(mode, policy)) is not None:
+            result.warnings.append(f"volume {volume_name(mode)} was replaced by gpufrac")
+    if policy.require_enforcing_node:
+        for mode in sorted(modes):
+            _require_enforcing_node(pod, mode)
+    return result
+
+
+def mutate_bind(obj: dict[str, Any], fractions: PodFractions) -> Mutation:
+    """The scheduler's bind-time UPDATE: derive the canonical annotations from the values it wrote."""
+    result = Mutation(copy.deepcopy(obj))
+    if fractions.is_fractional:
+        _set_annotations(result.obj, canonical_annotations(fractions), ann.CANONICAL_PREFIX, result.warnings, False)
+    return result
+
+
+def mutate_ephemeral(obj: dict[str, Any], fractions: PodFractions) -> Mutation:
+    """`kubectl debug` on a fractional pod: the debug container gets no GPU unless it says which."""
+    result = Mutation(copy.deepcopy(obj))
+    if not fractions.is_fractional:
+        return result
+    for ref in podview.containers(result.obj, podview.ContainerKind.EPHEMERAL):
+        env = ref.spec["env"] = podview.env(ref)
+        if not any(e.get("name") == "NVIDIA_VISIBLE_DEVICES" for e in env):
+            env.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": NO_GPU})
+    return result

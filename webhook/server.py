@@ -1,0 +1,140 @@
+"""Serve the app on gunicorn over TLS: gthread workers, long keep-alive, certificates re-read when rotated."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import ssl
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gunicorn.app.base import BaseApplication
+
+from webhook.policy import Policy
+
+KEEPALIVE_SECONDS = 95  # the API server keeps idle connections for 90 s; outlive it so it never hits a closed one
+
+
+class CertificateReloader:
+    """An SSL context factory that rebuilds the context when tls.crt or tls.key change on disk.
+
+    gunicorn asks for a context on every accepted connection; building one costs a file read and key parse, so it
+    is cached and rebuilt only when the files change (a Secret update swaps them atomically). A cert and key
+    caught mid-rotation that do not match keep the previous context until the pair is whole again.
+    """
+
+    def __init__(self, cert_file: Path, key_file: Path) -> None:
+        self.cert_file = cert_file
+        self.key_file = key_file
+        self._lock = threading.Lock()
+        self._stamp: tuple[Any, ...] | None = None
+        self._context: ssl.SSLContext | None = None
+
+    def _files_stamp(self) -> tuple[Any, ...]:
+        stats = [os.stat(f) for f in (self.cert_file, self.key_file)]
+        return tuple((s.st_ino, s.st_mtime_ns, s.st_size) for s in stats)
+
+    def _build(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(certfile=str(self.cert_file), keyfile=str(self.key_file))
+        return context
+
+    def context(self) -> ssl.SSLContext:
+        with self._lock:
+            try:
+                stamp = self._files_stamp()
+                if stamp != self._stamp or self._context is None:
+                    self._context = self._build()
+                    self._stamp = stamp
+            except (OSError, ssl.SSLError):
+                if self._context is None:
+                    raise
+            return self._context
+
+    def __call__(self, _conf: Any, _default_factory: Any) -> ssl.SSLContext:
+        return self.context()
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    certs_dir: Path
+    bind: str
+    workers: int = 2
+    threads: int = 8
+    graceful_timeout: int = 20
+    log_level: str = "info"
+
+
+def _log_config(level: str) -> dict[str, Any]:
+    fmt = "%(asctime)s %(levelname)s %(name)s %(message)s"
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": "gpufrac.jsonlog.JsonFormatter", "format": fmt}},
+        "handlers": {"stdout": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stdout"}},
+        "root": {"level": level.upper(), "handlers": ["stdout"]},
+        "loggers": {
+            "gunicorn.error": {"level": level.upper(), "handlers": ["stdout"], "propagate": False},
+            "gunicorn.access": {"level": "WARNING", "handlers": ["stdout"], "propagate": False},
+        },
+    }
+
+
+class WebhookServer(BaseApplication):  # type: ignore[misc]
+    def __init__(self, policy: Policy, options: ServeOptions, metrics_dir: Path) -> None:
+        self.policy = policy
+        self.options = options
+        self.metrics_dir = metrics_dir
+        super().__init__()
+
+    def load_config(self) -> None:
+        o = self.options
+        reloader = CertificateReloader(o.certs_dir / "tls.crt", o.certs_dir / "tls.key")
+        reloader.context()  # fail at start, with the reason, if the certificates are unusable
+        metrics_dir = str(self.metrics_dir)
+
+        def child_exit(_server: Any, worker: Any) -> None:
+            from prometheus_client import multiprocess
+            multiprocess.mark_process_dead(worker.pid, metrics_dir)
+
+        settings = {
+            "bind": [o.bind],
+            "workers": o.workers,
+            "threads": o.threads,
+            "worker_class": "gthread",
+            "keepalive": KEEPALIVE_SECONDS,
+            "timeout": 30,
+            "graceful_timeout": o.graceful_timeout,
+            "certfile": str(o.certs_dir / "tls.crt"),
+            "keyfile": str(o.certs_dir / "tls.key"),
+            "ssl_context": reloader,
+            "logconfig_dict": _log_config(o.log_level),
+            "child_exit": child_exit,
+            "proc_name": "gpufrac-webhook",
+            # A worker that stops answering is replaced; a request never waits on a dead one.
+            "max_requests": 0,
+            "limit_request_line": 8190,
+        }
+        for key, value in settings.items():
+            self.cfg.set(key, value)
+
+    def load(self) -> Any:
+        from webhook.app import create_app
+        return create_app(self.policy)
+
+
+def serve(policy: Policy, options: ServeOptions) -> None:
+    """Run until SIGTERM/SIGINT; in-flight reviews finish within graceful_timeout."""
+    metrics_dir = Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix="gpufrac-metrics-"))
+    # A fresh directory each start: values of workers from an earlier run must not be summed in.
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    metrics_dir.mkdir(parents=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    try:
+        WebhookServer(policy, options, metrics_dir).run()
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)

@@ -1,0 +1,201 @@
+"""What the validating webhook denies, on the final object after every mutating webhook has run.
+
+Pure. The value rules come from `fractions.resolve`; this module adds who may change what, that the
+webhook's own output is intact, and the container-level rules that keep a fraction inside its boundary.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+from gpufrac import annotations as ann
+from gpufrac.annotations import Field
+from webhook import pod as podview
+from webhook.errors import Violation, annotation
+from webhook.fractions import PodFractions, resolve
+from webhook.mutation import (
+    LIMIT_ENV_PREFIXES,
+    NO_GPU_VALUES,
+    canonical_annotations,
+    injected_env,
+    injected_mount,
+    injected_volume,
+)
+from webhook.policy import Policy, UserInfo
+
+_IMMUTABLE = "fraction annotations cannot change after the pod is created; delete and recreate the pod"
+
+
+def user_fraction_keys(annotations: dict[str, str]) -> dict[str, str]:
+    """The fraction annotations users and the scheduler write (everything but the webhook's own)."""
+    return {k: v for k, v in annotations.items() if ann.is_fraction_key(k) and not k.startswith(ann.GPUFRAC_DOMAIN)}
+
+
+def _scheduler_names(policy: Policy) -> str:
+    names = sorted(policy.scheduler_users) + [f"group {g}" for g in sorted(policy.scheduler_groups)]
+    return ", ".join(names) or "no identity (none configured)"
+
+
+def _is_bind_key(key: str, old: dict[str, Any]) -> bool:
+    """Keys the scheduler adds at bind: devices, and absolute memory for a container that asked for a portion."""
+    parsed = ann.parse_container_key(key)
+    if parsed is None or parsed.prefix != ann.NVIDIA_PREFIX:
+        return False
+    if parsed.suffix == Field.DEVICES:
+        return True
+    if parsed.suffix in (Field.MEMORY_REQUEST, Field.MEMORY_LIMIT):
+        fractions, _ = resolve(old, bound=True)
+        entry = fractions.containers.get(parsed.container)
+        return entry is not None and entry.portion is not None
+    return False
+
+
+def _authorship(old: dict[str, Any] | None, new: dict[str, Any], user: UserInfo, policy: Policy) -> list[Violation]:
+    out: list[Violation] = []
+    new_keys = user_fraction_keys(podview.annotations(new))
+    is_scheduler = policy.is_scheduler(user)
+    if old is None:
+        for key, value in new_keys.items():
+            if key.endswith(f".{Field.DEVICES}") and key.startswith(ann.NVIDIA_PREFIX) and not is_scheduler:
+                out.append(annotation(key, value, "is written by the scheduler at bind "
+                                                  f"({_scheduler_names(policy)}), not on create"))
+        return out
+    old_keys = user_fraction_keys(podview.annotations(old))
+    for key in sorted(old_keys.keys() | new_keys.keys()):
+        if key not in new_keys:
+            out.append(annotation(key, old_keys[key], f"was removed; {_IMMUTABLE}"))
+        elif key not in old_keys:
+            if not (is_scheduler and _is_bind_key(key, old)):
+                who = "only the scheduler may add it, at bind" if _bind_shape(key) else _IMMUTABLE
+                out.append(annotation(key, new_keys[key], f"cannot be added by {user.username or 'this user'}: {who}"))
+        elif old_keys[key] != new_keys[key]:
+            out.append(annotation(key, new_keys[key], f"was changed from {old_keys[key]}; {_IMMUTABLE}"))
+    old_label = podview.labels(old).get(ann.FRACTIONAL_LABEL)
+    if old_label is not None and podview.labels(new).get(ann.FRACTIONAL_LABEL) != old_label:
+        out.append(Violation(f"label {ann.FRACTIONAL_LABEL}", "is set by gpufrac and cannot be changed or removed"))
+    return out
+
+
+def _bind_shape(key: str) -> bool:
+    return key.startswith(ann.NVIDIA_PREFIX) and key.endswith(
+        (f".{Field.DEVICES}", f".{Field.MEMORY_REQUEST}", f".{Field.MEMORY_LIMIT}"))
+
+
+def _webhook_output(obj: dict[str, Any], fractions: PodFractions) -> list[Violation]:
+    """The `gpufrac.io/` annotations and label must be exactly what the webhook derives from the fraction keys."""
+    out: list[Violation] = []
+    expected = canonical_annotations(fractions)
+    actual = {k: v for k, v in podview.annotations(obj).items() if k.startswith(ann.GPUFRAC_DOMAIN)}
+    for key in sorted(expected.keys() | actual.keys()):
+        if actual.get(key) == expected.get(key):
+            continue
+        if key not in expected:
+            out.append(annotation(key, actual[key], "is not one gpufrac writes for this pod; remove it"))
+        else:
+            shown = "is missing" if key not in actual else f"{actual[key]!r} was written over"
+            out.append(Violation(f"annotation {key}", f"{shown}: it must be {expected[key]}, as gpufrac computes it "
+                                                      "(only the gpufrac webhook writes gpufrac.io/ annotations)"))
+    label = podview.labels(obj).get(ann.FRACTIONAL_LABEL)
+    if fractions.is_fractional and label != "true":
+        out.append(Violation(f"label {ann.FRACTIONAL_LABEL}", "must be true on a pod with GPU fractions (the node "
+                             "agent finds them by it); it is set by the gpufrac mutating webhook"))
+    elif not fractions.is_fractional and label is not None:
+        out.append(Violation(f"label {ann.FRACTIONAL_LABEL}", "is only for pods with GPU fractions; remove it"))
+    return out
+
+
+def _injection(obj: dict[str, Any], fractions: PodFractions, policy: Policy) -> list[Violation]:
+    """Each fractional container carries exactly the env and mount the mutating webhook injects."""
+    out: list[Violation] = []
+    volumes = {v["name"]: v for v in podview.volumes(obj)}
+    for ref in podview.containers(obj, podview.ContainerKind.CONTAINER, podview.ContainerKind.INIT):
+        fraction = fractions.containers.get(ref.name)
+        if fraction is None:
+            continue
+        env = {e["name"]: e for e in podview.env(ref)}
+        mounts = podview.volume_mounts(ref)
+        missing = [w["name"] for w in injected_env(ref.name, fraction.mode, policy) if env.get(w["name"]) != w]
+        mount = injected_mount(fraction.mode, policy)
+        if mount not in mounts or volumes.get(mount["name"]) != injected_volume(fraction.mode, policy):
+            missing.append(f"the {mount['name']} volume mount")
+        if missing:
+            out.append(Violation(f"container {ref.name}", f"lacks what gpufrac injects ({', '.join(missing)}): the "
+                                 "gpufrac mutating webhook did not run or its changes were undone"))
+    return out
+
+
+def _is_mps_path(path: str, policy: Policy) -> bool:
+    path = posixpath.normpath(path)
+    for directory in policy.mps_dirs.values():
+        directory = posixpath.normpath(directory)
+        if path == directory or path.startswith(directory + "/") or directory.startswith(path.rstrip("/") + "/"):
+            return True
+    return False
+
+
+def _boundaries(obj: dict[str, Any], fractions: PodFractions, policy: Policy) -> list[Violation]:
+    """What would let a fractional pod, or a container beside a fraction, reach past the fraction."""
+    out: list[Violation] = []
+    pod_spec = podview.spec(obj)
+    for field in ("hostPID", "hostIPC"):
+        if pod_spec.get(field) is True:
+            out.append(Violation("pod", f"sets {field}: true; a pod with GPU fractions cannot share the host's "
+                                        "process or IPC namespace, which would reach other pods' GPU work"))
+    ours = {injected_volume(mode, policy)["name"]: mode for mode in policy.mps_dirs}
+    volumes = podview.volumes(obj)
+    for volume in volumes:
+        host_path = volume.get("hostPath")
+        if volume["name"] in ours and volume == injected_volume(ours[volume["name"]], policy):
+            continue
+        if isinstance(host_path, dict) and isinstance(host_path.get("path"), str) and \
+                _is_mps_path(host_path["path"], policy):
+            out.append(Violation(f"volume {volume['name']}", f"mounts {host_path['path']}, the node's MPS "
+                                 "directories; gpufrac mounts the right one into each fractional container"))
+    for ref in podview.containers(obj):
+        fraction = fractions.containers.get(ref.name) if ref.kind is not podview.ContainerKind.EPHEMERAL else None
+        where = f"{'ephemeral ' if ref.kind is podview.ContainerKind.EPHEMERAL else ''}container {ref.name}"
+        if ann.WHOLE_GPU_RESOURCE in podview.resource_names(ref):
+            out.append(Violation(where, f"asks for whole GPUs ({ann.WHOLE_GPU_RESOURCE}) in a pod with GPU "
+                                        "fractions; put whole-GPU and fractional work in separate pods"))
+        for mount in podview.volume_mounts(ref):
+            mode = ours.get(mount["name"])
+            if mode is not None and (fraction is None or fraction.mode != mode):
+                out.append(Violation(where, f"mounts the {mode} MPS directory but is not a {mode} fraction"))
+        if fraction is not None:
+            if podview.security_context(ref).get("privileged") is True:
+                out.append(Violation(where, "is privileged: a privileged container sees every GPU on the node, so "
+                                            "it cannot hold a fraction; remove securityContext.privileged"))
+            if "SYS_ADMIN" in podview.added_capabilities(ref) or "CAP_SYS_ADMIN" in podview.added_capabilities(ref):
+                out.append(Violation(where, "adds SYS_ADMIN, which lets it leave its GPU fraction; remove it"))
+            continue
+        for entry in podview.env(ref):
+            name = entry["name"]
+            if name == "NVIDIA_VISIBLE_DEVICES" and entry.get("value") not in NO_GPU_VALUES:
+                out.append(Violation(where, "sets NVIDIA_VISIBLE_DEVICES in a pod with GPU fractions; only "
+                                            f"{' or '.join(NO_GPU_VALUES)} is allowed outside the fractional "
+                                            f"containers ({', '.join(sorted(fractions.names()))})",))
+            elif name.startswith(LIMIT_ENV_PREFIXES):
+                out.append(Violation(where, f"sets {name}, which only the fractional containers carry, as gpufrac "
+                                            "injects it"))
+    return out
+
+
+def validate_pod(obj: dict[str, Any], old: dict[str, Any] | None, user: UserInfo, policy: Policy) -> list[Violation]:
+    """Every rule for a pod being created (old is None) or updated."""
+    fractions, out = resolve(obj, bound=old is not None)
+    out += _authorship(old, obj, user, policy)
+    out += _webhook_output(obj, fractions)
+    if fractions.is_fractional:
+        if old is None:
+            out += _injection(obj, fractions, policy)
+        out += _boundaries(obj, fractions, policy)
+    return out
+
+
+def validate_binding(binding: dict[str, Any]) -> list[Violation]:
+    """Annotations on a Binding are copied onto the pod without admission of the pod: none of ours may ride it."""
+    keys = [k for k in podview.annotations(binding) if ann.is_fraction_key(k)]
+    return [annotation(k, podview.annotations(binding)[k], "cannot be set through a Binding (it would skip the "
+                                                          "gpufrac checks); set it on the pod before binding")
+            for k in sorted(keys)]
