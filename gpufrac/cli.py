@@ -46,7 +46,7 @@ def _certs(args: argparse.Namespace) -> int:
 def _webhook(args: argparse.Namespace) -> int:
     from webhook.server import ServeOptions, serve
     serve(_policy(args), ServeOptions(Path(args.certs), args.bind, args.workers, args.threads,
-                                      log_level=args.log_level))
+                                      log_level=args.log_level), args.metrics_dir)
     return 0
 
 
@@ -123,5 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    metrics_dir = None
+    if argv[:1] == ["webhook"]:
+        from webhook.server import prepare_metrics_dir
+        metrics_dir = prepare_metrics_dir()  # before the parser imports anything that imports prometheus_client
     args = build_parser().parse_args(argv)
+    args.metrics_dir = metrics_dir
     return int(args.func(args) or 0)

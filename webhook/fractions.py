@@ -13,8 +13,15 @@ from typing import Any
 
 from gpufrac import annotations as ann
 from gpufrac.annotations import ComputeMode, Field
-from gpufrac.quantity import MIB, QuantityError, bytes_to_mib_ceil, decimals_after_point, has_unit, \
-    parse_decimal, parse_quantity
+from gpufrac.quantity import (
+    MIB,
+    QuantityError,
+    bytes_to_mib_ceil,
+    decimals_after_point,
+    has_unit,
+    parse_decimal,
+    parse_quantity,
+)
 from webhook import pod as podview
 from webhook.errors import Violation, annotation
 
@@ -91,11 +98,10 @@ def _memory_mib(key: str, value: str, out: list[Violation]) -> int | None:
         problem = "must be greater than 0" if amount <= 0 else "is below 1Mi, the smallest GPU memory gpufrac sets"
         out.append(annotation(key, value, f"{problem}; use a quantity such as 40Gi"))
         return None
-    mib = bytes_to_mib_ceil(amount)
-    if mib > MAX_MIB:
+    if amount > MAX_MIB * MIB:
         out.append(annotation(key, value, "is larger than any GPU; use a quantity such as 40Gi"))
         return None
-    return mib
+    return bytes_to_mib_ceil(amount)
 
 
 def _fraction(key: str, value: str, out: list[Violation]) -> Decimal | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import ssl
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -127,13 +128,23 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
         return create_app(self.policy)
 
 
-def serve(policy: Policy, options: ServeOptions) -> None:
-    """Run until SIGTERM/SIGINT; in-flight reviews finish within graceful_timeout."""
+def prepare_metrics_dir() -> Path:
+    """Point prometheus_client at a fresh directory shared by the workers.
+
+    Must run before anything imports prometheus_client: it picks its multiprocess mode once, at import.
+    """
+    if "prometheus_client" in sys.modules:
+        raise RuntimeError("prometheus_client was imported before the webhook chose its metrics mode")
     metrics_dir = Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix="gpufrac-metrics-"))
     # A fresh directory each start: values of workers from an earlier run must not be summed in.
     shutil.rmtree(metrics_dir, ignore_errors=True)
     metrics_dir.mkdir(parents=True)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    return metrics_dir
+
+
+def serve(policy: Policy, options: ServeOptions, metrics_dir: Path) -> None:
+    """Run until SIGTERM/SIGINT; in-flight reviews finish within graceful_timeout."""
     try:
         WebhookServer(policy, options, metrics_dir).run()
     finally:

@@ -93,9 +93,10 @@ def _webhook_output(obj: dict[str, Any], fractions: PodFractions) -> list[Violat
         if key not in expected:
             out.append(annotation(key, actual[key], "is not one gpufrac writes for this pod; remove it"))
         else:
-            shown = "is missing" if key not in actual else f"{actual[key]!r} was written over"
-            out.append(Violation(f"annotation {key}", f"{shown}: it must be {expected[key]}, as gpufrac computes it "
-                                                      "(only the gpufrac webhook writes gpufrac.io/ annotations)"))
+            problem = f"must be {expected[key]}, as gpufrac computes it from the fraction annotations"
+            if key not in actual:
+                problem += ", but it is missing"
+            out.append(annotation(key, actual.get(key), problem + " (only the gpufrac webhook writes them)"))
     label = podview.labels(obj).get(ann.FRACTIONAL_LABEL)
     if fractions.is_fractional and label != "true":
         out.append(Violation(f"label {ann.FRACTIONAL_LABEL}", "must be true on a pod with GPU fractions (the node "

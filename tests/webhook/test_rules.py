@@ -1,0 +1,216 @@
+"""Every value rule of the contract, allowed and denied, through the mutating decision (what a user hears first)
+and the validating one (what holds on the final object)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.webhook.builders import INFERENCE, NOTEBOOK, POLICY, pod, review
+from webhook import admission
+
+
+def denial(obj) -> str:
+    outcome = admission.mutate(review(obj), POLICY)
+    assert not outcome.allowed, "expected a denial"
+    assert outcome.patch == []
+    again = admission.validate(review(obj), POLICY)
+    assert not again.allowed, "the validating webhook must deny it too"
+    return outcome.message
+
+
+def allowed(obj) -> admission.Outcome:
+    outcome = admission.mutate(review(obj), POLICY)
+    assert outcome.allowed, outcome.message
+    return outcome
+
+
+@pytest.mark.parametrize("value", ["1", "0", "-0.5", "1.5", "NaN", "nan", "inf", "half", "0x1p-1", "", " 0.5",
+                                   "0.5 ", "1e0", "0,5", "+0.5", "5e-1000"])
+def test_gpu_fraction_outside_the_open_unit_interval_is_denied(value):
+    message = denial(pod({"gpu-fraction": value}))
+    assert message.startswith("annotation gpu-fraction: ")
+    assert "strictly between 0 and 1" in message
+    assert (value or '""') in message
+
+
+@pytest.mark.parametrize("value", ["0.25", "2.5e-1", ".5", "0.99999", "1e-3"])
+def test_gpu_fraction_decimal_numbers_are_accepted(value):
+    allowed(pod({"gpu-fraction": value}))
+
+
+@pytest.mark.parametrize(("annotations", "fragment"), [
+    ({"gpu-fraction.limit": "0.8"}, "annotation gpu-fraction.limit: 0.8 can only be used together with the "
+                                    "gpu-fraction annotation"),
+    ({"gpu-fraction": "0.5", "gpu-fraction.limit": "0.5"}, "must be greater than gpu-fraction (0.5) and less than 1"),
+    ({"gpu-fraction": "0.5", "gpu-fraction.limit": "1"}, "gpu-fraction.limit: 1 must be greater than"),
+    ({"gpu-fraction": "0.5", "gpu-fraction.limit": "0.5123456"}, "at most 5 digits after the decimal point"),
+    ({"gpu-fraction": "0.5", "kai.scheduler/container.app.gpu-memory.portion.limit": "0.4"},
+     "annotation kai.scheduler/container.app.gpu-memory.portion.limit: 0.4 must be greater than gpu-fraction (0.5) "
+     "and less than 1"),
+    ({"kai.scheduler/container.app.gpu-memory.portion.limit": "0.8"},
+     "can only be used together with the gpu-fraction annotation"),
+    ({"gpu-fraction": "0.5", "gpu-fraction.limit": "0.8",
+      "kai.scheduler/container.app.gpu-memory.portion.limit": "0.9"}, "does not match gpu-fraction.limit (0.8)"),
+])
+def test_portion_limits(annotations, fragment):
+    assert fragment in denial(pod(annotations))
+
+
+def test_portion_limit_for_another_container_than_the_fraction_is_denied():
+    message = denial(pod({"gpu-fraction": "0.5", "kai.scheduler/container.side.gpu-memory.portion.limit": "0.8"},
+                         "app", "side"))
+    assert "names container side, but gpu-fraction applies to app; set gpu-fraction-container-name to side" in message
+
+
+@pytest.mark.parametrize(("annotations", "fragment"), [
+    ({"gpu-memory": "abc"}, "annotation gpu-memory: abc must be a positive whole number of MiB"),
+    ({"gpu-memory": "0"}, "annotation gpu-memory: 0 must be a positive whole number of MiB"),
+    ({"gpu-memory": "1.5"}, "annotation gpu-memory: 1.5 must be"),
+    ({"gpu-memory": "4096", "gpu-memory.limit": "8192"}, "annotation gpu-memory.limit: 8192 must be a memory quantity "
+                                                         "with a unit"),
+    ({"gpu-memory": "4096", "gpu-memory.limit": "2Gi"}, "annotation gpu-memory.limit: 2Gi must not be smaller than "
+                                                        "gpu-memory (4096 MiB)"),
+    ({"gpu-memory.limit": "2Gi"}, "can only be used together with the gpu-memory annotation"),
+])
+def test_gpu_memory_shorthand(annotations, fragment):
+    assert fragment in denial(pod(annotations))
+
+
+@pytest.mark.parametrize(("value", "fragment"), [
+    ("lots", "must be a Kubernetes memory quantity of at least 1Mi"),
+    ("0", "must be greater than 0"),
+    ("-1Gi", "must be greater than 0"),
+    ("512Ki", "is below 1Mi"),
+    ("40GB", "must be a Kubernetes memory quantity"),
+    ("1e400", "is larger than any GPU"),
+])
+def test_memory_quantities(value, fragment):
+    message = denial(pod({"nvidia.com/container.app.gpu-memory.request": value}))
+    assert f"annotation nvidia.com/container.app.gpu-memory.request: {value} {fragment}" in message
+
+
+def test_limit_below_request_is_denied():
+    message = denial(pod({"nvidia.com/container.app.gpu-memory.request": "40Gi",
+                          "nvidia.com/container.app.gpu-memory.limit": "20Gi"}))
+    assert "annotation nvidia.com/container.app.gpu-memory.limit: 20Gi must not be smaller than the request " \
+           "(40960 MiB)" in message
+
+
+@pytest.mark.parametrize("annotations", [
+    {"gpu-fraction": "0.5", "gpu-memory": "1024"},
+    {"gpu-fraction": "0.5", "nvidia.com/container.app.gpu-memory.request": "1Gi"},
+    {"gpu-fraction": "0.5", "nvidia.com/container.app.gpu-memory.limit": "1Gi"},
+])
+def test_portion_and_absolute_memory_do_not_mix(annotations):
+    assert "cannot be used together with gpu-fraction" in denial(pod(annotations))
+
+
+def test_whole_gpus_and_a_fraction_do_not_mix_in_one_container():
+    obj = pod({"gpu-fraction": "0.5"}, resources={"limits": {"nvidia.com/gpu": "1"}})
+    outcome = admission.mutate(review(obj), POLICY)
+    assert outcome.allowed  # the mutating webhook injects; the validating one sees the final object
+    import jsonpatch
+    final = jsonpatch.apply_patch(obj, outcome.patch)
+    message = admission.validate(review(final), POLICY).message
+    assert "container app: asks for whole GPUs (nvidia.com/gpu)" in message
+
+
+@pytest.mark.parametrize(("annotations", "fragment"), [
+    ({"gpu-fraction": "0.5", "gpu-fraction-num-devices": "0"}, "gpu-fraction-num-devices: 0 must be a whole"),
+    ({"gpu-fraction": "0.5", "gpu-fraction-num-devices": "x"}, "annotation gpu-fraction-num-devices: x must be"),
+    ({"gpu-fraction": "0.5", "gpu-fraction-num-devices": "1000000000"}, "from 1 to 64"),
+    ({"gpu-fraction-num-devices": "2"}, "annotation gpu-fraction-num-devices: 2 needs a fraction to apply to"),
+])
+def test_num_devices(annotations, fragment):
+    assert fragment in denial(pod(annotations))
+
+
+@pytest.mark.parametrize(("key", "fragment"), [
+    ("nvidia.com/container.app.gpu-memory", "is not a key gpufrac knows: expected nvidia.com/container.<container>."),
+    ("nvidia.com/container..gpu-memory.request", "is not a key gpufrac knows"),
+    ("nvidia.com/container.App.gpu-memory.request", "is not a key gpufrac knows"),
+    ("kai.scheduler/container.app.gpu-memory.limit", "expected kai.scheduler/container.<container>.<gpu-memory."
+                                                     "portion.limit>"),
+    ("gpufrac.io/anything", "written by the webhook"),
+])
+def test_malformed_keys_are_errors_not_ignored(key, fragment):
+    message = denial(pod({"gpu-fraction": "0.5", key: "1"}))
+    assert f"annotation {key}: is not a key gpufrac knows" in message
+    assert fragment in message
+
+
+def test_a_key_naming_a_missing_container_lists_the_pods_containers():
+    message = denial(pod({"nvidia.com/container.trainer.gpu-memory.request": "1Gi"}, "app", "side", init=("setup",)))
+    assert "annotation nvidia.com/container.trainer.gpu-memory.request: names container trainer, but the pod has " \
+           "app, side, setup" in message
+
+
+def test_gpu_fraction_container_name_must_exist():
+    message = denial(pod({"gpu-fraction": "0.5", "gpu-fraction-container-name": "nope"}))
+    assert "annotation gpu-fraction-container-name: nope must name a container of the pod: app" in message
+
+
+def test_gpu_fraction_container_name_may_name_an_init_container():
+    outcome = allowed(pod({"gpu-fraction": "0.5", "gpu-fraction-container-name": "setup"}, init=("setup",)))
+    paths = {op["path"] for op in outcome.patch}
+    assert "/spec/initContainers/0/env" in paths or any(p.startswith("/spec/initContainers/0/env") for p in paths)
+
+
+@pytest.mark.parametrize(("annotations", "fragment"), [
+    ({"gpu-fraction": "0.5", "nvidia.com/container.app.gpu-compute.mode": "turbo"},
+     "annotation nvidia.com/container.app.gpu-compute.mode: turbo must be time-slicing or sm-sharing"),
+    ({"nvidia.com/container.app.gpu-compute.mode": "sm-sharing"},
+     "annotation nvidia.com/container.app.gpu-compute.mode: sm-sharing needs a GPU memory request for container app"),
+])
+def test_compute_modes(annotations, fragment):
+    assert fragment in denial(pod(annotations))
+
+
+def test_containers_of_one_pod_cannot_mix_modes():
+    message = denial(pod({
+        "nvidia.com/container.a.gpu-memory.request": "1Gi", "nvidia.com/container.a.gpu-compute.mode": "sm-sharing",
+        "nvidia.com/container.b.gpu-memory.request": "1Gi", "nvidia.com/container.b.gpu-compute.mode": "time-slicing",
+    }, "a", "b"))
+    assert "pod: mixes compute modes across containers (a=sm-sharing, b=time-slicing)" in message
+
+
+def test_several_containers_of_one_pod_may_each_hold_a_fraction():
+    outcome = allowed(pod({"nvidia.com/container.a.gpu-memory.request": "1Gi",
+                           "nvidia.com/container.b.gpu-memory.request": "2Gi"}, "a", "b"))
+    added = {op["path"]: op["value"] for op in outcome.patch if op["op"] == "add"}
+    assert added["/metadata/annotations/gpufrac.io~1container.a.gpu-memory.request-mib"] == "1024"
+    assert added["/metadata/annotations/gpufrac.io~1container.b.gpu-memory.request-mib"] == "2048"
+
+
+def test_devices_on_create_are_the_schedulers_alone():
+    obj = pod({**INFERENCE, "nvidia.com/container.app.gpus.devices": "GPU-0000aaaa,GPU-0000bbbb,GPU-0000cccc,"
+                                                                     "GPU-0000dddd"})
+    outcome = admission.mutate(review(obj), POLICY)
+    import jsonpatch
+    message = admission.validate(review(jsonpatch.apply_patch(obj, outcome.patch)), POLICY).message
+    assert "annotation nvidia.com/container.app.gpus.devices: GPU-0000aaaa" in message
+    assert "is written by the scheduler at bind (system:serviceaccount:kai-scheduler:binder), not on create" in message
+
+
+def test_seed_examples_are_allowed():
+    allowed(pod(INFERENCE))
+    allowed(pod(NOTEBOOK))
+
+
+def test_long_container_names_that_cannot_carry_the_keys_are_denied():
+    name = "a" * 40
+    message = denial(pod({f"nvidia.com/container.{name}.gpu-memory.request": "1Gi"}, name))
+    assert f"container {name}: has a name longer than" in message
+
+
+def test_every_violation_is_reported_at_once():
+    message = denial(pod({"gpu-fraction": "2", "gpu-fraction-num-devices": "0",
+                          "nvidia.com/container.app.gpu-compute.mode": "fast"}))
+    assert message.count("; ") >= 2
+    assert "gpu-fraction: 2" in message and "num-devices: 0" in message and "mode: fast" in message
+
+
+def test_hostile_values_are_shown_short_and_quoted():
+    message = denial(pod({"gpu-fraction": "\x1b[31m" + "9" * 5000}))
+    assert len(message) < 400
+    assert "\\u001b" in message and "(5005 characters)" in message

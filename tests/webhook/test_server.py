@@ -1,0 +1,211 @@
+"""The webhook as it runs: a real gunicorn process over HTTPS with the generated CA."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from certs.generate import issue_ca, issue_serving_cert, write_dev_certs, write_serving_files
+from tests.webhook.builders import INFERENCE, pod, review_body
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, certs: Path, port: int, log: Path) -> None:
+        self.certs, self.port, self.log_path = certs, port, log
+        self.log = open(log, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpufrac", "webhook", "--certs", str(certs), "--bind", f"127.0.0.1:{port}",
+             "--workers", "2", "--threads", "4"],
+            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                status, _ = self.request("GET", "/readyz")
+                if status == 200:
+                    return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"webhook did not start:\n{log.read_text()[-2000:]}")
+
+    def context(self, ca: Path | None = None) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(ca or self.certs / "ca.crt"))
+
+    def connection(self, ca: Path | None = None) -> http.client.HTTPSConnection:
+        return http.client.HTTPSConnection("localhost", self.port, context=self.context(ca), timeout=10)
+
+    def request(self, method: str, path: str, body: bytes | None = None, conn=None) -> tuple[int, bytes]:
+        own = conn is None
+        conn = conn or self.connection()
+        try:
+            conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            if own:
+                conn.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    base = tmp_path_factory.mktemp("webhook")
+    write_dev_certs(base / "certs")
+    srv = Server(base / "certs", free_port(), base / "webhook.log")
+    yield srv
+    srv.stop()
+
+
+def post(server, path, body) -> tuple[int, dict]:
+    status, data = server.request("POST", path, json.dumps(body).encode())
+    return status, json.loads(data)
+
+
+def test_mutate_answers_with_a_base64_json_patch_and_echoes_the_uid(server):
+    status, body = post(server, "/mutate", review_body(pod(INFERENCE), uid="uid-123"))
+    assert status == 200
+    assert body["apiVersion"] == "admission.k8s.io/v1" and body["kind"] == "AdmissionReview"
+    response = body["response"]
+    assert response["uid"] == "uid-123" and response["allowed"] is True and response["patchType"] == "JSONPatch"
+    import base64
+    patch = json.loads(base64.b64decode(response["patch"]))
+    assert {"op": "add", "path": "/metadata/labels", "value": {"gpufrac.io/fractional": "true"}} in patch
+
+
+def test_validate_denies_with_a_forbidden_status_and_never_patches(server):
+    status, body = post(server, "/validate", review_body(pod({"gpu-fraction": "1.5"})))
+    assert status == 200
+    response = body["response"]
+    assert response["allowed"] is False and "patch" not in response
+    assert response["status"]["code"] == 403
+    assert response["status"]["message"].startswith("annotation gpu-fraction: 1.5 must be a decimal number")
+
+
+@pytest.mark.parametrize(("body", "status", "fragment"), [
+    (b"not json", 400, "not JSON"),
+    (b"[]", 400, "must be a JSON object"),
+    (b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}', 400, "no request object"),
+    (b'{"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {}}', 400,
+     "expected apiVersion admission.k8s.io/v1"),
+    (json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                 "request": {"uid": "u", "operation": "CREATE", "resource": {"resource": "pods"},
+                             "object": {"metadata": {"annotations": []}}}}).encode(),
+     400, "annotations must be an object"),
+    (b"[" * 100000, 400, ""),
+])
+def test_malformed_reviews_get_a_json_400(server, body, status, fragment):
+    got, data = server.request("POST", "/mutate", body)
+    assert got == status
+    assert fragment in json.loads(data)["error"]
+
+
+def test_oversized_bodies_get_a_413_before_they_are_read(server):
+    with socket.create_connection(("127.0.0.1", server.port)) as raw, \
+            server.context().wrap_socket(raw, server_hostname="localhost") as tls:
+        tls.sendall(b"POST /validate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 9437184\r\n\r\n" + b"x" * 65536)
+        reply = b""
+        while b"}" not in reply:
+            chunk = tls.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+        reply = reply.decode()
+    assert reply.startswith("HTTP/1.1 413") and "larger than" in reply
+
+
+def test_wrong_methods_and_paths_get_json_errors(server):
+    assert server.request("GET", "/mutate")[0] == 405
+    status, data = server.request("GET", "/nope")
+    assert status == 404 and "POST /mutate" in json.loads(data)["error"]
+
+
+def test_keep_alive_serves_many_reviews_on_one_connection(server):
+    conn = server.connection()
+    try:
+        for _ in range(5):
+            status, _ = server.request("POST", "/mutate", json.dumps(review_body(pod(INFERENCE))).encode(), conn)
+            assert status == 200
+    finally:
+        conn.close()
+
+
+def test_tls_below_1_2_is_refused(server):
+    context = server.context()
+    context.minimum_version = ssl.TLSVersion.TLSv1_1
+    context.maximum_version = ssl.TLSVersion.TLSv1_1
+    with pytest.raises(ssl.SSLError), socket.create_connection(("127.0.0.1", server.port)) as raw:
+        context.wrap_socket(raw, server_hostname="localhost")
+
+
+def test_metrics_count_reviews_across_workers(server):
+    def count(text: str, endpoint: str, result: str) -> float:
+        prefix = f'gpufrac_admission_reviews_total{{endpoint="{endpoint}",result="{result}"}} '
+        return sum(float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix))
+
+    before = server.request("GET", "/metrics")[1].decode()
+    for _ in range(20):  # new connections, so both workers answer some
+        post(server, "/validate", review_body(pod({"gpu-fraction": "2"})))
+    after = server.request("GET", "/metrics")[1].decode()
+    assert count(after, "validate", "denied") - count(before, "validate", "denied") == 20
+    assert "gpufrac_admission_review_duration_seconds_bucket" in after
+
+
+def test_one_json_log_line_per_review(server):
+    post(server, "/mutate", review_body(pod({"gpu-fraction": "0.5"}), uid="log-me"))
+    time.sleep(0.2)
+    lines = [json.loads(line) for line in server.log_path.read_text().splitlines() if '"log-me"' in line]
+    assert len(lines) == 1 and lines[0]["endpoint"] == "mutate" and lines[0]["result"] == "allowed"
+
+
+def test_a_rotated_certificate_is_served_to_new_connections_without_restart(tmp_path):
+    certs = tmp_path / "certs"
+    write_dev_certs(certs)
+    srv = Server(certs, free_port(), tmp_path / "webhook.log")
+    try:
+        old_ca = tmp_path / "old-ca.crt"
+        old_ca.write_bytes((certs / "ca.crt").read_bytes())
+        kept = srv.connection(old_ca)
+        assert srv.request("GET", "/healthz", conn=kept)[0] == 200
+
+        new_ca = issue_ca("rotated-ca")
+        write_serving_files(certs, new_ca, issue_serving_cert(new_ca))
+        assert srv.request("GET", "/healthz", conn=srv.connection(certs / "ca.crt"))[0] == 200
+        with pytest.raises(ssl.SSLCertVerificationError):
+            srv.request("GET", "/healthz", conn=srv.connection(old_ca))
+        assert srv.request("GET", "/healthz", conn=kept)[0] == 200  # an open connection keeps working
+        kept.close()
+        assert srv.proc.poll() is None
+    finally:
+        srv.stop()
+
+
+def test_sigterm_stops_the_server_cleanly(tmp_path):
+    write_dev_certs(tmp_path / "certs")
+    srv = Server(tmp_path / "certs", free_port(), tmp_path / "webhook.log")
+    os.killpg(srv.proc.pid, signal.SIGTERM)
+    assert srv.proc.wait(timeout=30) == 0
+    srv.stop()
