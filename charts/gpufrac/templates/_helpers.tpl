@@ -1,0 +1,214 @@
+{{/* Names. */}}
+{{- define "gpufrac.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpufrac.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "gpufrac.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Name of both webhook configurations (Mutating and Validating; different kinds, one name). */}}
+{{- define "gpufrac.webhookConfigName" -}}
+{{- include "gpufrac.fullname" . }}
+{{- end }}
+
+{{- define "gpufrac.webhook.fullname" -}}
+{{- printf "%s-webhook" (include "gpufrac.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpufrac.webhook.serviceName" -}}
+{{- include "gpufrac.webhook.fullname" . }}
+{{- end }}
+
+{{- define "gpufrac.agent.fullname" -}}
+{{- printf "%s-agent" (include "gpufrac.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpufrac.certs.fullname" -}}
+{{- printf "%s-certs" (include "gpufrac.fullname" .) | trunc 52 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpufrac.certs.secretName" -}}
+{{- default (printf "%s-webhook-tls" (include "gpufrac.fullname" .)) .Values.certs.secretName }}
+{{- end }}
+
+{{/* cert-manager Certificate whose CA is injected into the webhook configurations. */}}
+{{- define "gpufrac.certs.servingCertificateName" -}}
+{{- printf "%s-serving" (include "gpufrac.webhook.fullname" .) }}
+{{- end }}
+
+{{- define "gpufrac.webhook.serviceAccountName" -}}
+{{- if .Values.webhook.serviceAccount.create }}
+{{- default (include "gpufrac.webhook.fullname" .) .Values.webhook.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.webhook.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "gpufrac.agent.serviceAccountName" -}}
+{{- if .Values.agent.serviceAccount.create }}
+{{- default (include "gpufrac.agent.fullname" .) .Values.agent.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.agent.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* True ("true") when the webhook configurations point at an explicit URL (local mode). */}}
+{{- define "gpufrac.urlMode" -}}
+{{- if .Values.webhook.clientConfig.url }}true{{ end }}
+{{- end }}
+
+{{/* True when the chart runs the self-managed certificate reconciler. */}}
+{{- define "gpufrac.selfManagedCerts" -}}
+{{- if and (eq .Values.certs.mode "self-managed") (not .Values.webhook.clientConfig.url) (not .Values.webhook.clientConfig.caBundle) }}true{{ end }}
+{{- end }}
+
+{{/* Labels. */}}
+{{- define "gpufrac.labels" -}}
+helm.sh/chart: {{ include "gpufrac.chart" . }}
+app.kubernetes.io/name: {{ include "gpufrac.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpufrac
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Selector labels of one component: include "gpufrac.selectorLabels" (list . "webhook") */}}
+{{- define "gpufrac.selectorLabels" -}}
+{{- $root := index . 0 -}}
+app.kubernetes.io/name: {{ include "gpufrac.name" $root }}
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "gpufrac.componentLabels" -}}
+{{- $root := index . 0 -}}
+{{ include "gpufrac.labels" $root }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{/* Image of a component: include "gpufrac.image" (list . .Values.webhook.image) */}}
+{{- define "gpufrac.image" -}}
+{{- $root := index . 0 -}}
+{{- $img := merge (deepCopy (index . 1)) (deepCopy $root.Values.image) -}}
+{{- if $img.digest -}}
+{{ $img.repository }}@{{ $img.digest }}
+{{- else -}}
+{{ $img.repository }}:{{ default $root.Chart.AppVersion $img.tag }}
+{{- end -}}
+{{- end }}
+
+{{- define "gpufrac.imagePullPolicy" -}}
+{{- $root := index . 0 -}}
+{{- $img := merge (deepCopy (index . 1)) (deepCopy $root.Values.image) -}}
+{{- $img.pullPolicy }}
+{{- end }}
+
+{{/*
+CEL: does `obj` (object or oldObject) carry a fraction key? An annotation named like one of KAI's pod-level
+shorthands or starting with one of the per-container prefixes, or our fractional label. Guards: metadata.annotations
+and metadata.labels may be absent (has()); on pods/binding the object is a Binding (it has metadata too).
+*/}}
+{{- define "gpufrac.cel.hasFractionKey" -}}
+{{- $o := . -}}
+{{- $keys := list "gpu-fraction" "gpu-fraction.limit" "gpu-memory" "gpu-memory.limit" "gpu-fraction-num-devices" "gpu-fraction-container-name" -}}
+{{- $prefixes := list "nvidia.com/container." "kai.scheduler/container." "gpufrac.io/" -}}
+{{- $quoted := list -}}
+{{- range $keys }}{{ $quoted = append $quoted (quote .) }}{{ end -}}
+{{- $starts := list -}}
+{{- range $prefixes }}{{ $starts = append $starts (printf "k.startsWith(%s)" (quote .)) }}{{ end -}}
+(has({{ $o }}.metadata.annotations) && {{ $o }}.metadata.annotations.exists(k,
+    k in [{{ join ", " $quoted }}]
+    || {{ join "\n    || " $starts }}))
+|| (has({{ $o }}.metadata.labels) && "gpufrac.io/fractional" in {{ $o }}.metadata.labels)
+{{- end }}
+
+{{/*
+The matchConditions of a webhook: include "gpufrac.matchConditions" (list . ALL_BINDINGS). On CREATE oldObject is
+null. ALL_BINDINGS (validating only, opt-in): also every pods/binding request, whose object is a Binding that
+carries no pod labels, so a fractional pod's bind is seen even when the Binding has no fraction annotations.
+request.subResource is absent (not "") on requests without one: unguarded, it is a CEL error, i.e. failurePolicy
+for every pod (seen on kube-apiserver 1.36.3).
+*/}}
+{{- define "gpufrac.matchConditions" -}}
+{{- $root := index . 0 -}}
+- name: has-fraction-keys
+  expression: |-
+    {{- if index . 1 }}
+    (has(request.subResource) && request.subResource == "binding")
+    || {{ include "gpufrac.cel.hasFractionKey" "object" | nindent 4 | trim }}
+    {{- else }}
+    {{- include "gpufrac.cel.hasFractionKey" "object" | nindent 4 }}
+    {{- end }}
+    || (oldObject != null && (
+    {{- include "gpufrac.cel.hasFractionKey" "oldObject" | nindent 6 }}
+    ))
+{{- with $root.Values.webhook.extraMatchConditions }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "gpufrac.namespaceSelector" -}}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: NotIn
+    values:
+      {{- toYaml (uniq (concat (list "kube-system" .Release.Namespace) .Values.webhook.excludedNamespaces)) | nindent 6 }}
+{{- end }}
+
+{{/*
+clientConfig of one webhook: include "gpufrac.clientConfig" (list . "/mutate").
+url mode: <url><path> with webhook.clientConfig.caBundle. Service mode: the Service, with caBundle from
+webhook.clientConfig.caBundle when given, else (self-managed certs) from the live Secret so an upgrade does not
+blank it; cert-manager's cainjector fills it otherwise.
+*/}}
+{{- define "gpufrac.clientConfig" -}}
+{{- $root := index . 0 -}}
+{{- $path := index . 1 -}}
+{{- $cc := $root.Values.webhook.clientConfig -}}
+{{- if $cc.url -}}
+url: {{ printf "%s%s" (trimSuffix "/" $cc.url) $path | quote }}
+{{- with $cc.caBundle }}
+caBundle: {{ . | quote }}
+{{- end }}
+{{- else -}}
+service:
+  name: {{ include "gpufrac.webhook.serviceName" $root }}
+  namespace: {{ $root.Release.Namespace }}
+  path: {{ $path | quote }}
+  port: {{ $root.Values.webhook.service.port }}
+{{- if $cc.caBundle }}
+caBundle: {{ $cc.caBundle | quote }}
+{{- else if include "gpufrac.selfManagedCerts" $root }}
+{{- $secret := lookup "v1" "Secret" $root.Release.Namespace (include "gpufrac.certs.secretName" $root) }}
+{{- if and $secret $secret.data }}
+{{- with (index $secret.data "ca-bundle.crt") }}
+caBundle: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "gpufrac.webhookConfigAnnotations" -}}
+{{- if and (eq .Values.certs.mode "cert-manager") (not .Values.webhook.clientConfig.url) (not .Values.webhook.clientConfig.caBundle) }}
+annotations:
+  cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "gpufrac.certs.servingCertificateName" .) }}
+{{- end }}
+{{- end }}

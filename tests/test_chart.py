@@ -1,0 +1,572 @@
+"""The Helm chart (charts/gpufrac): lint, schema, Kubernetes 1.36 object schemas, and what each object must
+say.
+
+Needs the helm binary from `make tools` ($GPUFRAC_TOOLS_CACHE/bin/helm); skipped without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from certs.rotation import add_rotate_arguments
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "charts" / "gpufrac"
+TOOLS = Path(os.environ.get("GPUFRAC_TOOLS_CACHE", Path.home() / ".cache" / "gpufrac" / "tools"))
+HELM = TOOLS / "bin" / "helm"
+NS = "gpufrac-system"
+K8S_VERSION = "1.36.0"
+URL = "https://127.0.0.1:18443"
+CA_BUNDLE = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="
+
+pytestmark = pytest.mark.skipif(
+    not os.access(HELM, os.X_OK), reason=f"helm not found at {HELM} (build it with `make tools`)"
+)
+
+FRACTION_KEYS = ["gpu-fraction", "gpu-fraction.limit", "gpu-memory", "gpu-memory.limit",
+                 "gpu-fraction-num-devices", "gpu-fraction-container-name"]
+PREFIXES = ["nvidia.com/container.", "kai.scheduler/container.", "gpufrac.io/"]
+URL_MODE = ["--set", f"webhook.clientConfig.url={URL}", "--set", f"webhook.clientConfig.caBundle={CA_BUNDLE}"]
+CERT_MANAGER = ["--set", "certs.mode=cert-manager"]
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(HELM), *args], capture_output=True, text=True, check=check, timeout=120)
+
+
+def render(*args: str, namespace: str = NS) -> list[dict[str, Any]]:
+    out = helm("template", "gpufrac", str(CHART), "--namespace", namespace, *args).stdout
+    return [o for o in yaml.safe_load_all(out) if o]
+
+
+def find(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+
+
+def one(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = find(objs, kind, name)
+    assert len(found) == 1, f"{len(found)} {kind} {name or ''}"
+    return found[0]
+
+
+def webhook(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    cfg = one(objs, kind)
+    assert len(cfg["webhooks"]) == 1
+    return cfg["webhooks"][0]
+
+
+def mutating(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    return webhook(objs, "MutatingWebhookConfiguration")
+
+
+def validating(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    return webhook(objs, "ValidatingWebhookConfiguration")
+
+
+def container(workload: dict[str, Any]) -> dict[str, Any]:
+    spec = workload["spec"]["template"]["spec"] if workload["kind"] != "CronJob" \
+        else workload["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    return c
+
+
+def arg_value(args: list[str], flag: str) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
+
+
+@pytest.fixture(scope="module")
+def default() -> list[dict[str, Any]]:
+    return render()
+
+
+# --- lint, schema, Kubernetes object schemas -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [[], CERT_MANAGER, URL_MODE], ids=["self-managed", "cert-manager", "url"])
+def test_lint_strict(mode: list[str]) -> None:
+    r = helm("lint", "--strict", str(CHART), "--namespace", NS, *mode, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "webhook.replicas=two",
+        "webhook.failurePolicy=Maybe",
+        "webhook.mutating.timeoutSeconds=10",
+        "webhook.validating.timeoutSeconds=6",
+        "certs.mode=helm",
+        "webhook.clientConfig.url=http://127.0.0.1:18443",
+        "webhook.requireEnforcingNode=maybe",
+        "agent.metricsPort=99999",
+        "webhook.notAKey=1",
+    ],
+)
+def test_schema_rejects_wrong_values(bad: str) -> None:
+    r = helm("template", "gpufrac", str(CHART), "--namespace", NS, "--set", bad, check=False)
+    assert r.returncode != 0, f"--set {bad} rendered"
+    assert "schema" in r.stderr or "values don't meet" in r.stderr, r.stderr
+
+
+def test_inconsistent_mps_dirs_fail() -> None:
+    r = helm("template", "gpufrac", str(CHART), "--set", "mps.hostDirs.smSharing=/elsewhere", check=False)
+    assert r.returncode != 0 and "mps.hostDirs" in r.stderr
+
+
+@pytest.mark.parametrize("mode", [[], CERT_MANAGER, URL_MODE], ids=["self-managed", "cert-manager", "url"])
+def test_every_object_passes_kubernetes_schema(mode: list[str]) -> None:
+    objs = render(*mode)
+    assert len(objs) > 10
+    for obj in objs:
+        if obj["apiVersion"].startswith("cert-manager.io/"):
+            continue  # CRDs: checked in test_cert_manager_mode
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "gpufrac"
+        if obj["kind"] not in {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
+                               "ValidatingWebhookConfiguration"}:
+            assert obj["metadata"]["namespace"] == NS, obj["metadata"]["name"]
+
+
+# --- webhook configurations -----------------------------------------------------------------------------
+
+
+def test_webhook_configuration_defaults(default: list[dict[str, Any]]) -> None:
+    m, v = mutating(default), validating(default)
+    assert m["name"] == "mutate.gpufrac.io" and v["name"] == "validate.gpufrac.io"
+    for w in (m, v):
+        assert w["failurePolicy"] == "Fail"
+        assert w["timeoutSeconds"] <= 5
+        assert w["sideEffects"] == "None"
+        assert w["admissionReviewVersions"] == ["v1"]
+    assert m["timeoutSeconds"] == 3 and v["timeoutSeconds"] == 5
+    assert m["reinvocationPolicy"] == "IfNeeded"
+    (mr,) = m["rules"]
+    assert sorted(mr["operations"]) == ["CREATE", "UPDATE"] and mr["resources"] == ["pods", "pods/ephemeralcontainers"]
+    assert mr["apiGroups"] == [""] and mr["apiVersions"] == ["v1"]
+    (vr,) = v["rules"]
+    assert sorted(vr["operations"]) == ["CREATE", "UPDATE"]
+    assert sorted(vr["resources"]) == ["pods", "pods/binding", "pods/ephemeralcontainers"]
+
+
+def test_failure_policy_is_configurable() -> None:
+    objs = render("--set", "webhook.failurePolicy=Ignore")
+    assert mutating(objs)["failurePolicy"] == "Ignore" and validating(objs)["failurePolicy"] == "Ignore"
+    objs = render("--set", "webhook.mutating.failurePolicy=Ignore")
+    assert mutating(objs)["failurePolicy"] == "Ignore" and validating(objs)["failurePolicy"] == "Fail"
+    objs = render("--set", "webhook.validating.timeoutSeconds=2")
+    assert validating(objs)["timeoutSeconds"] == 2
+
+
+@pytest.mark.parametrize("namespace", [NS, "gpu-admission"])
+def test_namespace_selector_excludes_system_and_release_namespace(namespace: str) -> None:
+    objs = render("--set", "webhook.excludedNamespaces={monitoring}", namespace=namespace)
+    for w in (mutating(objs), validating(objs)):
+        (expr,) = w["namespaceSelector"]["matchExpressions"]
+        assert expr["key"] == "kubernetes.io/metadata.name" and expr["operator"] == "NotIn"
+        assert set(expr["values"]) == {"kube-system", namespace, "monitoring"}
+        assert "objectSelector" not in w
+
+
+def test_service_mode_client_config(default: list[dict[str, Any]]) -> None:
+    svc = one(default, "Service", "gpufrac-webhook")
+    dep = one(default, "Deployment")
+    for w, path in ((mutating(default), "/mutate"), (validating(default), "/validate")):
+        cc = w["clientConfig"]
+        assert "url" not in cc
+        assert cc["service"] == {"name": svc["metadata"]["name"], "namespace": NS, "path": path, "port": 443}
+        # Filled by the rotation job (lookup finds no Secret under `helm template`).
+        assert "caBundle" not in cc
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    (port,) = svc["spec"]["ports"]
+    assert port["port"] == 443 and port["targetPort"] == "https"
+    assert container(dep)["ports"][0] == {"name": "https", "containerPort": 8443, "protocol": "TCP"}
+
+
+def test_url_mode_switches_client_config() -> None:
+    objs = render(*URL_MODE)
+    for w, path in ((mutating(objs), "/mutate"), (validating(objs), "/validate")):
+        assert w["clientConfig"] == {"url": URL + path, "caBundle": CA_BUNDLE}
+    # The harness's certificates are not the chart's to manage.
+    assert not find(objs, "Job") and not find(objs, "CronJob") and not find(objs, "Certificate")
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        assert "annotations" not in one(objs, kind)["metadata"]
+    # A trailing slash on the URL does not double up; cert-manager mode does not inject into url configs.
+    objs = render("--set", f"webhook.clientConfig.url={URL}/", *CERT_MANAGER)
+    assert mutating(objs)["clientConfig"] == {"url": URL + "/mutate"}
+    assert "annotations" not in one(objs, "MutatingWebhookConfiguration")["metadata"]
+
+
+def test_url_mode_show_only_command_of_the_e2e_harness() -> None:
+    out = helm(
+        "template", "gpufrac", str(CHART), "--namespace", NS, *URL_MODE,
+        "--show-only", "templates/webhook/mutatingwebhookconfiguration.yaml",
+        "--show-only", "templates/webhook/validatingwebhookconfiguration.yaml",
+    ).stdout
+    objs = [o for o in yaml.safe_load_all(out) if o]
+    assert [o["kind"] for o in objs] == ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"]
+    for o in objs:
+        kubernetes_validate.validate(o, K8S_VERSION, strict=True)
+
+
+# --- matchConditions ---------------------------------------------------------------------------------------
+
+
+def test_match_conditions_name_every_fraction_key(default: list[dict[str, Any]]) -> None:
+    for w in (mutating(default), validating(default)):
+        (cond,) = w["matchConditions"]
+        expr = cond["expression"]
+        for key in FRACTION_KEYS:
+            assert f'"{key}"' in expr
+        for prefix in PREFIXES:
+            assert f'k.startsWith("{prefix}")' in expr
+        assert '"gpufrac.io/fractional" in object.metadata.labels' in expr
+        # Guards: absent maps, and no oldObject on CREATE.
+        assert "has(object.metadata.annotations)" in expr and "has(object.metadata.labels)" in expr
+        assert "oldObject != null &&" in expr and "has(oldObject.metadata.annotations)" in expr
+        assert expr.count("(") == expr.count(")")
+
+
+def test_all_bindings_option_sends_every_bind_to_the_validating_webhook(default: list[dict[str, Any]]) -> None:
+    guard = '(has(request.subResource) && request.subResource == "binding")'
+    for w in (mutating(default), validating(default)):
+        assert "request." not in w["matchConditions"][0]["expression"]
+    objs = render("--set", "webhook.validating.allBindings=true")
+    expr = validating(objs)["matchConditions"][0]["expression"]
+    # Guarded: request.subResource is absent on plain pod requests, and a CEL error would mean failurePolicy.
+    assert expr.startswith(guard + "\n|| (has(object.metadata.annotations)")
+    assert "request." not in mutating(objs)["matchConditions"][0]["expression"]
+
+
+def test_extra_match_conditions_are_appended() -> None:
+    expr = "!('system:nodes' in request.userInfo.groups)"
+    objs = render("--set", "webhook.extraMatchConditions[0].name=no-kubelet",
+                  "--set", f"webhook.extraMatchConditions[0].expression={expr}")
+    assert [c["name"] for c in mutating(objs)["matchConditions"]] == ["has-fraction-keys", "no-kubelet"]
+
+
+class _Obj:
+    """A JSON object with CEL-like field access (missing fields raise, as CEL does without has())."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = data
+
+    def __getattr__(self, name: str) -> Any:
+        value = self._data[name]
+        maps = ("annotations", "labels")  # string maps: `in` and exists() work on the dict itself
+        return _Obj(value) if isinstance(value, dict) and name not in maps else value
+
+
+def _has(obj: _Obj, path: str) -> bool:
+    data: Any = obj._data
+    for part in path.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return False
+        data = data[part]
+    return True
+
+
+def _cel_to_python(expr: str) -> str:
+    """Translate the subset of CEL the chart uses into Python, to check its logic (the real API server checks
+    that it compiles; see the e2e tests)."""
+    py = re.sub(r"has\((\w+)\.([\w.]+)\)", r'_has(\1, "\2")', expr)
+    # m.exists(k, body) -> any(body for k in m): find the matching parenthesis of each exists(.
+    while ".exists(k," in py:
+        start = py.index(".exists(k,")
+        recv_start = start
+        while recv_start > 0 and (py[recv_start - 1].isalnum() or py[recv_start - 1] in "._"):
+            recv_start -= 1
+        depth, i = 0, start + len(".exists")
+        while True:
+            depth += {"(": 1, ")": -1}.get(py[i], 0)
+            if depth == 0:
+                break
+            i += 1
+        body = py[start + len(".exists(k,"):i]
+        py = f"{py[:recv_start]}any(({body}) for k in {py[recv_start:start]}){py[i + 1:]}"
+    py = py.replace("&&", " and ").replace("||", " or ").replace("!=", " is not ").replace("null", "None")
+    return "(" + py.replace(".startsWith(", ".startswith(").replace("\n", " ") + ")"
+
+
+def _matches(expr: str, obj: dict[str, Any] | None, old: dict[str, Any] | None) -> bool:
+    env = {
+        "object": _Obj(obj) if obj is not None else None,
+        "oldObject": _Obj(old) if old is not None else None,
+        "_has": _has,
+    }
+    return bool(eval(_cel_to_python(expr), {"__builtins__": {"any": any}}, env))
+
+
+def pod(annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "p", "namespace": "default"}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    if labels is not None:
+        meta["labels"] = labels
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": [{"name": "app"}]}}
+
+
+@pytest.mark.parametrize(
+    ("obj", "old", "expected"),
+    [
+        (pod(), None, False),
+        (pod({}), None, False),
+        (pod({"example.com/x": "1"}, {"app": "x"}), None, False),
+        (pod({"gpu-fraction": "0.5"}), None, True),
+        (pod({"gpu-memory": "1024"}), None, True),
+        (pod({"gpu-fraction-container-name": "app"}), None, True),
+        (pod({"gpu-fraction-num-devices": "2"}), None, True),
+        (pod({"gpu-fraction.limit": "0.7"}), None, True),
+        (pod({"gpu-memory.limit": "2048"}), None, True),
+        (pod({"gpu-fractionx": "0.5"}), None, False),
+        (pod({"nvidia.com/container.app.gpu-memory.request": "40Gi"}), None, True),
+        (pod({"nvidia.com/gpu.present": "true"}), None, False),
+        (pod({"kai.scheduler/container.app.gpu-memory.portion.limit": "0.6"}), None, True),
+        (pod({"gpufrac.io/container.app.compute-mode": "sm-sharing"}), None, True),
+        (pod(None, {"gpufrac.io/fractional": "true"}), None, True),
+        # UPDATE that strips the keys is still checked (against oldObject).
+        (pod({}), pod({"gpu-fraction": "0.5"}), True),
+        (pod(), pod(None, {"gpufrac.io/fractional": "true"}), True),
+        (pod({"a": "b"}), pod({"c": "d"}), False),
+        # pods/binding: the object is a Binding; no labels.
+        ({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p"}, "target": {"name": "n"}},
+         None, False),
+        ({"apiVersion": "v1", "kind": "Binding",
+          "metadata": {"name": "p", "annotations": {"nvidia.com/container.app.gpus.devices": "GPU-1"}},
+          "target": {"name": "n"}}, None, True),
+    ],
+)
+def test_match_conditions_logic(
+    default: list[dict[str, Any]], obj: dict[str, Any], old: dict[str, Any] | None, expected: bool
+) -> None:
+    for w in (mutating(default), validating(default)):
+        (cond,) = w["matchConditions"]
+        assert _matches(cond["expression"], obj, old) is expected
+
+
+# --- webhook Deployment -------------------------------------------------------------------------------------
+
+
+def test_webhook_deployment_availability(default: list[dict[str, Any]]) -> None:
+    dep = one(default, "Deployment", "gpufrac-webhook")
+    spec = dep["spec"]
+    pod_labels = spec["template"]["metadata"]["labels"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pdb = one(default, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    anti = spec["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (term,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= pod_labels.items()
+    hard = one(render("--set", "webhook.podAntiAffinity=hard"), "Deployment")
+    hard_anti = hard["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert hard_anti["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert not find(render("--set", "webhook.podDisruptionBudget.enabled=false"), "PodDisruptionBudget")
+    assert one(render("--set", "webhook.replicas=3"), "Deployment")["spec"]["replicas"] == 3
+
+
+def test_webhook_container(default: list[dict[str, Any]]) -> None:
+    dep = one(default, "Deployment", "gpufrac-webhook")
+    pod_spec = dep["spec"]["template"]["spec"]
+    c = container(dep)
+    assert c["command"] == ["gpufrac"]
+    args = c["args"]
+    assert args[0] == "webhook"
+    assert arg_value(args, "--certs") == ["/certs"] and arg_value(args, "--bind") == ["0.0.0.0:8443"]
+    assert arg_value(args, "--scheduler-user") == ["system:serviceaccount:kai-scheduler:binder"]
+    assert arg_value(args, "--scheduler-group") == []
+    assert arg_value(args, "--mps-dir-time-slicing") == ["/run/gpufrac/mps/time-slicing"]
+    assert arg_value(args, "--mps-dir-sm-sharing") == ["/run/gpufrac/mps/sm-sharing"]
+    assert "--require-enforcing-node" in args and "--no-require-enforcing-node" not in args
+    assert arg_value(args, "--workers") == ["2"] and arg_value(args, "--threads") == ["4"]
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = c[probe]["httpGet"]
+        assert get["path"] == path and get["scheme"] == "HTTPS" and get["port"] == "https"
+    assert c["lifecycle"]["preStop"]["sleep"]["seconds"] > 0
+    assert pod_spec["terminationGracePeriodSeconds"] > c["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod_spec["securityContext"]["runAsNonRoot"] is True
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/certs"]
+    assert "subPath" not in mount  # kubelet updates whole-Secret mounts on rotation
+    (vol,) = [v for v in pod_spec["volumes"] if v["name"] == mount["name"]]
+    assert vol["secret"]["secretName"] == "gpufrac-webhook-tls"
+    assert {i["key"] for i in vol["secret"]["items"]} == {"tls.crt", "tls.key", "ca.crt"}  # not ca.key
+    sa = one(default, "ServiceAccount", "gpufrac-webhook")
+    assert pod_spec["serviceAccountName"] == sa["metadata"]["name"]
+
+
+def test_webhook_args_follow_values() -> None:
+    objs = render("--set", "webhook.requireEnforcingNode=false",
+                  "--set", "webhook.schedulerUsers={u1,u2}", "--set", "webhook.schedulerGroups={g1}",
+                  "--set", "webhook.workers=3", "--set", "webhook.threads=8",
+                  "--set", "mps.root=/srv/mps", "--set", "mps.hostDirs.timeSlicing=/srv/mps/time-slicing",
+                  "--set", "mps.hostDirs.smSharing=/srv/mps/sm-sharing")
+    args = container(one(objs, "Deployment"))["args"]
+    assert "--no-require-enforcing-node" in args and "--require-enforcing-node" not in args
+    assert arg_value(args, "--scheduler-user") == ["u1", "u2"]
+    assert arg_value(args, "--scheduler-group") == ["g1"]
+    assert arg_value(args, "--workers") == ["3"] and arg_value(args, "--threads") == ["8"]
+    assert arg_value(args, "--mps-dir-sm-sharing") == ["/srv/mps/sm-sharing"]
+    agent_args = container(one(objs, "DaemonSet"))["args"]
+    assert arg_value(agent_args, "--mps-root") == ["/srv/mps"]
+
+
+def test_image_defaults_and_overrides(default: list[dict[str, Any]]) -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert container(one(default, "Deployment"))["image"] == f"ghcr.io/gpufrac/gpufrac:{chart['appVersion']}"
+    objs = render("--set", "image.tag=v9", "--set", "agent.image.repository=example.com/agent",
+                  "--set", "webhook.image.digest=sha256:" + "a" * 64)
+    assert container(one(objs, "DaemonSet"))["image"] == "example.com/agent:v9"
+    assert container(one(objs, "Deployment"))["image"] == "ghcr.io/gpufrac/gpufrac@sha256:" + "a" * 64
+
+
+# --- agent --------------------------------------------------------------------------------------------------
+
+
+def test_agent_daemonset(default: list[dict[str, Any]]) -> None:
+    ds = one(default, "DaemonSet", "gpufrac-agent")
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["hostPID"] is True
+    assert spec["priorityClassName"] == "system-node-critical"
+    c = container(ds)
+    assert c["securityContext"]["privileged"] is True
+    assert c["args"][:3] == ["agent", "--node", "$(NODE_NAME)"]
+    assert arg_value(c["args"], "--metrics-bind") == ["0.0.0.0:9400"]
+    assert arg_value(c["args"], "--mps-root") == ["/run/gpufrac/mps"]
+    (node_env,) = [e for e in c["env"] if e["name"] == "NODE_NAME"]
+    assert node_env["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in c["ports"]
+    required = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    gpu = {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}
+    assert gpu in required["nodeSelectorTerms"][0]["matchExpressions"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    host_paths = {v["hostPath"]["path"]: v["hostPath"]["type"] for v in spec["volumes"] if "hostPath" in v}
+    assert host_paths == {
+        "/run/gpufrac/mps/time-slicing": "DirectoryOrCreate",
+        "/run/gpufrac/mps/sm-sharing": "DirectoryOrCreate",
+        "/var/log/gpufrac/mps": "DirectoryOrCreate",
+    }
+    assert {m["mountPath"] for m in c["volumeMounts"]} == set(host_paths)
+    assert not find(render("--set", "agent.enabled=false"), "DaemonSet")
+
+
+def _rules(role: dict[str, Any]) -> set[tuple[str, str, str, tuple[str, ...]]]:
+    return {
+        (g, r, v, tuple(rule.get("resourceNames", ())))
+        for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+    }
+
+
+def test_agent_rbac(default: list[dict[str, Any]]) -> None:
+    rules = _rules(one(default, "ClusterRole", "gpufrac-agent"))
+    for verb in ("get", "list", "watch"):
+        assert ("", "pods", verb, ()) in rules
+    for res in ("nodes", "nodes/status"):
+        assert ("", res, "get", ()) in rules and ("", res, "patch", ()) in rules
+    assert ("", "events", "create", ()) in rules and ("", "events", "patch", ()) in rules
+    assert ("", "pods/eviction", "create", ()) in rules
+    assert not any(v in {"delete", "*", "update"} for _, _, v, _ in rules)
+    binding = one(default, "ClusterRoleBinding", "gpufrac-agent")
+    ds = one(default, "DaemonSet")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": ds["spec"]["template"]["spec"][
+        "serviceAccountName"], "namespace": NS}]
+
+
+# --- certificates -------------------------------------------------------------------------------------------
+
+
+def _rotate_args(workload: dict[str, Any]) -> argparse.Namespace:
+    c = container(workload)
+    assert c["command"] == ["gpufrac"] and c["args"][:2] == ["certs", "rotate"]
+    parser = argparse.ArgumentParser()
+    add_rotate_arguments(parser)
+    return parser.parse_args(c["args"][2:])  # the chart's flags are the CLI's flags
+
+
+def test_self_managed_certificates(default: list[dict[str, Any]]) -> None:
+    jobs = {j["metadata"]["name"]: j for j in find(default, "Job")}
+    init, sync = jobs["gpufrac-certs-init"], jobs["gpufrac-certs-sync"]
+    assert init["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert sync["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    cron = one(default, "CronJob", "gpufrac-certs")
+    assert re.fullmatch(r"\d+ \d+ \* \* \*", cron["spec"]["schedule"])  # daily
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    for workload in (init, sync, cron):
+        args = _rotate_args(workload)
+        assert args.namespace == NS and args.secret == "gpufrac-webhook-tls"
+        assert args.service == "gpufrac-webhook"
+        assert args.webhook_configs == ["gpufrac"]
+        assert one(default, "MutatingWebhookConfiguration")["metadata"]["name"] == "gpufrac"
+        assert one(default, "ValidatingWebhookConfiguration")["metadata"]["name"] == "gpufrac"
+        assert args.renew_before_days == 30 and args.cert_validity_days == 365
+        assert args.ignore_missing_webhook_configs is (workload is init)
+    # Narrow RBAC: the one Secret and the two configurations, by name.
+    cron_sa = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"]
+    hook_sa = init["spec"]["template"]["spec"]["serviceAccountName"]
+    for sa in (cron_sa, hook_sa):
+        role = one(default, "Role", sa)
+        rules = _rules(role)
+        assert rules == {("", "secrets", "create", ()), ("", "secrets", "get", ("gpufrac-webhook-tls",)),
+                         ("", "secrets", "update", ("gpufrac-webhook-tls",)),
+                         ("", "secrets", "patch", ("gpufrac-webhook-tls",))}
+        crules = _rules(one(default, "ClusterRole", sa))
+        assert crules == {("admissionregistration.k8s.io", r, v, ("gpufrac",))
+                          for r in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
+                          for v in ("get", "patch")}
+        for kind in ("RoleBinding", "ClusterRoleBinding"):
+            subjects = one(default, kind, sa)["subjects"]
+            assert subjects == [{"kind": "ServiceAccount", "name": sa, "namespace": NS}]
+    # The hook copies exist before the Job on install and go away after it.
+    for kind in ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"):
+        ann = one(default, kind, hook_sa)["metadata"]["annotations"]
+        assert int(ann["helm.sh/hook-weight"]) < int(init["metadata"]["annotations"]["helm.sh/hook-weight"])
+        assert "pre-install" in ann["helm.sh/hook"] and "post-install" in ann["helm.sh/hook"]
+    assert not find(default, "Certificate")
+    assert "annotations" not in one(default, "MutatingWebhookConfiguration")["metadata"]
+
+
+def test_cert_manager_mode() -> None:
+    objs = render(*CERT_MANAGER)
+    assert not find(objs, "Job") and not find(objs, "CronJob")
+    issuers = {i["metadata"]["name"]: i for i in find(objs, "Issuer")}
+    certs = {c["metadata"]["name"]: c for c in find(objs, "Certificate")}
+    assert issuers["gpufrac-selfsigned"]["spec"] == {"selfSigned": {}}
+    ca = certs["gpufrac-ca"]["spec"]
+    assert ca["isCA"] is True and ca["issuerRef"]["name"] == "gpufrac-selfsigned"
+    assert issuers["gpufrac-ca"]["spec"] == {"ca": {"secretName": ca["secretName"]}}
+    serving = certs["gpufrac-webhook-serving"]
+    assert serving["spec"]["issuerRef"]["name"] == "gpufrac-ca"
+    assert "gpufrac-webhook.gpufrac-system.svc" in serving["spec"]["dnsNames"]
+    dep = one(objs, "Deployment")
+    (vol,) = [v for v in dep["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    assert vol["secret"]["secretName"] == serving["spec"]["secretName"]
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        ann = one(objs, kind)["metadata"]["annotations"]
+        assert ann["cert-manager.io/inject-ca-from"] == f"{NS}/gpufrac-webhook-serving"
+    for obj in [*issuers.values(), *certs.values()]:
+        assert obj["apiVersion"] == "cert-manager.io/v1" and obj["metadata"]["namespace"] == NS
+    # An existing issuer replaces the chart's CA chain.
+    objs = render(*CERT_MANAGER, "--set", "certs.certManager.issuerRef.kind=ClusterIssuer",
+                  "--set", "certs.certManager.issuerRef.name=corp")
+    assert not find(objs, "Issuer")
+    (serving,) = find(objs, "Certificate")
+    assert serving["spec"]["issuerRef"] == {
+        "group": "cert-manager.io", "kind": "ClusterIssuer", "name": "corp"
+    }
+
+
+def test_external_ca_bundle_in_service_mode() -> None:
+    objs = render("--set", f"webhook.clientConfig.caBundle={CA_BUNDLE}")
+    assert mutating(objs)["clientConfig"]["caBundle"] == CA_BUNDLE
+    assert "service" in mutating(objs)["clientConfig"]
+    assert not find(objs, "Job") and not find(objs, "CronJob")
