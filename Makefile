@@ -45,7 +45,18 @@ cluster-up: venv tools
 	$(PY) -m e2e up
 
 cluster-down:
-	@if [ -x $(PY) ]; then $(PY) -m e2e down --all; else python3 -m e2e down --all; fi
+	@if [ -x $(PY) ]; then $(PY) -m e2e down; else python3 -m e2e down; fi
 
 demo: venv tools
 	$(PY) -m e2e demo
+
+.PHONY: agent-demo
+# The node agent on fake GPUs (tests/fakes) against a local control plane: node labels, events, metrics.
+agent-demo: venv tools
+	$(PY) -m tests.fakes.agent_demo
+
+# Benchmarks (bench/): gpufrac beside a do-nothing webhook, through kube-apiserver, in process, and the agent.
+# Prints one Markdown report and writes it to bench/results.md. QUICK=1: the short run (under 2 minutes).
+.PHONY: bench
+bench: venv tools
+	$(PY) -m bench $(if $(QUICK),--quick,)

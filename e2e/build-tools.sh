@@ -14,6 +14,25 @@ export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
 
 log() { echo "[build-tools] $*" >&2; }
 
+all_built() {
+  [[ -x $BIN/kube-apiserver-v$KUBE_VERSION && -x $BIN/etcd-$ETCD_VERSION && -x $BIN/helm-$HELM_VERSION ]]
+}
+
+if ! all_built; then
+  if ! command -v go >/dev/null 2>&1; then
+    log "Go is needed to build kube-apiserver v$KUBE_VERSION, etcd $ETCD_VERSION and helm $HELM_VERSION"
+    log "(a Go >= the 'go' line of k8s.io/kubernetes@v$KUBE_VERSION's go.mod; GOTOOLCHAIN=local is set, so"
+    log " an older Go fails instead of downloading a toolchain). Install Go, or copy the binaries to $BIN."
+    exit 1
+  fi
+  # One build at a time per cache: a second run waits, then finds the binaries.
+  exec 9>"$CACHE/.build.lock"
+  if ! flock -n 9; then
+    log "another build-tools.sh is running; waiting for it"
+    flock 9
+  fi
+fi
+
 build_apiserver() {
   local out=$BIN/kube-apiserver-v$KUBE_VERSION
   [[ -x $out ]] && return 0

@@ -145,7 +145,7 @@ def parse_mode(text: str) -> ComputeMode:
 
 
 _DEVICE_ID = re.compile(
-    r"^(?:GPU-[0-9a-fA-F-]{8,64}|MIG-[0-9a-zA-Z/-]{8,96}|[0-9]{1,3}"
+    r"^(?:GPU-[0-9a-zA-Z-]{1,64}|MIG-[0-9a-zA-Z/-]{1,96}|[0-9]{1,3}"
     r"|[a-z0-9.-]+/[a-z0-9.-]+=[A-Za-z0-9_.:-]{1,128})$"
 )
 

@@ -119,6 +119,8 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
             # A worker that stops answering is replaced; a request never waits on a dead one.
             "max_requests": 0,
             "limit_request_line": 8190,
+            # gunicorn's control socket defaults to one path per user, shared by every instance; we do not use it.
+            "control_socket_disable": True,
         }
         for key, value in settings.items():
             self.cfg.set(key, value)

@@ -1,0 +1,112 @@
+"""`python -m e2e up|down|status|demo` — the local control plane from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from e2e.cluster import COMPONENTS, DEFAULT_WORKDIR, ClusterError, ControlPlane, private_workdir
+
+
+def _workdirs(root: Path) -> list[Path]:
+    """`root` and every directory under it that holds a control plane's state file (tests and the demo run
+    their own clusters in subdirectories)."""
+    return sorted({p.parent for p in root.glob("**/state.json")} | {root})
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    running = ControlPlane.load(args.workdir)
+    if running is not None and all(running.status().values()):
+        print(running.usage())
+        print("(already running)")
+        return 0
+    cp = ControlPlane(args.workdir, detach=True, quiet=False)
+    try:
+        cp.start()
+    except ClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(cp.usage())
+    print(
+        f"cold start: {cp.timings.get('cold_start_s')} s "
+        f"(kube-apiserver ready after {cp.timings.get('apiserver_ready_s')} s)"
+    )
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    """Stop the cluster of `up` (the workdir itself) and orphans under it: clusters of test sessions or demos
+    whose owning process is gone. Clusters still owned by a live process (a running test session, a demo, a
+    colleague's `--workdir …` cluster) are left alone and listed, unless --all."""
+    anything = False
+    for wd in _workdirs(args.workdir):
+        owner = ControlPlane.owner(wd)
+        if owner is None:
+            continue
+        detach, owner_alive = owner
+        orphan = not detach and not owner_alive
+        if not (args.all or wd == args.workdir or orphan):
+            print(f"left running: {os.path.relpath(wd)} (owned by a live process or started with --workdir; "
+                  "stop it with `python -m e2e --workdir DIR down`, or `down --all`)")
+            continue
+        stopped = ControlPlane.stop_recorded(wd)
+        if stopped:
+            anything = True
+            print(f"stopped {', '.join(stopped)} ({os.path.relpath(wd)})")
+    if not anything:
+        print(f"nothing was running in {os.path.relpath(args.workdir)}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    rc = 1
+    for wd in _workdirs(args.workdir):
+        cp = ControlPlane.load(wd)
+        if cp is None:
+            continue
+        st = cp.status()
+        print(f"{wd}: " + ", ".join(f"{n}={'up' if st[n] else 'DOWN'}" for n in COMPONENTS))
+        if all(st.values()):
+            rc = 0
+            if args.json:
+                print(
+                    json.dumps(
+                        {
+                            "server": cp.server,
+                            "webhook": cp.webhook_url,
+                            "kubeconfigs": {k: str(v) for k, v in cp.kubeconfigs.items()},
+                        }
+                    )
+                )
+    if rc:
+        print("no control plane running")
+    return rc
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from e2e.demo import run_demo
+
+    return run_demo(private_workdir("demo", args.workdir))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e", description=__doc__)
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("up", help="start etcd, kube-apiserver and the webhook in the background")
+    down = sub.add_parser("down", help="stop what `up` started")
+    down.add_argument("--all", action="store_true",
+                      help="also clusters under the workdir that live processes still own (tests, demos)")
+    status = sub.add_parser("status", help="what is running")
+    status.add_argument("--json", action="store_true")
+    sub.add_parser("demo", help="bring a cluster up, show admissions of examples/, tear it down")
+    args = parser.parse_args(argv)
+    args.workdir = args.workdir.resolve()
+    return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "demo": cmd_demo}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""How pods reach (or do not reach) the webhook: matchConditions, failurePolicy, dry-run, controllers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from e2e.cluster import RS_CONTROLLER_USER, USER_NAMESPACE
+from e2e.testing import IMAGE, create, get_pod, metric_total, pod, unique
+
+pytestmark = pytest.mark.e2e
+
+C = "gpufrac.io/container.app."
+
+
+def test_pod_without_fraction_keys_is_never_sent_to_the_webhook(cluster, alice):
+    before = metric_total(cluster.webhook_metrics())
+    name = unique("plain")
+    rc, out, err = create(alice, pod(name, {"example.com/owner": "alice"}))
+    assert rc == 0, err
+    plain = json.loads(out)
+    assert "gpufrac.io/fractional" not in plain["metadata"].get("labels", {})
+    rc, _, err = alice("label", "pod", name, "team=research")  # UPDATE without fraction keys either
+    assert rc == 0, err
+    assert metric_total(cluster.webhook_metrics()) == before, "the API server called the webhook for a plain pod"
+    # Control: a fractional pod does move the counter (mutate + validate), so the check above can fail.
+    rc, _, err = create(alice, pod(unique("counted"), {"gpu-fraction": "0.5"}))
+    assert rc == 0, err
+    assert metric_total(cluster.webhook_metrics()) >= before + 2
+
+
+def test_webhook_down_plain_pods_still_created_fractional_refused(cluster, alice):
+    cluster.stop_webhook()
+    try:
+        rc, _, err = create(alice, pod(unique("plain-while-down")))
+        assert rc == 0, f"a pod without fraction keys must not depend on the webhook: {err}"
+        rc, out, err = create(alice, pod(unique("frac-while-down"), {"gpu-fraction": "0.5"}))
+        assert rc != 0, f"failurePolicy Fail: a fractional pod must be refused while the webhook is down: {out}"
+        assert 'failed calling webhook "mutate.gpufrac.io"' in err, err
+    finally:
+        cluster.start_webhook()
+    rc, _, err = create(alice, pod(unique("frac-after-restart"), {"gpu-fraction": "0.5"}))
+    assert rc == 0, err
+
+
+def test_release_namespace_is_never_sent_to_the_webhook(cluster, admin):
+    """The chart's namespaceSelector excludes its own namespace (and kube-system): no deadlock on its own pods."""
+    before = metric_total(cluster.webhook_metrics())
+    p = pod(unique("in-release-ns"), {"gpu-fraction": "0.5"})
+    p["metadata"]["namespace"] = "gpufrac-system"
+    rc, out, err = create(admin, p)
+    assert rc == 0, err
+    assert "gpufrac.io/fractional" not in json.loads(out)["metadata"].get("labels", {})
+    assert metric_total(cluster.webhook_metrics()) == before
+
+
+def test_users_own_value_of_an_injected_env_var_is_replaced_with_a_warning(alice):
+    containers = [{"name": "app", "image": IMAGE, "env": [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/tmp/mine"}]}]
+    rc, out, err = create(alice, pod(unique("own-env"), {"gpu-fraction": "0.5"}, containers))
+    assert rc == 0, err
+    assert "Warning:" in err and "CUDA_MPS_PIPE_DIRECTORY" in err, f"no admission warning: {err!r}"
+    env = [e for e in json.loads(out)["spec"]["containers"][0]["env"] if e["name"] == "CUDA_MPS_PIPE_DIRECTORY"]
+    assert env == [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/run/gpufrac/mps/time-slicing"}]
+
+
+def test_server_dry_run_shows_the_mutation_and_stores_nothing(alice, tmp_path):
+    name = unique("dry-run")
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(
+        yaml.safe_dump(
+            pod(
+                name,
+                {
+                    "nvidia.com/container.app.gpu-memory.request": "20Gi",
+                    "nvidia.com/container.app.gpu-compute.mode": "sm-sharing",
+                },
+            )
+        )
+    )
+    rc, out, err = alice("apply", "--dry-run=server", "-o", "yaml", "-f", str(manifest))
+    assert rc == 0, err
+    shown = yaml.safe_load(out)
+    ann = shown["metadata"]["annotations"]
+    assert ann[C + "gpu-memory.request-mib"] == "20480"
+    assert ann[C + "gpu-memory.limit-mib"] == "20480"
+    assert ann[C + "mps-pinned-mem-limit"] == "0=20480M"
+    assert ann[C + "compute-mode"] == "sm-sharing"
+    assert shown["metadata"]["labels"]["gpufrac.io/fractional"] == "true"
+    rc, _, err = alice("get", "pod", name)
+    assert rc != 0 and "NotFound" in err, "a dry run stored the pod"
+
+
+def test_deployment_pod_created_like_the_replicaset_controller_is_mutated(alice, admin):
+    """No controller-manager runs here, so nothing turns the Deployment into pods. We create its ReplicaSet
+    and then the pod exactly the way the ReplicaSet controller would (generateName, ownerReferences to the
+    ReplicaSet, the template's metadata and spec), as the controller's own identity (admin impersonating
+    system:serviceaccount:kube-system:replicaset-controller, whose RBAC the API server bootstraps), and show
+    that this pod is mutated like one a user creates."""
+    name = unique("trainer")
+    labels = {"app": name}
+    template = {
+        "metadata": {
+            "labels": labels,
+            "annotations": {"gpu-fraction": "0.25", "gpu-fraction-num-devices": "2"},
+        },
+        "spec": {"schedulerName": "kai-scheduler", "containers": [{"name": "app", "image": IMAGE}]},
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": USER_NAMESPACE},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": template},
+    }
+    rc, out, err = create(alice, deployment)
+    assert rc == 0, err
+    dep = json.loads(out)
+    rs_labels = {**labels, "pod-template-hash": "5d8f7c9b6"}
+    replicaset = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {
+            "name": f"{name}-5d8f7c9b6",
+            "namespace": USER_NAMESPACE,
+            "labels": rs_labels,
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "name": name,
+                    "uid": dep["metadata"]["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": rs_labels},
+            "template": {**template, "metadata": {**template["metadata"], "labels": rs_labels}},
+        },
+    }
+    as_controller = (
+        "--as",
+        RS_CONTROLLER_USER,
+        "--as-group",
+        "system:serviceaccounts",
+        "--as-group",
+        "system:serviceaccounts:kube-system",
+    )
+    rc, out, err = create(
+        admin,
+        replicaset,
+        "--as",
+        "system:serviceaccount:kube-system:deployment-controller",
+        "--as-group",
+        "system:serviceaccounts",
+        "--as-group",
+        "system:serviceaccounts:kube-system",
+    )
+    assert rc == 0, err
+    rs = json.loads(out)
+    rs_pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": f"{rs['metadata']['name']}-",
+            "namespace": USER_NAMESPACE,
+            "labels": rs_labels,
+            "annotations": template["metadata"]["annotations"],
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": rs["metadata"]["name"],
+                    "uid": rs["metadata"]["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": template["spec"],
+    }
+    rc, out, err = create(admin, rs_pod, *as_controller)
+    assert rc == 0, err
+    created = json.loads(out)
+    assert created["metadata"]["name"].startswith(f"{name}-5d8f7c9b6-")
+    p = get_pod(alice, created["metadata"]["name"])
+    assert p["metadata"]["labels"]["gpufrac.io/fractional"] == "true"
+    assert p["metadata"]["annotations"][C + "compute-mode"] == "time-slicing"
+    env = {e["name"] for e in p["spec"]["containers"][0].get("env", [])}
+    assert {"NVIDIA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY"} <= env
