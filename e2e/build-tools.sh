@@ -72,12 +72,21 @@ build_etcd() {
 }
 
 build_helm() {
-  local out=$BIN/helm-$HELM_VERSION
+  local out=$BIN/helm-$HELM_VERSION-caps
   [[ -x $out ]] && return 0
   log "building helm $HELM_VERSION"
   local work=$CACHE/src/helm-$HELM_VERSION
   rm -rf "$work"; mkdir -p "$work"
-  GOBIN=$work go install -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+  # Helm's release build stamps the Kubernetes version it was built against (from its client-go) into its default
+  # capabilities; without it, `helm template` and `helm lint` assume Kubernetes 1.20.
+  local gomod minor
+  gomod=$(go mod download -json "helm.sh/helm/v3@$HELM_VERSION" \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  minor=$(sed -n 's#^[[:space:]]*k8s.io/client-go v0\.\([0-9]*\)\..*#\1#p' "$gomod" | head -n 1)
+  [[ -n $minor ]] || { log "cannot read the client-go version of helm $HELM_VERSION"; exit 1; }
+  GOBIN=$work go install -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION \
+    -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$minor \
+    -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$minor" \
     "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   mv "$work/helm" "$out"
 }
@@ -87,6 +96,6 @@ build_helm
 build_apiserver
 ln -sf "kube-apiserver-v$KUBE_VERSION" "$BIN/kube-apiserver"
 ln -sf "etcd-$ETCD_VERSION" "$BIN/etcd"
-ln -sf "helm-$HELM_VERSION" "$BIN/helm"
+ln -sf "helm-$HELM_VERSION-caps" "$BIN/helm"
 log "tools ready in $BIN"
 echo "$BIN"

@@ -122,6 +122,12 @@ def test_inconsistent_mps_dirs_fail() -> None:
     assert r.returncode != 0 and "mps.hostDirs" in r.stderr
 
 
+def test_kubernetes_older_than_1_30_is_refused() -> None:
+    result = helm("template", "gpufrac", str(CHART), "--kube-version", "1.29.0", check=False)
+    assert result.returncode != 0 and "kubeVersion" in result.stderr
+    assert helm("template", "gpufrac", str(CHART), "--kube-version", "1.30.0").returncode == 0
+
+
 @pytest.mark.parametrize("mode", [[], CERT_MANAGER, URL_MODE], ids=["self-managed", "cert-manager", "url"])
 def test_every_object_passes_kubernetes_schema(mode: list[str]) -> None:
     objs = render(*mode)
