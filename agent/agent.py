@@ -1,0 +1,311 @@
+"""The agent's loop: wires the pure decisions to the edges. One `tick()` is one reconciliation."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Protocol
+
+from agent import capabilities
+from agent.audit import attribute, audit, usage
+from agent.errors import MpsStartError, NvmlError, ProcReadError
+from agent.events import EventSink, ViolationRecorder
+from agent.metrics import AgentMetrics
+from agent.model import DaemonState, DaemonStatus, GpuProcess, Inventory, Violation, ViolationKind
+from agent.mps_config import daemon_spec, memory_problem
+from agent.node import NodePublisher, NodeSink
+from agent.pods import index_by_container_id
+from agent.podwatch import PodCache, PodSource
+from agent.procfs import read_cgroup, read_environ, read_memory_limit
+from agent.supervisor import MpsSupervisor, RestartPolicy, remove_stale
+from gpufrac.annotations import DEFAULT_MPS_ROOT, ComputeMode
+
+log = logging.getLogger(__name__)
+
+# Evicting does not fix a placement the scheduler made; the other kinds are the pod's own.
+EVICTABLE = frozenset(ViolationKind) - {ViolationKind.MIXED_MODES}
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node: str
+    modes: tuple[ComputeMode, ...] = tuple(ComputeMode)
+    mps_binary: str = "nvidia-cuda-mps-control"
+    mps_root: Path = Path(DEFAULT_MPS_ROOT)
+    mps_log_root: Path = Path("/var/log/gpufrac/mps")
+    mps_config_dir: Path = Path("/run/gpufrac/mps-config")
+    proc_root: Path = Path("/proc")
+    memory_limit_file: Path = Path("/sys/fs/cgroup/memory.max")
+    interval: float = 10.0
+    evict_on_violation: bool = False
+    restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
+    quit_timeout: float = 60.0
+    watch_timeout: int = 300
+    startup_wait: float = 10.0  # how long a first tick waits for new daemons before publishing labels
+
+
+class GpuSource(Protocol):
+    def inventory(self) -> Inventory: ...
+
+    def processes(self) -> list[GpuProcess]: ...
+
+
+class KubeSink(NodeSink, EventSink, PodSource, Protocol):
+    def evict_pod(self, namespace: str, name: str) -> bool: ...
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        kube: KubeSink,
+        gpus: GpuSource,
+        metrics: AgentMetrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.kube = kube
+        self.gpus = gpus
+        self.metrics = metrics
+        self._clock = clock
+        self.pods = PodCache(
+            kube, config.node, watch_timeout=config.watch_timeout, on_reconnect=metrics.watch_reconnects.inc
+        )
+        self.publisher = NodePublisher(kube, config.node)
+        self.recorder = ViolationRecorder(kube, config.node)
+        self.supervisors: dict[ComputeMode, MpsSupervisor] = {}
+        self.start_failures: dict[ComputeMode, str] = {}
+        self.inventory: Inventory | None = None
+        self.nvml_error: str | None = None
+        self.violations: list[Violation] = []
+        self._evicted: set[str] = set()
+        self._last_tick: float | None = None
+        self._started = self._clock()
+        self._restarts_seen: dict[ComputeMode, int] = {}
+        self._unserved_cleaned: set[ComputeMode] = set()
+
+    # ---- lifecycle ----
+
+    def start(self) -> None:
+        self.pods.start()
+
+    def run(self, stop: threading.Event) -> int:
+        self.start()
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception:
+                log.exception("agent loop iteration failed")
+            stop.wait(self.config.interval)
+        self.shutdown()
+        return 0
+
+    def shutdown(self) -> None:
+        """Stop watching, `quit` every daemon (in parallel), then mark the node unwatched."""
+        self.pods.stop()
+        threads = [threading.Thread(target=s.stop) for s in self.supervisors.values()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self._update_daemon_metrics()
+        enforced = self._enforcement()
+        self.publisher.try_publish(
+            capabilities.node_labels(self.inventory, enforced), capabilities.stopped_condition()
+        )
+
+    # ---- one reconciliation ----
+
+    def tick(self) -> None:
+        self._refresh_inventory()
+        if self.inventory is not None:
+            self._wait_for_daemons(self._ensure_daemons(self.inventory))
+        self._update_daemon_metrics()
+        enforced = self._enforcement()
+        for mode in ComputeMode:
+            for value in capabilities.Enforcement:
+                self.metrics.enforcement.labels(mode=str(mode), enforcement=str(value)).set(
+                    1 if enforced[mode] is value else 0
+                )
+        condition = capabilities.node_condition(
+            self.inventory,
+            self.config.modes,
+            enforced,
+            self.daemon_statuses(),
+            nvml_error=self.nvml_error,
+            memory_problem=self._memory_problem(),
+        )
+        self.publisher.try_publish(capabilities.node_labels(self.inventory, enforced), condition)
+        if self.inventory is not None and self.pods.synced.is_set():
+            self._audit(self.inventory)
+        self._last_tick = self._clock()
+
+    def _refresh_inventory(self) -> None:
+        try:
+            self.inventory = self.gpus.inventory()
+            self.nvml_error = None
+            self.metrics.nvml_up.set(1)
+        except NvmlError as err:
+            log.warning("%s", err)
+            self.inventory = None
+            self.nvml_error = str(err)
+            self.metrics.nvml_up.set(0)
+
+    def _ensure_daemons(self, inventory: Inventory) -> list[MpsSupervisor]:
+        started = []
+        mps_v3 = capabilities.has_driver_memory_limits(inventory)
+        served = capabilities.modes_to_serve(inventory, self.config.modes)
+        for mode in ComputeMode:
+            if mode not in served and mode not in self._unserved_cleaned:
+                # a socket left from a daemon of a former driver would make this mode's clients fail, not
+                # fall back; without it they run unshared, which is what the labels say
+                removed = remove_stale(self.config.mps_root / str(mode))
+                if removed:
+                    log.info("%s is not served on this node; removed %s", mode, ", ".join(map(str, removed)))
+                self._unserved_cleaned.add(mode)
+        for mode in served:
+            if mode in self.supervisors or mode in self.start_failures:
+                continue
+            spec = daemon_spec(
+                mode,
+                mps_v3=mps_v3,
+                binary=self.config.mps_binary,
+                mps_root=self.config.mps_root,
+                log_root=self.config.mps_log_root,
+                config_dir=self.config.mps_config_dir,
+            )
+            supervisor = MpsSupervisor(
+                spec,
+                self.config.restart_policy,
+                quit_timeout=self.config.quit_timeout,
+                proc_root=self.config.proc_root,
+            )
+            try:
+                supervisor.start()
+            except MpsStartError as err:
+                log.error("%s", err)
+                self.start_failures[mode] = f"could not be prepared ({err})"
+                continue
+            log.info("started the %s MPS daemon: %s", mode, " ".join(spec.argv))
+            self.supervisors[mode] = supervisor
+            started.append(supervisor)
+        return started
+
+    def _wait_for_daemons(self, started: list[MpsSupervisor]) -> None:
+        """Let new daemons come up before the node is labelled, so a restart does not flap the labels."""
+        deadline = self._clock() + self.config.startup_wait
+        for supervisor in started:
+            while self._clock() < deadline:
+                status = supervisor.status()
+                if status.up or status.state in (DaemonState.FAILED, DaemonState.BACKOFF):
+                    break
+                time.sleep(0.05)
+
+    def daemon_statuses(self) -> dict[ComputeMode, DaemonStatus]:
+        statuses = {mode: s.status() for mode, s in self.supervisors.items()}
+        for mode, failure in self.start_failures.items():
+            statuses[mode] = DaemonStatus(mode, DaemonState.FAILED, False, 0, failure)
+        return statuses
+
+    def _update_daemon_metrics(self) -> None:
+        for mode, status in self.daemon_statuses().items():
+            self.metrics.daemon_up.labels(mode=str(mode)).set(1 if status.up else 0)
+            seen = self._restarts_seen.get(mode, 0)
+            if status.restarts > seen:
+                self.metrics.daemon_restarts.labels(mode=str(mode)).inc(status.restarts - seen)
+                self._restarts_seen[mode] = status.restarts
+
+    def _enforcement(self) -> dict[ComputeMode, capabilities.Enforcement]:
+        if self.inventory is None:
+            return dict.fromkeys(ComputeMode, capabilities.Enforcement.NONE)
+        return capabilities.enforcement(self.inventory, self.config.modes, self.daemon_statuses())
+
+    def _memory_problem(self) -> str | None:
+        if self.inventory is None:
+            return None
+        return memory_problem(
+            read_memory_limit(self.config.memory_limit_file), len(self.inventory.gpus), len(self.supervisors)
+        )
+
+    def _audit(self, inventory: Inventory) -> None:
+        try:
+            processes = self.gpus.processes()
+        except NvmlError as err:
+            log.warning("%s", err)
+            return
+        pods = self.pods.snapshot()
+        containers = index_by_container_id(pods)
+        cgroups = {}
+        for process in processes:
+            try:
+                cgroups[process.pid] = read_cgroup(self.config.proc_root, process.pid)
+            except ProcReadError as err:
+                log.debug("%s", err)
+        matched = attribute(processes, containers, cgroups, {})
+        attributed = []
+        for item in matched:
+            try:
+                environ: dict[str, str] | None = read_environ(self.config.proc_root, item.process.pid)
+            except ProcReadError as err:
+                log.debug("%s", err)
+                environ = None
+            attributed.append(replace(item, environ=environ))
+        gpus = inventory.by_uuid()
+        self.violations = audit(attributed, gpus)
+        self.metrics.set_usage(usage(attributed, containers.values(), gpus))
+        try:
+            new = self.recorder.record(self.violations)
+        except Exception as err:
+            log.warning("recording violations: %s", err)
+            new = []
+        for violation in new:
+            log.warning(
+                "violation %s: %s/%s: %s",
+                violation.kind,
+                violation.container.namespace,
+                violation.container.pod,
+                violation.message,
+            )
+            self.metrics.violations.labels(kind=str(violation.kind)).inc()
+        if self.config.evict_on_violation:
+            self._evict(self.violations)
+        self.recorder.forget_pods({p["metadata"]["uid"] for p in pods})
+
+    def _evict(self, violations: Sequence[Violation]) -> None:
+        for violation in violations:
+            c = violation.container
+            if violation.kind not in EVICTABLE or c.pod_uid in self._evicted:
+                continue
+            try:
+                if self.kube.evict_pod(c.namespace, c.pod):
+                    log.warning("evicted %s/%s: %s", c.namespace, c.pod, violation.kind)
+                    self._evicted.add(c.pod_uid)
+            except Exception as err:
+                log.warning("evicting %s/%s: %s", c.namespace, c.pod, err)
+
+    # ---- probes ----
+
+    def healthz(self) -> tuple[bool, str]:
+        reference = self._last_tick if self._last_tick is not None else self._started
+        stale = self._clock() - reference > max(3 * self.config.interval, 60.0)
+        return (False, "the agent loop has not run recently") if stale else (True, "ok")
+
+    def readyz(self) -> tuple[bool, str]:
+        problems = []
+        if self.inventory is None:
+            problems.append(f"NVML unavailable: {self.nvml_error or 'not queried yet'}")
+        if not self.pods.synced.is_set():
+            problems.append("pod list not synced yet")
+        for mode, status in self.daemon_statuses().items():
+            if not status.up:
+                problems.append(
+                    f"{mode} MPS daemon {status.state}{f': {status.failure}' if status.failure else ''}"
+                )
+        if problems:
+            return False, "; ".join(problems)
+        return True, "ok"

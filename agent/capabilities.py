@@ -1,0 +1,168 @@
+"""What a node can enforce, from inventory and daemon health: node labels and the Ready condition. Pure."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+
+from agent.model import ConditionStatus, DaemonState, DaemonStatus, Enforcement, Inventory, NodeCondition
+from gpufrac.annotations import ComputeMode
+
+LABEL_PREFIX = "gpufrac.io/"
+DRIVER_MAJOR_LABEL = "gpufrac.io/driver-version.major"
+GPU_COUNT_LABEL = "gpufrac.io/gpu-count"
+CONDITION_TYPE = "gpufrac.io/Ready"
+
+# CUDA 13.4 memory limits need driver r615+ and a CUDA driver API of 13.4 (13040) or later.
+MIN_DRIVER_MAJOR = 615
+MIN_CUDA_DRIVER_VERSION = 13040
+
+
+def enforcement_label(mode: ComputeMode) -> str:
+    return f"{LABEL_PREFIX}enforcement.{mode}"
+
+
+def driver_major(version: str) -> int | None:
+    match = re.match(r"^\s*(\d+)", version)
+    return int(match[1]) if match else None
+
+
+def has_driver_memory_limits(inventory: Inventory) -> bool:
+    major = driver_major(inventory.driver_version)
+    return (
+        major is not None
+        and major >= MIN_DRIVER_MAJOR
+        and inventory.cuda_driver_version >= MIN_CUDA_DRIVER_VERSION
+    )
+
+
+def cuda_version_text(version: int) -> str:
+    return f"{version // 1000}.{(version % 1000) // 10}"
+
+
+def modes_to_serve(inventory: Inventory, enabled: Collection[ComputeMode]) -> tuple[ComputeMode, ...]:
+    """The modes that get an MPS control daemon on this node.
+
+    Without driver memory limits, time-slicing gets none: a legacy MPS server shares one context between its
+    clients, which would silently turn time-slicing into sm-sharing.
+    """
+    if not inventory.gpus:
+        return ()
+    if has_driver_memory_limits(inventory):
+        return tuple(m for m in ComputeMode if m in enabled)
+    return tuple(m for m in (ComputeMode.SM_SHARING,) if m in enabled)
+
+
+def enforcement(
+    inventory: Inventory, enabled: Collection[ComputeMode], daemons: Mapping[ComputeMode, DaemonStatus]
+) -> dict[ComputeMode, Enforcement]:
+    """Per mode, what is really enforced right now. Never claims more than the node has."""
+    result = dict.fromkeys(ComputeMode, Enforcement.NONE)
+    if not inventory.gpus:
+        return result
+    driver = has_driver_memory_limits(inventory)
+
+    def daemon_up(mode: ComputeMode) -> bool:
+        status = daemons.get(mode)
+        return status is not None and status.up
+
+    if ComputeMode.TIME_SLICING in enabled and driver:
+        # memory limits come from the driver; time-slicing needs no shared server to work
+        result[ComputeMode.TIME_SLICING] = Enforcement.DRIVER
+    if ComputeMode.SM_SHARING in enabled and daemon_up(ComputeMode.SM_SHARING):
+        # sm-sharing exists only while its shared MPS server is up
+        result[ComputeMode.SM_SHARING] = Enforcement.DRIVER if driver else Enforcement.MPS
+    return result
+
+
+def node_labels(inventory: Inventory | None, enforced: Mapping[ComputeMode, Enforcement]) -> dict[str, str]:
+    labels = {enforcement_label(mode): str(enforced.get(mode, Enforcement.NONE)) for mode in ComputeMode}
+    if inventory is not None:
+        major = driver_major(inventory.driver_version)
+        if major is not None:
+            labels[DRIVER_MAJOR_LABEL] = str(major)
+        labels[GPU_COUNT_LABEL] = str(len(inventory.gpus))
+    return labels
+
+
+def node_condition(
+    inventory: Inventory | None,
+    enabled: Collection[ComputeMode],
+    enforced: Mapping[ComputeMode, Enforcement],
+    daemons: Mapping[ComputeMode, DaemonStatus],
+    *,
+    nvml_error: str | None = None,
+    memory_problem: str | None = None,
+) -> NodeCondition:
+    """The gpufrac.io/Ready condition: True only when every enabled mode is enforced.
+
+    The reason is the most important problem; the message lists all of them, each with what to do.
+    """
+    problems: list[tuple[str, str]] = []
+    if inventory is None:
+        problems.append(
+            (
+                "NvmlUnavailable",
+                f"NVML is not available ({nvml_error or 'unknown error'}): no GPU can be inspected; "
+                "check that the NVIDIA driver is loaded and the agent runs with the NVIDIA runtime",
+            )
+        )
+        return _condition(problems)
+    if not inventory.gpus:
+        problems.append(("NoGpus", "NVML reports no GPUs on this node; check the driver and device nodes"))
+        return _condition(problems)
+    for mode in ComputeMode:
+        status = daemons.get(mode)
+        if status is not None and status.state is DaemonState.FAILED:
+            problems.append(
+                (
+                    "MpsDaemonFailed",
+                    f"the {mode} MPS control daemon {status.failure or 'failed'}; {mode} fractions "
+                    "cannot be served on this node; see its control.log, fix the cause and restart the "
+                    "gpufrac agent pod",
+                )
+            )
+    if memory_problem:
+        problems.append(("MpsMemoryBudgetTooSmall", memory_problem))
+    if not has_driver_memory_limits(inventory) and ComputeMode.TIME_SLICING in enabled:
+        problems.append(
+            (
+                "DriverWithoutMemoryLimits",
+                f"driver {inventory.driver_version} (CUDA {cuda_version_text(inventory.cuda_driver_version)}"
+                ") has no CUDA 13.4 memory limits: time-slicing fractions cannot be enforced on this "
+                f"node; upgrade to r{MIN_DRIVER_MAJOR}+",
+            )
+        )
+    for mode in modes_to_serve(inventory, enabled):
+        status = daemons.get(mode)
+        if status is None or (status.state is not DaemonState.FAILED and not status.up):
+            problems.append(
+                (
+                    "MpsDaemonNotReady",
+                    f"the {mode} MPS control daemon is not up yet"
+                    f"{f' ({status.state})' if status else ''}; {mode} fractions wait for it",
+                )
+            )
+    if problems:
+        return _condition(problems)
+    summary = ", ".join(
+        f"{mode}: {enforced.get(mode, Enforcement.NONE)}" for mode in ComputeMode if mode in enabled
+    )
+    return NodeCondition(
+        ConditionStatus.TRUE,
+        "FractionsEnforced",
+        f"GPU memory fractions are enforced ({summary}) on {len(inventory.gpus)} GPU(s)",
+    )
+
+
+def _condition(problems: list[tuple[str, str]]) -> NodeCondition:
+    return NodeCondition(ConditionStatus.FALSE, problems[0][0], "; ".join(message for _, message in problems))
+
+
+def stopped_condition() -> NodeCondition:
+    return NodeCondition(
+        ConditionStatus.UNKNOWN,
+        "AgentStopped",
+        "the gpufrac agent on this node stopped: enforcement is not being checked; "
+        "check the gpufrac agent DaemonSet pod on this node",
+    )

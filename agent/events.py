@@ -1,0 +1,84 @@
+"""Violations as Kubernetes Events on the pod, deduplicated across loops and agent restarts.
+
+Each violation gets a deterministic Event name (pod name + hash of its identity), so emitting it again
+(another loop, a restarted agent) hits AlreadyExists instead of adding a duplicate.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from typing import Any, Protocol
+
+from agent.model import Violation
+
+COMPONENT = "gpufrac-agent"
+
+
+def event_name(violation: Violation) -> str:
+    digest = hashlib.sha256("\0".join(violation.identity).encode()).hexdigest()[:16]
+    return f"{violation.container.pod[:200]}.gpufrac-{digest}"
+
+
+def event_body(violation: Violation, node: str, now: dt.datetime) -> dict[str, Any]:
+    c = violation.container
+    stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": event_name(violation),
+            "namespace": c.namespace,
+            "labels": {"gpufrac.io/violation": str(violation.kind)},
+        },
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": c.namespace,
+            "name": c.pod,
+            "uid": c.pod_uid,
+            "fieldPath": f"spec.containers{{{c.container}}}",
+        },
+        "reason": violation.kind.event_reason,
+        "message": violation.message[:1024],
+        "type": "Warning",
+        "source": {"component": COMPONENT, "host": node},
+        "reportingComponent": f"gpufrac.io/{COMPONENT}",
+        "reportingInstance": node,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
+class EventSink(Protocol):
+    def create_event(self, namespace: str, body: dict[str, Any]) -> bool:
+        """True when created, False when an Event of that name already exists."""
+        ...
+
+
+class ViolationRecorder:
+    """Emits each violation once; returns only the ones new to the cluster."""
+
+    def __init__(self, sink: EventSink, node: str) -> None:
+        self._sink = sink
+        self._node = node
+        self._emitted: set[tuple[str, ...]] = set()
+
+    def record(self, violations: list[Violation], now: dt.datetime | None = None) -> list[Violation]:
+        new = []
+        for violation in violations:
+            if violation.identity in self._emitted:
+                continue
+            created = self._sink.create_event(
+                violation.container.namespace,
+                event_body(violation, self._node, now or dt.datetime.now(dt.UTC)),
+            )
+            self._emitted.add(violation.identity)
+            if created:
+                new.append(violation)
+        return new
+
+    def forget_pods(self, live_pod_uids: set[str]) -> None:
+        """Drop memory of pods that are gone (their Events stay in the cluster until they expire)."""
+        self._emitted = {i for i in self._emitted if i[3] in live_pod_uids}

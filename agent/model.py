@@ -1,0 +1,152 @@
+"""The agent's domain, as plain typed values. Everything here is immutable and free of I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gpufrac.annotations import CanonicalContainer, ComputeMode
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    uuid: str
+    name: str
+    memory_total_bytes: int
+
+    @property
+    def memory_total_mib(self) -> int:
+        return self.memory_total_bytes // MIB
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What NVML says about this node."""
+
+    driver_version: str
+    cuda_driver_version: int  # e.g. 13040 for CUDA 13.4
+    gpus: tuple[GpuInfo, ...]
+
+    def by_uuid(self) -> dict[str, GpuInfo]:
+        return {gpu.uuid: gpu for gpu in self.gpus}
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """One NVML compute process on one GPU."""
+
+    gpu_uuid: str
+    pid: int
+    used_bytes: int | None  # None: NVML could not tell
+    sm_util: int | None  # percent, latest sample; None: no sample this interval
+
+
+class Enforcement(StrEnum):
+    """How a node enforces a compute mode's memory fractions (label value)."""
+
+    DRIVER = "driver"  # CUDA 13.4 / r615+ memory limits (toolkit hook + driver), MPS v3 memacct
+    MPS = "mps"  # legacy MPS pinned device memory limits, served by a healthy MPS daemon
+    NONE = "none"  # not enforced on this node
+
+
+class DaemonState(StrEnum):
+    STARTING = "starting"
+    RUNNING = "running"
+    BACKOFF = "backoff"
+    FAILED = "failed"  # restart budget exhausted
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class DaemonStatus:
+    mode: ComputeMode
+    state: DaemonState
+    up: bool  # running and its control socket exists
+    restarts: int
+    failure: str | None = None  # why it is FAILED, for the node condition
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+@dataclass(frozen=True)
+class NodeCondition:
+    status: ConditionStatus
+    reason: str  # CamelCase
+    message: str
+
+
+@dataclass(frozen=True)
+class FractionalContainer:
+    """A running container of a fractional pod bound to this node, with what the webhook wrote for it."""
+
+    namespace: str
+    pod: str
+    pod_uid: str
+    container: str
+    container_id: str  # without the runtime scheme
+    spec: CanonicalContainer
+
+    @property
+    def mode(self) -> ComputeMode:
+        return self.spec.mode
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.namespace, self.pod_uid, self.container)
+
+
+class ViolationKind(StrEnum):
+    MISSING_LIMIT_ENV = "missing-limit-env"
+    LIMIT_ENV_MISMATCH = "limit-env-mismatch"
+    MEMORY_OVER_LIMIT = "memory-over-limit"
+    WRONG_DEVICE = "wrong-device"
+    MIXED_MODES = "mixed-modes"
+
+    @property
+    def event_reason(self) -> str:
+        return _EVENT_REASONS[self]
+
+
+_EVENT_REASONS = {
+    ViolationKind.MISSING_LIMIT_ENV: "GPULimitEnvMissing",
+    ViolationKind.LIMIT_ENV_MISMATCH: "GPULimitEnvMismatch",
+    ViolationKind.MEMORY_OVER_LIMIT: "GPUMemoryLimitExceeded",
+    ViolationKind.WRONG_DEVICE: "GPUDeviceNotAssigned",
+    ViolationKind.MIXED_MODES: "GPUComputeModesMixed",
+}
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: ViolationKind
+    container: FractionalContainer
+    gpu_uuid: str
+    message: str
+    pids: tuple[int, ...] = field(default=(), compare=False)
+
+    @property
+    def identity(self) -> tuple[str, ...]:
+        """What makes two observations the same violation (the message may carry changing numbers)."""
+        c = self.container
+        return (self.kind, c.namespace, c.pod, c.pod_uid, c.container, self.gpu_uuid)
+
+
+@dataclass(frozen=True)
+class UsageSample:
+    """One metric series set: a container's use of one GPU."""
+
+    namespace: str
+    pod: str
+    container: str
+    gpu_uuid: str
+    used_bytes: int
+    limit_bytes: int | None
+    sm_util: float
+    sm_util_normalized: float

@@ -1,0 +1,127 @@
+"""Builders and in-memory stand-ins shared by the agent tests (the GPU fakes live in tests/fakes)."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from agent.model import MIB, FractionalContainer, GpuInfo
+from gpufrac.annotations import CanonicalContainer, ComputeMode, parse_pinned_mem_limit
+from tests.fakes.build import fake_nvml_library
+from tests.fakes.state import H200_MIB
+
+UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
+UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000002"
+
+_preloaded = False
+
+
+def preload_fake_nvml() -> None:
+    """Load the fake library by path, once per process, so that pynvml's own `CDLL("libnvidia-ml.so.1")` finds
+    it by its soname: the dynamic loader reads LD_LIBRARY_PATH only at process start, so setting it inside
+    pytest would not reach dlopen. Subprocesses (the CLI) get LD_LIBRARY_PATH instead."""
+    global _preloaded
+    if not _preloaded:
+        ctypes.CDLL(str(fake_nvml_library()), mode=ctypes.RTLD_GLOBAL)
+        _preloaded = True
+
+
+def cid(n: int) -> str:
+    """A 64-hex container ID."""
+    return f"{n:064x}"
+
+
+def gpu_info(index: int, uuid: str, total_mib: int = H200_MIB) -> GpuInfo:
+    return GpuInfo(index, uuid, "NVIDIA H200", total_mib * MIB)
+
+
+def container(name: str = "app", *, pod: str = "p1", namespace: str = "team-a", uid: str = "uid-1",
+              container_id: str | None = None, mode: ComputeMode = ComputeMode.TIME_SLICING,
+              request_mib: int | None = 2048, limit_mib: int | None = 4096,
+              devices: tuple[str, ...] = (UUID_A,)) -> FractionalContainer:
+    pinned = parse_pinned_mem_limit(",".join(f"{i}={limit_mib}M" for i in range(len(devices)))) \
+        if limit_mib and devices else {}
+    return FractionalContainer(namespace, pod, uid, name, container_id or cid(1),
+                               CanonicalContainer(name, mode, request_mib, limit_mib, pinned, devices))
+
+
+def injected_env(c: FractionalContainer, mps_root: str = "/run/gpufrac/mps") -> dict[str, str]:
+    """What the webhook would inject into this container."""
+    spec = c.spec
+    env = {"CUDA_MPS_PIPE_DIRECTORY": f"{mps_root}/{spec.mode}", "PATH": "/usr/bin"}
+    if spec.limit_mib is not None:
+        env["NVIDIA_GPU_MEMORY_LIMIT"] = str(spec.limit_mib)
+    if spec.request_mib is not None:
+        env["NVIDIA_GPU_MEMORY_REQUEST"] = str(spec.request_mib)
+    if spec.pinned_mem_limit_mib:
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
+            f"{i}={m}M" for i, m in sorted(spec.pinned_mem_limit_mib.items()))
+    if spec.devices:
+        env["NVIDIA_VISIBLE_DEVICES"] = ",".join(spec.devices)
+    return env
+
+
+def pod(name: str, *, uid: str, containers: dict[str, str], annotations: dict[str, str],
+        namespace: str = "team-a", node: str = "gpu-node-1", running: bool = True,
+        runtime: str = "containerd") -> dict[str, Any]:
+    """A pod as the API returns it; `containers` maps names to 64-hex container IDs."""
+    return {
+        "metadata": {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": "1",
+                     "labels": {"gpufrac.io/fractional": "true"}, "annotations": annotations},
+        "spec": {"nodeName": node, "containers": [{"name": n, "image": "cuda"} for n in containers]},
+        "status": {"phase": "Running" if running else "Pending", "containerStatuses": [
+            {"name": n, "containerID": f"{runtime}://{i}", "ready": running,
+             "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}} if running else
+             {"waiting": {"reason": "ContainerCreating"}}}
+            for n, i in containers.items()]},
+    }
+
+
+def canonical_annotations(container_name: str, *, request_mib: int, limit_mib: int, devices: list[str],
+                          mode: str = "time-slicing") -> dict[str, str]:
+    p = f"gpufrac.io/container.{container_name}."
+    return {
+        f"{p}gpu-memory.request-mib": str(request_mib),
+        f"{p}gpu-memory.limit-mib": str(limit_mib),
+        f"{p}mps-pinned-mem-limit": ",".join(f"{i}={limit_mib}M" for i in range(len(devices))),
+        f"{p}compute-mode": mode,
+        f"nvidia.com/container.{container_name}.gpus.devices": ",".join(devices),
+    }
+
+
+class FakeKube:
+    """An in-memory API for the agent's Kubernetes edge: records node patches, events and evictions."""
+
+    def __init__(self, pods: list[dict[str, Any]] | None = None) -> None:
+        self.pods = pods or []
+        self.labels: dict[str, str] = {}
+        self.conditions: list[dict[str, Any]] = []
+        self.events: dict[tuple[str, str], dict[str, Any]] = {}
+        self.create_event_calls = 0
+        self.evictions: list[tuple[str, str]] = []
+
+    def patch_node_labels(self, node: str, labels: dict[str, str]) -> None:
+        self.labels.update(labels)
+
+    def patch_node_condition(self, node: str, condition: dict[str, Any]) -> None:
+        self.conditions.append(condition)
+
+    def create_event(self, namespace: str, body: dict[str, Any]) -> bool:
+        self.create_event_calls += 1
+        key = (namespace, body["metadata"]["name"])
+        if key in self.events:
+            return False
+        self.events[key] = body
+        return True
+
+    def evict_pod(self, namespace: str, name: str) -> bool:
+        self.evictions.append((namespace, name))
+        return True
+
+    def list_pods(self, node: str) -> tuple[list[dict[str, Any]], str]:
+        return list(self.pods), "100"
+
+    def watch_pods(self, node: str, resource_version: str, timeout_seconds: int):
+        import threading
+        threading.Event().wait(0.05)  # an idle watch that ends (server timeout)
+        return iter(())

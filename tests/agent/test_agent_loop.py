@@ -1,0 +1,307 @@
+"""The agent's loop end to end in one process: real pynvml over the fake libnvidia-ml.so.1, the fake MPS daemon,
+a fake /proc, and an in-memory Kubernetes API. Metrics are checked by scraping the registry text."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.agent import Agent, AgentConfig
+from agent.metrics import AgentMetrics
+from agent.nvml import NvmlSource
+from agent.serve import AgentHttpServer
+from agent.supervisor import RestartPolicy
+from gpufrac.annotations import ComputeMode
+from tests.agent.helpers import UUID_A, UUID_B, FakeKube, canonical_annotations, cid, pod
+from tests.fakes.state import ProcRoot
+
+MIB = 1024 * 1024
+
+
+def scrape(metrics: AgentMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    values = {}
+    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+        for sample in family.samples:
+            values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return values
+
+
+def value(metrics: AgentMetrics, name: str, **labels: str) -> float | None:
+    return scrape(metrics).get((name, tuple(sorted(labels.items()))))
+
+
+def wait_for(predicate, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def world(tmp_path: Path, fake_gpus, mps_binary):
+    fake_gpus.gpu(UUID_A, memory_total_mib=80000).gpu(UUID_B, memory_total_mib=80000)
+    proc = ProcRoot(tmp_path / "proc")
+    ts_ann = canonical_annotations("app", request_mib=20000, limit_mib=20000, devices=[UUID_A])
+    sm_ann = canonical_annotations("worker", request_mib=10000, limit_mib=16000, devices=[UUID_B],
+                                   mode="sm-sharing")
+    pods = [pod("train", uid="u-train", containers={"app": cid(1)}, annotations=ts_ann),
+            pod("infer", uid="u-infer", containers={"worker": cid(2)}, annotations=sm_ann)]
+    kube = FakeKube(pods)
+    config = AgentConfig(node="gpu-node-1", mps_binary=mps_binary, mps_root=tmp_path / "mps",
+                         mps_log_root=tmp_path / "log", mps_config_dir=tmp_path / "cfg", proc_root=proc.root,
+                         memory_limit_file=tmp_path / "memory.max", interval=0.05,
+                         restart_policy=RestartPolicy(0.01, 0.05, 3, 300.0), quit_timeout=5.0)
+    agents: list[Agent] = []
+
+    def make_agent(**changes) -> Agent:
+        from dataclasses import replace
+        metrics = AgentMetrics()
+        agent = Agent(replace(config, **changes), kube, NvmlSource(), metrics)
+        agent.start()
+        agent.pods.synced.wait(10)
+        agents.append(agent)
+        return agent
+
+    class World:
+        pass
+
+    w = World()
+    w.gpus, w.proc, w.kube, w.make_agent, w.tmp = fake_gpus, proc, kube, make_agent, tmp_path
+    yield w
+    for agent in agents:
+        agent.shutdown()
+
+
+def env_for(mode: str, limit: int, request: int, devices: str) -> dict[str, str]:
+    return {"NVIDIA_GPU_MEMORY_LIMIT": str(limit), "NVIDIA_GPU_MEMORY_REQUEST": str(request),
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={limit}M", "CUDA_MPS_PIPE_DIRECTORY": f"/run/gpufrac/mps/{mode}",
+            "NVIDIA_VISIBLE_DEVICES": devices}
+
+
+def test_labels_condition_and_daemons(world):
+    agent = world.make_agent()
+    agent.tick()
+    wait_for(lambda: all(s.up for s in agent.daemon_statuses().values()) and len(agent.daemon_statuses()) == 2)
+    agent.tick()
+    assert world.kube.labels == {
+        "gpufrac.io/driver-version.major": "615", "gpufrac.io/gpu-count": "2",
+        "gpufrac.io/enforcement.time-slicing": "driver", "gpufrac.io/enforcement.sm-sharing": "driver"}
+    last = world.kube.conditions[-1]
+    assert (last["type"], last["status"], last["reason"]) == ("gpufrac.io/Ready", "True", "FractionsEnforced")
+    for mode in ("time-slicing", "sm-sharing"):
+        assert value(agent.metrics, "gpufrac_mps_daemon_up", mode=mode) == 1
+        assert (world.tmp / "mps" / mode / "control").is_socket()
+    assert value(agent.metrics, "gpufrac_node_enforcement", mode="sm-sharing", enforcement="driver") == 1
+    ok, _ = agent.readyz()
+    assert ok
+    # unchanged state: no new condition patch (only on change or heartbeat)
+    patches = len(world.kube.conditions)
+    agent.tick()
+    assert len(world.kube.conditions) == patches
+
+
+def test_old_driver_labels_and_only_the_sm_sharing_daemon(world):
+    world.gpus.set(driver_version="550.54.15", cuda_driver_version=12040)
+    stale = world.tmp / "mps" / "time-slicing" / "control"  # from a daemon under a former r615 driver
+    stale.parent.mkdir(parents=True)
+    stale.write_text("")
+    agent = world.make_agent()
+    agent.tick()
+    wait_for(lambda: agent.daemon_statuses()[ComputeMode.SM_SHARING].up)
+    agent.tick()
+    assert set(agent.daemon_statuses()) == {ComputeMode.SM_SHARING}
+    assert world.kube.labels["gpufrac.io/enforcement.time-slicing"] == "none"
+    assert world.kube.labels["gpufrac.io/enforcement.sm-sharing"] == "mps"
+    assert world.kube.labels["gpufrac.io/driver-version.major"] == "550"
+    last = world.kube.conditions[-1]
+    assert (last["status"], last["reason"]) == ("False", "DriverWithoutMemoryLimits")
+    assert not stale.exists()
+
+
+def test_usage_metrics_per_fraction(world):
+    world.proc.add(4242, cid(1), env_for("time-slicing", 20000, 20000, UUID_A))
+    world.proc.add(4343, cid(1), env_for("time-slicing", 20000, 20000, UUID_A), form="v1-cgroupfs")
+    world.proc.add(5151, cid(2), env_for("sm-sharing", 16000, 10000, UUID_B), form="v2-crio-systemd")
+    world.proc.add(9999, cid(9), {})  # a process of some non-fractional container
+    world.gpus.processes(UUID_A, [{"pid": 4242, "used_memory_mib": 2048, "sm_util": 10},
+                                  {"pid": 4343, "used_memory_mib": 1024, "sm_util": 5},
+                                  {"pid": 9999, "used_memory_mib": 512, "sm_util": 50}])
+    world.gpus.processes(UUID_B, [{"pid": 5151, "used_memory_mib": 4096, "sm_util": 12}])
+    agent = world.make_agent()
+    agent.tick()
+    m = agent.metrics
+    train = {"namespace": "team-a", "pod": "train", "container": "app", "gpu_uuid": UUID_A}
+    infer = {"namespace": "team-a", "pod": "infer", "container": "worker", "gpu_uuid": UUID_B}
+    assert value(m, "gpufrac_container_gpu_memory_used_bytes", **train) == 3072 * MIB
+    assert value(m, "gpufrac_container_gpu_memory_limit_bytes", **train) == 20000 * MIB
+    assert value(m, "gpufrac_container_gpu_sm_utilization_percent", **train) == 15
+    assert value(m, "gpufrac_container_gpu_sm_utilization_normalized_percent", **train) == pytest.approx(15 / 0.25)
+    assert value(m, "gpufrac_container_gpu_memory_used_bytes", **infer) == 4096 * MIB
+    assert value(m, "gpufrac_container_gpu_memory_limit_bytes", **infer) == 16000 * MIB
+    assert value(m, "gpufrac_container_gpu_sm_utilization_normalized_percent", **infer) == pytest.approx(12 / 0.125)
+    used = [k for k in scrape(m) if k[0] == "gpufrac_container_gpu_memory_used_bytes"]
+    assert len(used) == 2  # the non-fractional process is nobody's fraction
+    assert agent.violations == []
+    assert world.kube.events == {}
+    # a pod that goes away takes its series with it
+    world.kube.pods.pop(1)
+    agent.pods.relist()
+    agent.tick()
+    assert value(m, "gpufrac_container_gpu_memory_used_bytes", **infer) is None
+
+
+def test_over_limit_becomes_one_event_even_across_agent_restarts(world):
+    world.proc.add(4242, cid(1), env_for("time-slicing", 20000, 20000, UUID_A))
+    world.gpus.processes(UUID_A, [{"pid": 4242, "used_memory_mib": 25000, "sm_util": 90}])
+    agent = world.make_agent()
+    agent.tick()
+    agent.tick()
+    [event] = world.kube.events.values()
+    assert event["reason"] == "GPUMemoryLimitExceeded" and event["type"] == "Warning"
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "team-a", "name": "train",
+                                       "uid": "u-train", "fieldPath": "spec.containers{app}"}
+    assert "uses 25000 MiB" in event["message"] and "limit of 20000 MiB" in event["message"]
+    assert event["source"] == {"component": "gpufrac-agent", "host": "gpu-node-1"}
+    assert value(agent.metrics, "gpufrac_violations_total", kind="memory-over-limit") == 1
+    calls = world.kube.create_event_calls
+    agent.tick()
+    assert world.kube.create_event_calls == calls  # remembered: not even re-sent
+    # a restarted agent tries once, finds the event by its name, and adds nothing
+    agent.shutdown()
+    again = world.make_agent()
+    again.tick()
+    again.tick()
+    assert len(world.kube.events) == 1
+    assert value(again.metrics, "gpufrac_violations_total", kind="memory-over-limit") == 0
+    assert world.kube.evictions == []
+
+
+def test_missing_env_and_eviction(world):
+    env = env_for("time-slicing", 20000, 20000, UUID_A)
+    del env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]
+    world.proc.add(4242, cid(1), env)
+    world.gpus.processes(UUID_A, [{"pid": 4242, "used_memory_mib": 100, "sm_util": 1}])
+    agent = world.make_agent(evict_on_violation=True)
+    agent.tick()
+    agent.tick()
+    [event] = world.kube.events.values()
+    assert event["reason"] == "GPULimitEnvMissing"
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" in event["message"]
+    assert world.kube.evictions == [("team-a", "train")]  # once, though seen on two loops
+
+
+def test_mixed_modes_and_wrong_device(world):
+    # the sm-sharing pod's process shows up on GPU A, where the time-slicing pod runs
+    world.proc.add(4242, cid(1), env_for("time-slicing", 20000, 20000, UUID_A))
+    world.proc.add(5151, cid(2), env_for("sm-sharing", 16000, 10000, UUID_B))
+    world.gpus.processes(UUID_A, [{"pid": 4242, "used_memory_mib": 100}, {"pid": 5151, "used_memory_mib": 100}])
+    agent = world.make_agent(evict_on_violation=True)
+    agent.tick()
+    reasons = sorted((e["involvedObject"]["name"], e["reason"]) for e in world.kube.events.values())
+    assert reasons == [("infer", "GPUComputeModesMixed"), ("infer", "GPUDeviceNotAssigned"),
+                       ("train", "GPUComputeModesMixed")]
+    assert world.kube.evictions == [("team-a", "infer")]  # not for the scheduler's placement
+    assert value(agent.metrics, "gpufrac_violations_total", kind="mixed-modes") == 2
+
+
+def test_killed_daemon_is_restarted_and_counted(world):
+    agent = world.make_agent()
+    agent.tick()
+    sup = agent.supervisors[ComputeMode.SM_SHARING]
+    wait_for(lambda: sup.status().up)
+    flag = sup.spec.log_dir / "fake-crash"
+    flag.write_text("")
+    wait_for(lambda: sup.status().restarts >= 1)
+    flag.unlink()
+    wait_for(lambda: sup.status().up)
+    agent.tick()
+    assert value(agent.metrics, "gpufrac_mps_daemon_restarts_total", mode="sm-sharing") == sup.status().restarts
+    assert value(agent.metrics, "gpufrac_mps_daemon_restarts_total", mode="time-slicing") == 0
+
+
+def test_exhausted_daemon_makes_the_node_not_ready(world):
+    agent = world.make_agent()
+    (world.tmp / "log" / "sm-sharing").mkdir(parents=True)
+    (world.tmp / "log" / "sm-sharing" / "fake-crash").write_text("")
+    agent.tick()
+    sup = agent.supervisors[ComputeMode.SM_SHARING]
+    wait_for(lambda: str(sup.status().state) == "failed")
+    agent.tick()
+    last = world.kube.conditions[-1]
+    assert (last["status"], last["reason"]) == ("False", "MpsDaemonFailed")
+    assert "restarted 3 times in a row" in last["message"]
+    assert world.kube.labels["gpufrac.io/enforcement.sm-sharing"] == "none"
+    ok, text = agent.readyz()
+    assert not ok and "sm-sharing MPS daemon failed" in text
+
+
+def test_nvml_down_is_reported_not_fatal(world):
+    world.gpus.set(error=9)
+    agent = world.make_agent()
+    agent.tick()
+    last = world.kube.conditions[-1]
+    assert (last["status"], last["reason"]) == ("False", "NvmlUnavailable")
+    assert value(agent.metrics, "gpufrac_nvml_up") == 0
+    assert agent.supervisors == {}
+    world.gpus.state.pop("error")
+    world.gpus.write()
+    agent.tick()
+    assert value(agent.metrics, "gpufrac_nvml_up") == 1
+    assert set(agent.supervisors) == {ComputeMode.TIME_SLICING, ComputeMode.SM_SHARING}
+
+
+def test_memory_budget_check(world):
+    (world.tmp / "memory.max").write_text(str(128 * MIB))
+    agent = world.make_agent()
+    agent.tick()
+    wait_for(lambda: all(s.up for s in agent.daemon_statuses().values()))
+    agent.tick()
+    last = world.kube.conditions[-1]
+    assert (last["status"], last["reason"]) == ("False", "MpsMemoryBudgetTooSmall")
+    assert "384Mi" in last["message"]  # 128Mi + 64Mi x 2 GPUs x 2 daemons
+
+
+def test_shutdown_quits_daemons_and_marks_the_node_unknown(world):
+    agent = world.make_agent()
+    agent.tick()
+    wait_for(lambda: all(s.up for s in agent.daemon_statuses().values()))
+    sups = list(agent.supervisors.values())
+    agent.shutdown()
+    for sup in sups:
+        text = (sup.spec.log_dir / "fake-mps-record.jsonl").read_text()
+        assert '"command": "quit", "via": "stdin"' in text
+        assert not sup.killed
+    last = world.kube.conditions[-1]
+    assert (last["status"], last["reason"]) == ("Unknown", "AgentStopped")
+    assert world.kube.labels["gpufrac.io/enforcement.sm-sharing"] == "none"
+    assert value(agent.metrics, "gpufrac_mps_daemon_up", mode="sm-sharing") == 0
+
+
+def test_http_endpoints(world):
+    agent = world.make_agent()
+    server = AgentHttpServer("127.0.0.1:0", agent.metrics.registry, agent.healthz, agent.readyz)
+    server.start()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{base}/readyz", timeout=5)
+        assert err.value.code == 503 and b"NVML" in err.value.read()
+        agent.tick()
+        wait_for(lambda: all(s.up for s in agent.daemon_statuses().values()))
+        agent.tick()
+        with urllib.request.urlopen(f"{base}/readyz", timeout=5) as resp:
+            assert resp.read() == b"ok\n"
+        with urllib.request.urlopen(f"{base}/healthz", timeout=5) as resp:
+            assert resp.status == 200
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as resp:
+            body = resp.read().decode()
+        assert 'gpufrac_mps_daemon_up{mode="sm-sharing"} 1.0' in body
+        assert "gpufrac_watch_reconnects_total 0.0" in body
+    finally:
+        server.stop()

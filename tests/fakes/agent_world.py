@@ -1,0 +1,276 @@
+"""A node for the agent end to end: fake GPUs, a fake /proc, the real `gpufrac agent` process, and fractional
+pods created through the real admission path on a local control plane (e2e.cluster.ControlPlane).
+
+Used by tests/e2e/test_agent_e2e.py and `make agent-demo`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from e2e.cluster import NODE_NAME, REPO_ROOT, USER_NAMESPACE, ControlPlane
+from tests.fakes.build import MPS_CONTROL, fake_nvml_dir
+from tests.fakes.state import FakeGpuState, ProcRoot
+
+IMAGE = "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"
+GPU_UUIDS = ("GPU-e2e00000-0000-0000-0000-000000000000", "GPU-e2e11111-1111-1111-1111-111111111111")
+
+
+def _term_with_parent() -> None:
+    """preexec_fn: the kernel sends the agent SIGTERM (so it still quits its daemons) if the test process dies."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float = 30.0, what: str = "condition", interval: float = 0.1):
+    """Poll until predicate() returns something truthy, and return it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class FractionalPod:
+    name: str
+    container_id: str
+    gpu_uuid: str
+    mode: str
+    limit_mib: int
+    request_mib: int
+    uid: str = ""
+
+
+class AgentWorld:
+    def __init__(self, cp: ControlPlane, workdir: Path, node: str = NODE_NAME) -> None:
+        self.cp = cp
+        self.workdir = workdir
+        self.node = node
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.gpus = FakeGpuState(workdir / "nvml.json")
+        for uuid in GPU_UUIDS:
+            self.gpus.gpu(uuid, memory_total_mib=143771)
+        self.proc = ProcRoot(workdir / "proc")
+        self.mps_root = workdir / "mps"
+        self.log_root = workdir / "mps-log"
+        self.port = _free_port()
+        self.agent: subprocess.Popen[bytes] | None = None
+        self._next_pid = 40000
+        self._next_cid = 1
+        self.created: list[str] = []  # pod names, for cleanup
+
+    # ---- the agent process ----
+
+    def start_agent(self, *extra: str) -> None:
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+            "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(fake_nvml_dir()),
+                                                             os.environ.get("LD_LIBRARY_PATH")])),
+            "GPUFRAC_FAKE_NVML": str(self.gpus.path),
+        }
+        argv = [
+            sys.executable, "-m", "gpufrac", "agent", "--node", self.node,
+            "--kubeconfig", str(self.cp.kubeconfigs["admin"]),
+            "--mps-binary", str(MPS_CONTROL), "--mps-root", str(self.mps_root),
+            "--mps-log-root", str(self.log_root), "--mps-config-dir", str(self.workdir / "mps-config"),
+            "--proc-root", str(self.proc.root), "--memory-limit-file", str(self.workdir / "memory.max"),
+            "--metrics-bind", f"127.0.0.1:{self.port}", "--interval", "0.5",
+            "--restart-backoff", "0.2", "--quit-timeout", "10", *extra,
+        ]
+        log = open(self.workdir / "agent.log", "ab")
+        try:
+            self.agent = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                          preexec_fn=_term_with_parent)
+        finally:
+            log.close()
+        wait_until(self._serving, 60, "the agent's /healthz")
+
+    def _serving(self) -> bool:
+        if self.agent is not None and self.agent.poll() is not None:
+            raise RuntimeError(f"the agent exited with {self.agent.returncode}:\n{self.agent_log()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def stop_agent(self, timeout: float = 30.0) -> int:
+        if self.agent is None:
+            return 0
+        if self.agent.poll() is None:
+            self.agent.send_signal(signal.SIGTERM)
+            try:
+                self.agent.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.agent.kill()
+                self.agent.wait()
+        rc = self.agent.returncode
+        self.agent = None
+        return rc
+
+    def agent_log(self) -> str:
+        path = self.workdir / "agent.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as resp:
+            return resp.read().decode()
+
+    def readyz(self) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    def daemon_records(self, mode: str) -> list[dict[str, Any]]:
+        path = self.log_root / mode / "fake-mps-record.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def daemon_pid(self, mode: str) -> int | None:
+        starts = [r for r in self.daemon_records(mode) if r["event"] == "start"]
+        return starts[-1]["pid"] if starts else None
+
+    # ---- pods, through the real admission path ----
+
+    def _kubectl(self, user: str, *args: str, input: str | None = None) -> str:
+        rc, out, err = self.cp.kubectl(*args, user=user, input=input)
+        if rc != 0:
+            raise RuntimeError(f"kubectl {' '.join(args[:3])} as {user}: {err.strip()}")
+        return out
+
+    def create_pod(self, name: str, *, gpu_uuid: str, limit_mib: int, request_mib: int | None = None,
+                   mode: str = "time-slicing") -> FractionalPod:
+        """alice creates it (the webhook mutates it), the binder assigns the GPU and binds it to this node."""
+        request_mib = request_mib or limit_mib
+        c = "nvidia.com/container.app."
+        manifest = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": USER_NAMESPACE, "annotations": {
+                c + "gpu-memory.request": f"{request_mib}Mi", c + "gpu-memory.limit": f"{limit_mib}Mi",
+                c + "gpu-compute.mode": mode}},
+            "spec": {"schedulerName": "kai-scheduler", "containers": [{"name": "app", "image": IMAGE}]},
+        }
+        self._kubectl("alice", "create", "-f", "-", input=json.dumps(manifest))
+        self.created.append(name)
+        self._kubectl("binder", "patch", "pod", name, "--type=merge", "-p",
+                      json.dumps({"metadata": {"annotations": {c + "gpus.devices": gpu_uuid}}}))
+        binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+                   "target": {"apiVersion": "v1", "kind": "Node", "name": self.node}}
+        self._kubectl("binder", "create", "--raw", f"/api/v1/namespaces/{USER_NAMESPACE}/pods/{name}/binding",
+                      "-f", "-", input=json.dumps(binding))
+        container_id = f"{self._next_cid:064x}"
+        self._next_cid += 1
+        fp = FractionalPod(name, container_id, gpu_uuid, mode, limit_mib, request_mib)
+        self.mark_running(fp)
+        return fp
+
+    def get_pod(self, name: str) -> dict[str, Any]:
+        return json.loads(self._kubectl("admin", "get", "pod", "-n", USER_NAMESPACE, name, "-o", "json"))
+
+    def mark_running(self, fp: FractionalPod) -> None:
+        """What the kubelet would write: the container running, with its runtime ID."""
+        status = {"status": {"phase": "Running", "containerStatuses": [{
+            "name": "app", "image": IMAGE, "imageID": "", "ready": True, "restartCount": 0, "started": True,
+            "containerID": f"containerd://{fp.container_id}",
+            "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}}
+        out = self._kubectl("admin", "patch", "pod", "-n", USER_NAMESPACE, fp.name, "--subresource=status",
+                            "--type=merge", "-p", json.dumps(status), "-o", "json")
+        fp.uid = json.loads(out)["metadata"]["uid"]
+
+    def start_process(self, fp: FractionalPod, used_mib: int, sm_util: int, *,
+                      env: dict[str, str] | None = None) -> int:
+        """A GPU process of that container: in the fake /proc (with the env the kubelet would resolve from the
+        webhook's downward-API env) and in the fake NVML process list."""
+        pod = self.get_pod(fp.name)
+        if env is None:
+            env = resolve_env(pod, "app")
+        pid = self._next_pid
+        self._next_pid += 1
+        self.proc.add(pid, fp.container_id, env, pod_uid=fp.uid)
+        for gpu in self.gpus.state["gpus"]:
+            if gpu["uuid"] == fp.gpu_uuid:
+                gpu["processes"].append({"pid": pid, "used_memory_mib": used_mib, "sm_util": sm_util})
+        self.gpus.write()
+        return pid
+
+    def set_process_memory(self, pid: int, used_mib: int) -> None:
+        for gpu in self.gpus.state["gpus"]:
+            for process in gpu["processes"]:
+                if process["pid"] == pid:
+                    process["used_memory_mib"] = used_mib
+        self.gpus.write()
+
+    def events_for(self, name: str) -> list[dict[str, Any]]:
+        out = self._kubectl("admin", "get", "events", "-n", USER_NAMESPACE, "--field-selector",
+                            f"involvedObject.name={name}", "-o", "json")
+        return json.loads(out)["items"]
+
+    def get_node(self) -> dict[str, Any]:
+        return json.loads(self._kubectl("admin", "get", "node", self.node, "-o", "json"))
+
+    def node_condition(self) -> dict[str, Any] | None:
+        for cond in self.get_node().get("status", {}).get("conditions", []):
+            if cond["type"] == "gpufrac.io/Ready":
+                return cond
+        return None
+
+    def delete_pods(self, *names: str) -> None:
+        if names:
+            self.cp.kubectl("delete", "pod", "-n", USER_NAMESPACE, "--wait=false", "--grace-period=0",
+                            "--force", *names, user="admin")
+
+
+def resolve_env(pod: dict[str, Any], container: str) -> dict[str, str]:
+    """The env the kubelet would give the container: literal values and downward-API annotation/label refs."""
+    meta = pod["metadata"]
+    env: dict[str, str] = {"PATH": "/usr/local/bin:/usr/bin"}
+    for c in pod["spec"]["containers"]:
+        if c["name"] != container:
+            continue
+        for var in c.get("env", []):
+            if "value" in var:
+                env[var["name"]] = var["value"]
+                continue
+            path = ((var.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath", "")
+            for field, source in (("annotations", meta.get("annotations", {})), ("labels", meta.get("labels", {}))):
+                prefix = f"metadata.{field}['"
+                if path.startswith(prefix) and path.endswith("']"):
+                    key = path[len(prefix):-2]
+                    if key in source:
+                        env[var["name"]] = source[key]
+    return env
+
+
+def metric_value(text: str, name: str, **labels: str) -> float | None:
+    from prometheus_client.parser import text_string_to_metric_families
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return None
