@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 from agent.model import MIB, FractionalContainer, GpuInfo, GpuProcess, UsageSample, Violation, ViolationKind
 from agent.procfs import container_ids_in_cgroup
-from gpufrac.annotations import parse_pinned_mem_limit
+from gpufrac.annotations import LimitEnv, parse_pinned_mem_limit
 
-ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-ENV_MEMORY_REQUEST = "NVIDIA_GPU_MEMORY_REQUEST"
-ENV_MEMORY_LIMIT = "NVIDIA_GPU_MEMORY_LIMIT"
-ENV_PINNED_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
-ENV_PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
+ENV_VISIBLE_DEVICES = LimitEnv.VISIBLE_DEVICES
+ENV_MEMORY_REQUEST = LimitEnv.MEMORY_REQUEST
+ENV_MEMORY_LIMIT = LimitEnv.MEMORY_LIMIT
+ENV_PINNED_LIMIT = LimitEnv.PINNED_MEM_LIMIT
+ENV_PIPE_DIRECTORY = LimitEnv.PIPE_DIRECTORY
 
 
 @dataclass(frozen=True)

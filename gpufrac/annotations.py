@@ -52,6 +52,16 @@ class Field(StrEnum):
     DEVICES = "gpus.devices"
 
 
+class LimitEnv(StrEnum):
+    """Env vars the webhook injects into each fractional container, and the agent checks its processes carry."""
+
+    VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+    MEMORY_REQUEST = "NVIDIA_GPU_MEMORY_REQUEST"
+    MEMORY_LIMIT = "NVIDIA_GPU_MEMORY_LIMIT"
+    PINNED_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+    PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
+
+
 # The one key KAI writes under its own prefix.
 PORTION_LIMIT_SUFFIX = "gpu-memory.portion.limit"
 

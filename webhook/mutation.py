@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufrac import annotations as ann
-from gpufrac.annotations import CanonicalField, ComputeMode, Field
+from gpufrac.annotations import CanonicalField, ComputeMode, Field, LimitEnv
 from webhook import pod as podview
 from webhook.errors import BadReviewError, show_value
 from webhook.fractions import PodFractions
@@ -21,9 +21,7 @@ ENFORCEMENT_LABEL_PREFIX = "gpufrac.io/enforcement."
 ENFORCING_VALUES = ("driver", "mps")
 NO_GPU = "void"  # NVIDIA_VISIBLE_DEVICES for containers of a fractional pod that get no GPU
 NO_GPU_VALUES = ("void", "none")
-# Env names that carry a fraction's limits; only the webhook sets them.
-LIMIT_ENV_NAMES = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_GPU_MEMORY_REQUEST", "NVIDIA_GPU_MEMORY_LIMIT",
-                   "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_PIPE_DIRECTORY")
+# Env names only the fractional containers carry, as the webhook sets them.
 LIMIT_ENV_PREFIXES = ("CUDA_MPS_", "NVIDIA_GPU_MEMORY_")
 
 
@@ -58,14 +56,14 @@ def injected_env(container: str, mode: ComputeMode, policy: Policy) -> list[dict
     """The env of one fractional container. Annotation-backed values are read by the kubelet at container start,
     after the bind, so what the scheduler writes at bind reaches the process."""
     return [
-        {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": _field_ref(ann.nvidia_key(container, Field.DEVICES))},
-        {"name": "NVIDIA_GPU_MEMORY_REQUEST",
+        {"name": LimitEnv.VISIBLE_DEVICES, "valueFrom": _field_ref(ann.nvidia_key(container, Field.DEVICES))},
+        {"name": LimitEnv.MEMORY_REQUEST,
          "valueFrom": _field_ref(ann.canonical_key(container, CanonicalField.REQUEST_MIB))},
-        {"name": "NVIDIA_GPU_MEMORY_LIMIT",
+        {"name": LimitEnv.MEMORY_LIMIT,
          "valueFrom": _field_ref(ann.canonical_key(container, CanonicalField.LIMIT_MIB))},
-        {"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+        {"name": LimitEnv.PINNED_MEM_LIMIT,
          "valueFrom": _field_ref(ann.canonical_key(container, CanonicalField.MPS_PINNED_MEM_LIMIT))},
-        {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": policy.mps_dirs[mode]},
+        {"name": LimitEnv.PIPE_DIRECTORY, "value": policy.mps_dirs[mode]},
     ]
 
 
