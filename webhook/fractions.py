@@ -311,6 +311,12 @@ def resolve(obj: dict[str, Any], *, bound: bool) -> tuple[PodFractions, list[Vio
                 out.append(annotation(key, annotations[key], f"is set, but container {name} asks for no GPU "
                                                              "fraction"))
             continue
+        if entry.devices and memory_value is None:
+            key = ann.nvidia_key(name, Field.DEVICES)
+            out.append(annotation(key, annotations[key], f"assigns devices to container {name}, whose portion "
+                                  "request has no memory in MiB yet: the scheduler writes "
+                                  f"{ann.nvidia_key(name, Field.MEMORY_REQUEST)} (and .limit) in the same update, "
+                                  "or the container would start without a memory limit"))
         if entry.devices and len(entry.devices) != num_devices:
             key = ann.nvidia_key(name, Field.DEVICES)
             out.append(annotation(key, annotations[key], f"lists {len(entry.devices)} devices, but the pod asks "

@@ -57,6 +57,12 @@ def test_scheduler_groups_are_scheduler_identities_too():
                                      groups=("system:serviceaccounts:kai-scheduler",)), policy).allowed
 
 
+def test_a_bind_without_memory_for_a_portion_is_denied():
+    message = update(created(NOTEBOOK), BIND[:1], user=BINDER).message
+    assert "annotation nvidia.com/container.app.gpus.devices: GPU-a1b2c3d4,GPU-e5f6a7b8 assigns devices to container " \
+           "app, whose portion request has no memory in MiB yet" in message
+
+
 def test_users_cannot_do_the_schedulers_binding():
     message = update(created(NOTEBOOK), BIND).message
     assert "annotation nvidia.com/container.app.gpus.devices: GPU-a1b2c3d4,GPU-e5f6a7b8 cannot be added by alice: " \
