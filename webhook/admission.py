@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonpatch
-
 from webhook.errors import Violation
 from webhook.fractions import resolve
 from webhook.mutation import Mutation, mutate_bind, mutate_create, mutate_ephemeral
+from webhook.patch import diff
 from webhook.policy import Policy
 from webhook.review import ReviewRequest
 from webhook.validation import validate_binding, validate_pod
@@ -31,7 +30,7 @@ class Outcome:
 
 
 def _patch(before: dict[str, Any], mutation: Mutation) -> Outcome:
-    return Outcome(patch=list(jsonpatch.make_patch(before, mutation.obj)), warnings=mutation.warnings)
+    return Outcome(patch=diff(before, mutation.obj), warnings=mutation.warnings)
 
 
 def mutate(request: ReviewRequest, policy: Policy) -> Outcome:

@@ -1,12 +1,12 @@
 """What the mutating webhook writes: canonical annotations, the label, and each fractional container's limits.
 
-Pure: `mutate_*` take the pod and return a changed copy plus warnings; the JSON patch is the diff of the two.
+Pure: `mutate_*` take the pod and return a changed copy plus warnings; the JSON patch is the diff of the two
+(`patch.py`: the copy shares what the mutation does not write, so the diff only looks at what it did).
 Everything is keyed by name, so mutating an already-mutated pod changes nothing (reinvocationPolicy IfNeeded).
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +15,7 @@ from gpufrac.annotations import CanonicalField, ComputeMode, Field, LimitEnv
 from webhook import pod as podview
 from webhook.errors import BadReviewError, show_value
 from webhook.fractions import PodFractions
+from webhook.patch import working_copy
 from webhook.policy import Policy
 
 ENFORCEMENT_LABEL_PREFIX = "gpufrac.io/enforcement."
@@ -131,7 +132,7 @@ def _require_enforcing_node(obj: dict[str, Any], mode: ComputeMode) -> None:
 
 def mutate_create(obj: dict[str, Any], fractions: PodFractions, policy: Policy) -> Mutation:
     """The whole mutation of a pod being created."""
-    result = Mutation(copy.deepcopy(obj))
+    result = Mutation(working_copy(obj))
     pod = result.obj
     if not fractions.is_fractional:
         return result
@@ -175,7 +176,7 @@ def mutate_create(obj: dict[str, Any], fractions: PodFractions, policy: Policy) 
 
 def mutate_bind(obj: dict[str, Any], fractions: PodFractions) -> Mutation:
     """The scheduler's bind-time UPDATE: derive the canonical annotations from the values it wrote."""
-    result = Mutation(copy.deepcopy(obj))
+    result = Mutation(working_copy(obj))
     if fractions.is_fractional:
         _set_annotations(result.obj, canonical_annotations(fractions), ann.CANONICAL_PREFIX, result.warnings, False)
     return result
@@ -183,7 +184,7 @@ def mutate_bind(obj: dict[str, Any], fractions: PodFractions) -> Mutation:
 
 def mutate_ephemeral(obj: dict[str, Any], fractions: PodFractions) -> Mutation:
     """`kubectl debug` on a fractional pod: the debug container gets no GPU unless it says which."""
-    result = Mutation(copy.deepcopy(obj))
+    result = Mutation(working_copy(obj))
     if not fractions.is_fractional:
         return result
     for ref in podview.containers(result.obj, podview.ContainerKind.EPHEMERAL):
