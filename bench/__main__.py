@@ -1,0 +1,103 @@
+"""`make bench` / `python -m bench`: run the sections, print one Markdown report, write bench/results.md."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+from bench import apiserver, direct, handler_profile, inprocess, machine, node_agent
+from bench.chart import ROOT, chart_webhook
+from bench.report import Report
+from bench.reviews import seed_reviews
+
+SECTIONS = ("http", "apiserver", "inprocess", "agent")
+
+MODES = {
+    # concurrencies, seconds per run, rounds (a,b per round) ...
+    "full": {"http_c": (1, 8, 32, 64), "http_s": 5.0, "http_rounds": 2,
+             "api_c": (1, 4, 16), "api_s": 6.0, "api_rounds": 2, "quick_inprocess": False,
+             "agent_sizes": (1, 50, 200), "agent_ticks": 20, "handler_rounds": 1000},
+    "quick": {"http_c": (1, 8, 32, 64), "http_s": 2.0, "http_rounds": 2,
+              "api_c": (1, 4, 16), "api_s": 2.0, "api_rounds": 1, "quick_inprocess": True,
+              "agent_sizes": (1, 50, 200), "agent_ticks": 5, "handler_rounds": 200},
+    "smoke": {"http_c": (1, 8), "http_s": 1.0, "http_rounds": 1,
+              "api_c": (1, 4), "api_s": 1.0, "api_rounds": 1, "quick_inprocess": True,
+              "agent_sizes": (1,), "agent_ticks": 2, "handler_rounds": 20},
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="shorter runs (make bench QUICK=1, under 2 minutes)")
+    mode.add_argument("--smoke", action="store_true",
+                      help="the shortest run that exercises every section (for tests; numbers mean little)")
+    parser.add_argument("--skip", action="append", default=[], choices=SECTIONS, help="leave a section out")
+    parser.add_argument("--pin", action="store_true",
+                        help="pin wrk to the first CPU and the HTTPS servers to the others (on 2 cores the server "
+                             "then gets one core; by default both share all cores, as the chart's 2 workers "
+                             "expect 2 cores, and wrk needs little)")
+    parser.add_argument("--no-install", action="store_true", help="do not apt-get install wrk when it is missing")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results.md"), help="where to write the Markdown")
+    parser.add_argument("--workdir", help="scratch directory (default: a temporary one, removed afterwards)")
+    args = parser.parse_args(argv)
+    name = "smoke" if args.smoke else "quick" if args.quick else "full"
+    m = MODES[name]
+    started = time.monotonic()
+
+    chart = chart_webhook()
+    policy = chart.policy()
+    reviews = seed_reviews(policy)
+    report = Report(name, machine.describe(), chart, reviews)
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gpufrac-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    failed: list[str] = []
+
+    def section(name: str, fn):
+        """A section that fails is reported as failed (and the exit status is 1); the others still run."""
+        try:
+            return fn()
+        except Exception as err:
+            traceback.print_exc()
+            failed.append(name)
+            return f"failed: {type(err).__name__}: {str(err)[:500]}"
+
+    try:
+        if "inprocess" not in args.skip:
+            print("[bench] in-process decision path", file=sys.stderr, flush=True)
+            report.seeds = inprocess.seeds(reviews, policy, m["quick_inprocess"])
+            report.sized = inprocess.sized(policy, m["quick_inprocess"])
+            report.profile = inprocess.profile(reviews, policy, m["quick_inprocess"])
+            report.handler = handler_profile.run(m["handler_rounds"])
+        if "http" not in args.skip:
+            report.http = section("http", lambda: direct.run(
+                reviews, chart, concurrencies=m["http_c"], duration=m["http_s"], rounds=m["http_rounds"],
+                pin=args.pin, workdir=workdir / "https", install=not args.no_install))
+        if "apiserver" not in args.skip:
+            report.api = section("apiserver", lambda: apiserver.run(
+                concurrencies=m["api_c"], duration=m["api_s"], rounds=m["api_rounds"], workdir=ROOT / ".e2e" / "bench"))
+        if "agent" not in args.skip:
+            report.agent = section("agent", lambda: node_agent.run(m["agent_sizes"], m["agent_ticks"]))
+    finally:
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    report.machine["load_after"] = machine.load_average()
+    report.elapsed = time.monotonic() - started
+    text = report.markdown()
+    print(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n")
+    print(f"[bench] wrote {out} in {report.elapsed:.0f} s", file=sys.stderr)
+    if failed:
+        print(f"[bench] failed sections: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,183 @@
+"""Admission through a real kube-apiserver (e2e.cluster.ControlPlane): pod creates per second and create latency
+with gpufrac's two webhook configurations registered, and with them deleted (same pods, same client)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from bench.reviews import INFERENCE, NOTEBOOK
+
+NAMESPACE = "team-a"
+IMAGE = "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"
+FRACTIONAL_LABEL = "gpufrac.io/fractional"
+
+
+@dataclass
+class ApiCell:
+    webhooks: bool
+    concurrency: int
+    latencies: list[float] = field(default_factory=list)  # seconds
+    seconds: float = 0.0
+    errors: int = 0
+    wrong: int = 0  # created but mutated when it should not be, or the reverse
+
+    @property
+    def pods_per_s(self) -> float:
+        return len(self.latencies) / self.seconds if self.seconds else 0.0
+
+    def pct(self, q: float) -> float:
+        values = sorted(self.latencies)
+        return values[min(len(values) - 1, int(q * (len(values) - 1)))] * 1000 if values else float("nan")
+
+
+@dataclass
+class ApiResult:
+    cells: dict[tuple[bool, int], ApiCell]
+    server_version: str
+    duration: float
+    rounds: int
+    cold_start_s: float
+    webhook_names: list[tuple[str, str]]
+
+
+_counter = itertools.count()
+
+
+def _manifest(i: int) -> dict:
+    annotations = INFERENCE if i % 2 == 0 else NOTEBOOK
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"bench-{i}", "namespace": NAMESPACE, "annotations": dict(annotations)},
+            "spec": {"schedulerName": "kai-scheduler",
+                     "containers": [{"name": "app", "image": IMAGE, "command": ["sleep", "infinity"]}]}}
+
+
+def _load(cell: ApiCell, api, duration: float, run_tag: str) -> None:
+    deadline = time.monotonic() + duration
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while time.monotonic() < deadline:
+            i = next(_counter)
+            body = _manifest(i)
+            body["metadata"]["name"] = f"bench-{run_tag}-{i}"
+            t0 = time.perf_counter()
+            try:
+                resp = api.create_namespaced_pod(NAMESPACE, body, _preload_content=False)
+                data = resp.data
+                elapsed = time.perf_counter() - t0
+            except Exception:  # any API error is counted, never hidden
+                with lock:
+                    cell.errors += 1
+                continue
+            labelled = FRACTIONAL_LABEL.encode() in data
+            with lock:
+                cell.latencies.append(elapsed)
+                if labelled != cell.webhooks:
+                    cell.wrong += 1
+
+    threads = [threading.Thread(target=worker) for _ in range(cell.concurrency)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    cell.seconds += time.monotonic() - start
+
+
+def _webhook_names(manifest: Path) -> list[tuple[str, str]]:
+    return [(doc["kind"], doc["metadata"]["name"]) for doc in yaml.safe_load_all(manifest.read_text())
+            if doc and doc.get("kind", "").endswith("WebhookConfiguration")]
+
+
+def _mutated_on_dry_run(api) -> bool:
+    """True while a dry-run fractional pod comes back mutated, or is denied (the validating webhook still
+    registered after the mutating one is gone); False once it is stored as sent."""
+    from kubernetes.client.exceptions import ApiException
+
+    body = _manifest(0)
+    body["metadata"]["name"] = "bench-probe"
+    try:
+        resp = api.create_namespaced_pod(NAMESPACE, body, dry_run="All", _preload_content=False)
+    except ApiException as err:
+        if err.status == 403 and "gpufrac.io" in str(err.body):
+            return True
+        raise
+    return FRACTIONAL_LABEL.encode() in resp.data
+
+
+def _unregister(cp, admission_api, api, names: list[tuple[str, str]], timeout: float = 30) -> None:
+    for kind, name in names:
+        if kind == "MutatingWebhookConfiguration":
+            admission_api.delete_mutating_webhook_configuration(name)
+        else:
+            admission_api.delete_validating_webhook_configuration(name)
+    deadline = time.monotonic() + timeout
+    while _mutated_on_dry_run(api):  # the API server drops webhooks from an informer: wait until it has
+        if time.monotonic() > deadline:
+            raise RuntimeError("webhook configurations deleted but pods are still mutated")
+        time.sleep(0.2)
+
+
+def run(*, concurrencies: tuple[int, ...], duration: float, rounds: int, workdir: Path) -> ApiResult | str:
+    try:
+        from e2e.cluster import ControlPlane, ToolsMissingError
+    except ImportError as err:
+        return f"skipped: e2e.cluster is not importable ({err})"
+    from kubernetes import client, config
+
+    try:
+        cp = ControlPlane(workdir, quiet=True)
+        cp.start()
+    except ToolsMissingError as err:
+        return f"skipped: {err}"
+    try:
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=str(cp.kubeconfigs["admin"]), client_configuration=configuration)
+        configuration.connection_pool_maxsize = max(concurrencies) + 4
+        api_client = client.ApiClient(configuration)
+        api = client.CoreV1Api(api_client)
+        admission_api = client.AdmissionregistrationV1Api(api_client)
+        names = _webhook_names(cp.workdir / "webhook-configurations.yaml")
+        if not _mutated_on_dry_run(api):
+            raise RuntimeError("the webhooks are registered but a dry-run pod is not mutated")
+        # Warm the client's connection pool, the API server and the webhook.
+        warm = ApiCell(True, max(concurrencies))
+        _load(warm, api, 1.0, "warm")
+        cells: dict[tuple[bool, int], ApiCell] = {}
+        for r in range(rounds):
+            for webhooks in (True, False):
+                if webhooks and r > 0:
+                    cp.apply_webhook_configurations()  # waits until a dry-run pod is mutated again
+                    time.sleep(2)  # and the validating configuration, loaded by its own informer
+                if not webhooks:
+                    _unregister(cp, admission_api, api, names)
+                for concurrency in concurrencies:
+                    cell = cells.setdefault((webhooks, concurrency), ApiCell(webhooks, concurrency))
+                    _load(cell, api, duration, f"r{r}-{'on' if webhooks else 'off'}-c{concurrency}")
+                    print(f"[bench] apiserver webhooks={'on ' if webhooks else 'off'} c={concurrency:<3d} "
+                          f"{cell.pods_per_s:6.1f} pods/s p99 {cell.pct(0.99):.1f} ms", file=sys.stderr,
+                          flush=True)
+        return ApiResult(cells, cp.server_version, duration, rounds, cp.timings.get("cold_start_s", 0.0), names)
+    finally:
+        cp.stop()
+
+
+def summary(cell: ApiCell) -> dict[str, float]:
+    return {"pods": len(cell.latencies), "pods_per_s": cell.pods_per_s,
+            "p50_ms": statistics.median(cell.latencies) * 1000 if cell.latencies else float("nan"),
+            "p99_ms": cell.pct(0.99)}
+
+
+if __name__ == "__main__":  # a quick look: python -m bench.apiserver
+    result = run(concurrencies=(1, 4), duration=2, rounds=1, workdir=Path(".e2e/bench"))
+    print(result if isinstance(result, str) else json.dumps(
+        {f"{'on' if k[0] else 'off'}-c{k[1]}": summary(c) for k, c in result.cells.items()}, indent=1))

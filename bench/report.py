@@ -1,0 +1,253 @@
+"""One Markdown report from the sections' results."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.apiserver import ApiResult
+from bench.chart import ChartWebhook
+from bench.direct import HttpResult
+from bench.inprocess import SeedRow, SizeRow
+from bench.reviews import SeedReview
+
+TARGET_HANDLER_P99_MS = 2.0
+TARGET_E2E_P99_MS = 10.0
+TARGET_RATIO = 0.70
+TARGET_CONCURRENCY = 32
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1)))] if ordered else float("nan")
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _met(ok: bool) -> str:
+    return "**met**" if ok else "**missed**"
+
+
+@dataclass
+class Report:
+    mode: str
+    machine: dict[str, str]
+    chart: ChartWebhook
+    reviews: list[SeedReview]
+    seeds: list[SeedRow] | None = None
+    sized: list[SizeRow] | None = None
+    profile: tuple[str, str, str] | None = None
+    handler: dict[str, Any] | str | None = None
+    http: HttpResult | str | None = None
+    api: ApiResult | str | None = None
+    agent: list[dict[str, Any]] | str | None = None
+    elapsed: float = 0.0
+    targets: list[list[str]] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        m = self.machine
+        out = [
+            f"# gpufrac benchmarks ({self.mode})",
+            "",
+            f"{m['date']} · {m['cpu']} · {m['python']} · {m['os']} · load average before {m['load']}, "
+            f"after {m.get('load_after', '?')} · {self.elapsed:.0f} s in all. Other work on the machine skews "
+            "everything here: compare gpufrac with the do-nothing baseline measured in the same run, not "
+            "with numbers from another run.",
+            "",
+            "Seed reviews: " + "; ".join(f"{r.name} ({len(r.raw):,} B)" for r in self.reviews) + ".",
+            "",
+        ]
+        self.targets = []
+        out += self._http()
+        out += self._api()
+        out += self._inprocess()
+        out += self._agent()
+        out += self._targets()
+        out += self._appendix()
+        return "\n".join(out).rstrip() + "\n"
+
+    # ---- sections ----
+
+    def _http(self) -> list[str]:
+        out = ["## 1. Admission over HTTPS, direct", ""]
+        h = self.http
+        if h is None or isinstance(h, str):
+            return [*out, h or "skipped (--skip http)", ""]
+        out += [f"wrk ({', '.join(f'-c {c} -t {t}' for c, t in h.wrk_threads.items())}), keep-alive, posting the "
+                f"three seed reviews in turn; {h.rounds} × {h.duration:g} s per server and concurrency, alternating "
+                f"gpufrac and do-nothing. Both servers: {h.settings} (the chart's workers/threads). {h.pinned}. "
+                "errors = socket errors + non-200 + replies without `\"allowed\":true`. CPU columns: cores busy "
+                "(1.0 = one core), server = all its processes; a wrk CPU well below 1.0 while the do-nothing "
+                "server is saturated means wrk is not the bottleneck.", ""]
+        rows = []
+        for c in sorted({k[1] for k in h.cells}):
+            a, b = h.cells.get(("gpufrac", c)), h.cells.get(("do-nothing", c))
+            for cell in (a, b):
+                if cell is None:
+                    continue
+                rps = [r.rps for r in cell.runs]
+                ratio = ""
+                if cell is a and b is not None:
+                    ratio = f"{a.mean('rps') / b.mean('rps'):.0%}"
+                rows.append([c, cell.server, f"{statistics.mean(rps):,.0f} ({min(rps):,.0f}–{max(rps):,.0f})",
+                             f"{cell.mean('p50_ms'):.2f}", f"{cell.mean('p90_ms'):.2f}", f"{cell.mean('p99_ms'):.2f}",
+                             cell.errors, f"{cell.mean('server_cpu'):.2f}", f"{cell.mean('server_cpu_ms'):.2f}",
+                             f"{cell.mean('client_cpu'):.2f}", ratio])
+        out += _table(["concurrency", "server", "req/s mean (min–max)", "p50 ms", "p90 ms", "p99 ms", "errors",
+                       "server CPU", "server CPU ms / req", "wrk CPU", "gpufrac / do-nothing"], rows)
+        a_cells = [c for (name, _), c in h.cells.items() if name == "gpufrac"]
+        b_cells = [c for (name, _), c in h.cells.items() if name == "do-nothing"]
+        if a_cells and b_cells:
+            extra = statistics.mean(c.mean("server_cpu_ms") for c in a_cells) - statistics.mean(
+                c.mean("server_cpu_ms") for c in b_cells)
+            decision = (f"; the decision path alone takes {statistics.mean(s.p50_us for s in self.seeds) / 1000:.2f} "
+                        "ms per review in process (section 3, mean of the seeds' p50), the rest is logging, metrics "
+                        "and Flask work the do-nothing app skips") if self.seeds else ""
+            out += ["", f"gpufrac spends {extra:.2f} ms more server CPU per request than the do-nothing webhook "
+                    f"(mean over the concurrencies){decision}. With a fixed CPU, req/s ∝ 1 / CPU per request."]
+        out += ["", "In-handler time per review inside gpufrac (the `ms` of its one-line-per-review log: JSON parse to "
+                "response built, excluding TLS and HTTP) during the runs above:", ""]
+        rows = []
+        concurrencies = sorted({c for c, _ in h.handler_ms})
+        for r in self.reviews:
+            row: list[Any] = [r.name]
+            for c in concurrencies:
+                values = h.handler_ms.get((c, r.name), [])
+                row.append(f"{_pct(values, 0.5):.2f} / {_pct(values, 0.99):.2f}" if values else "–")
+            rows.append(row)
+        out += _table(["review", *[f"c={c} p50 / p99 ms" for c in concurrencies]], rows)
+        out.append("")
+
+        cell = h.cells.get(("gpufrac", TARGET_CONCURRENCY))
+        base = h.cells.get(("do-nothing", TARGET_CONCURRENCY))
+        if cell and base:
+            p99 = max(r.p99_ms for r in cell.runs)
+            ratio = cell.mean("rps") / base.mean("rps")
+            self.targets.append([f"end-to-end p99 < {TARGET_E2E_P99_MS:g} ms at c={TARGET_CONCURRENCY}",
+                                 f"{p99:.1f} ms (worst run; do-nothing {max(r.p99_ms for r in base.runs):.1f} ms)",
+                                 _met(p99 < TARGET_E2E_P99_MS)])
+            self.targets.append([f"gpufrac ≥ {TARGET_RATIO:.0%} of do-nothing req/s at c={TARGET_CONCURRENCY}, "
+                                 "zero errors", f"{ratio:.0%}, {cell.errors + base.errors} errors",
+                                 _met(ratio >= TARGET_RATIO and cell.errors + base.errors == 0)])
+        worst = [(c, name, _pct(v, 0.99)) for (c, name), v in h.handler_ms.items()]
+        for c in (1, TARGET_CONCURRENCY):
+            at = [w for w in worst if w[0] == c]
+            if at:
+                _, name, p99 = max(at, key=lambda w: w[2])
+                self.targets.append([f"in-handler p99 < {TARGET_HANDLER_P99_MS:g} ms (seed reviews, server log, "
+                                     f"c={c})", f"{p99:.2f} ms (worst: {name})", _met(p99 < TARGET_HANDLER_P99_MS)])
+        return out
+
+    def _api(self) -> list[str]:
+        out = ["## 2. Admission through kube-apiserver", ""]
+        a = self.api
+        if a is None or isinstance(a, str):
+            return [*out, a or "skipped (--skip apiserver)", ""]
+        out += [f"{a.server_version or 'kube-apiserver'} + etcd on this machine (e2e.cluster.ControlPlane, ready "
+                f"in {a.cold_start_s:g} s), webhook `gpufrac webhook` (its defaults) registered through the chart's "
+                f"configurations ({', '.join(n for _, n in a.webhook_names)}) by URL. Pod CREATEs as admin in "
+                f"team-a from N threads of the `kubernetes` Python client (raw responses, no model decoding), "
+                "alternating the inference (sm-sharing, 4 GPUs) and notebook (portion) seed pods; "
+                f"{a.rounds} × {a.duration:g} s per cell, with the webhooks registered and then deleted ('none'). "
+                "wrong = a pod mutated when it should not be or the reverse. The client, the API server, etcd and "
+                "the webhook share the machine's cores.", ""]
+        rows = []
+        for c in sorted({k[1] for k in a.cells}):
+            on, off = a.cells.get((True, c)), a.cells.get((False, c))
+            for cell in (on, off):
+                if cell is None:
+                    continue
+                note = ""
+                if cell is on and off is not None and off.pods_per_s:
+                    note = (f"{on.pods_per_s / off.pods_per_s:.0%} of the pods/s, "
+                            f"+{on.pct(0.5) - off.pct(0.5):.1f} ms p50")
+                rows.append([c, "gpufrac" if cell.webhooks else "none", len(cell.latencies),
+                             f"{cell.pods_per_s:,.1f}", f"{cell.pct(0.5):.1f}", f"{cell.pct(0.99):.1f}",
+                             cell.errors, cell.wrong, note])
+        out += _table(["client threads", "webhooks", "pods", "pods/s", "p50 ms", "p99 ms", "errors", "wrong",
+                       "with vs without"], rows)
+        out.append("")
+        return out
+
+    def _inprocess(self) -> list[str]:
+        out = ["## 3. In-process decision path", ""]
+        if self.seeds is None or self.sized is None:
+            return [*out, "skipped (--skip inprocess)", ""]
+        out += ["Seed reviews through what the handler runs (json.loads, parse_review, admission.mutate or "
+                ".validate, build_response; no HTTP, logging or metrics), one call at a time:", ""]
+        out += _table(["review", "bytes", "best µs", "p50 µs", "p99 µs"],
+                      [[s.name, f"{s.body_bytes:,}", f"{s.best_us:,.0f}", f"{s.p50_us:,.0f}", f"{s.p99_us:,.0f}"]
+                       for s in self.seeds])
+        worst = max(self.seeds, key=lambda s: s.p99_us)
+        self.targets.append([f"in-handler p99 < {TARGET_HANDLER_P99_MS:g} ms (seed reviews, in process)",
+                             f"{worst.p99_us / 1000:.2f} ms (worst: {worst.name})",
+                             _met(worst.p99_us / 1000 < TARGET_HANDLER_P99_MS)])
+        out += ["", "Cost by pod size: parse review, admission.mutate, apply the patch, admission.validate (timeit, "
+                "best of N, µs per review). 1 annotation = `gpu-fraction: 0.5`; 64 = a memory request and limit per "
+                "container while they fit, the rest unrelated annotations.", ""]
+        out += _table(["containers", "annotations", "fractional containers", "review bytes", "patch ops",
+                       "µs / review"],
+                      [[s.containers, s.annotations, s.fractional, f"{s.body_bytes:,}", s.patch_ops,
+                        f"{s.us_per_review:,.0f}"] for s in self.sized])
+        out.append("")
+        return out
+
+    def _agent(self) -> list[str]:
+        out = ["## 4. Node agent", ""]
+        a = self.agent
+        if a is None or isinstance(a, str):
+            return [*out, a or "skipped (--skip agent)", ""]
+        out += ["The real `Agent` in its own process per row: pynvml over the fake libnvidia-ml.so.1 (which "
+                "re-reads and parses its JSON state file on every NVML call, so the NVML share is larger than a "
+                "driver's), the fake MPS control daemons (not in the RSS), a fake /proc, pods from an in-memory "
+                "API with a watch. 8 GPUs, 400 GPU processes (50 per GPU): 2 per fractional pod, the rest in "
+                "non-fractional containers. Reconcile = one `Agent.tick()` (NVML inventory and processes, "
+                "daemon checks, node labels/condition, /proc audit of every process, usage metrics); 'after a "
+                "change' = the tick right after a MODIFIED watch event reached the cache. Times are medians "
+                "(max in brackets); scrape = one HTTP GET /metrics; CPU = process CPU per tick and at the default "
+                "10 s interval.", ""]
+        out += _table(["fractional pods", "usage series", "violations", "reconcile ms",
+                       "after a pod change ms", "of which NVML ms", "scrape ms", "scrape KiB", "RSS MiB",
+                       "CPU ms / tick", "CPU % at 10 s"],
+                      [[r["pods"], r["attributed_series"], r["violations"],
+                        f"{r['tick_ms']:.1f} ({r['tick_max_ms']:.1f})",
+                        f"{r['changed_ms']:.1f} ({r['changed_max_ms']:.1f})", f"{r['nvml_ms']:.1f}",
+                        f"{r['scrape_ms']:.1f}", f"{r['scrape_bytes'] / 1024:.0f}", f"{r['rss_mib']:.0f}",
+                        f"{r['cpu_ms_per_tick']:.1f}", f"{r['cpu_pct_at_interval']:.2f}"] for r in a])
+        out.append("")
+        return out
+
+    def _targets(self) -> list[str]:
+        if not self.targets:
+            return []
+        return ["## Targets", "", *_table(["target", "measured", ""], self.targets), ""]
+
+    def _appendix(self) -> list[str]:
+        if self.profile is None:
+            return []
+        own, cumulative, callers = self.profile
+        return ["## Appendix: profile of the decision path", "",
+                "cProfile over the three seed reviews in turn through the handler's decision path (json.loads, "
+                "parse_review, admission.mutate or .validate, build_response). Times include cProfile's "
+                "overhead, which inflates many small calls: read them as shares. Top 10 by own time:", "", own, "",
+                callers, "", "Top 10 by cumulative time (below `decide`):", "", cumulative, "", *self._handler()]
+
+    def _handler(self) -> list[str]:
+        h = self.handler
+        out = ["Where a request's time goes in gpufrac's Flask app (the app `gpufrac webhook` serves, with "
+               "prometheus_client in multiprocess mode and the JSON log line written to /dev/null; Flask's test "
+               "client instead of gunicorn, so no TLS or socket work; cProfile, the three seed reviews in turn):", ""]
+        if h is None or isinstance(h, str):
+            return [*out, h or "not measured", ""]
+        whole = h["parts"][0][1] or 1.0
+        out += [f"Unprofiled: {h['us_per_request']:,.0f} µs per request.", ""]
+        out += _table(["part (cumulative, nested in the rows above it)", "µs / request (profiled)",
+                       "share of the request"],
+                      [[label, f"{us:,.0f}", f"{us / whole:.0%}"] for label, us in h["parts"]])
+        out.append("")
+        return out

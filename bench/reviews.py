@@ -1,0 +1,171 @@
+"""The AdmissionReviews the bench sends: the seed pods as the API server hands them to a webhook (defaults and
+the ServiceAccount token volume filled in), and synthetic pods of a chosen size.
+
+The seed annotations mirror tests/webhook/builders.py (INFERENCE, NOTEBOOK) and examples/.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import jsonpatch
+
+from webhook import admission
+from webhook.policy import Policy
+from webhook.review import parse_review
+
+BINDER = "system:serviceaccount:kai-scheduler:binder"
+IMAGE = "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"
+DEVICES = ("GPU-4a2e1f6c-8b1d-4c55-9f0e-1a2b3c4d5e6f", "GPU-7c9d0e1f-2a3b-4c5d-8e9f-a0b1c2d3e4f5")
+
+# The 4-GPU sm-sharing inference pod (absolute memory: fully mutated at CREATE).
+INFERENCE = {
+    "nvidia.com/container.app.gpu-memory.request": "40Gi",
+    "nvidia.com/container.app.gpu-memory.limit": "60Gi",
+    "nvidia.com/container.app.gpu-compute.mode": "sm-sharing",
+    "gpu-fraction-num-devices": "4",
+}
+# The time-slicing notebook: a portion of two GPUs, turned into MiB when the scheduler binds it.
+NOTEBOOK = {
+    "gpu-fraction": "0.5",
+    "gpu-fraction.limit": "0.8",
+    "nvidia.com/container.app.gpu-compute.mode": "time-slicing",
+    "gpu-fraction-num-devices": "2",
+}
+# What KAI's binder writes at bind for the notebook (0.5 and 0.8 of an H200's 143771 MiB).
+BIND_ANNOTATIONS = {
+    "nvidia.com/container.app.gpus.devices": ",".join(DEVICES),
+    "nvidia.com/container.app.gpu-memory.request": "71885Mi",
+    "nvidia.com/container.app.gpu-memory.limit": "115016Mi",
+}
+
+
+def container(name: str) -> dict[str, Any]:
+    """A container with the fields the API server defaults before admission."""
+    return {
+        "name": name, "image": IMAGE, "command": ["sleep", "infinity"], "resources": {},
+        "volumeMounts": [{"name": "kube-api-access-x7k2p", "readOnly": True,
+                          "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}],
+        "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
+        "imagePullPolicy": "IfNotPresent",
+    }
+
+
+def pod(name: str, annotations: dict[str, str], containers: int = 1) -> dict[str, Any]:
+    """A pod as a mutating webhook receives it on CREATE (after ServiceAccount admission and defaulting)."""
+    names = ["app"] + [f"c{i}" for i in range(1, containers)]
+    return {
+        "kind": "Pod", "apiVersion": "v1",
+        "metadata": {"name": name, "namespace": "team-a", "creationTimestamp": None,
+                     "labels": {"kai.scheduler/queue": "default-queue"}, "annotations": dict(annotations)},
+        "spec": {
+            "volumes": [{"name": "kube-api-access-x7k2p", "projected": {"sources": [
+                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {
+                    "apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}], "defaultMode": 420}}],
+            "containers": [container(n) for n in names],
+            "restartPolicy": "Always", "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "default", "serviceAccount": "default", "securityContext": {},
+            "schedulerName": "kai-scheduler",
+            "tolerations": [
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+                 "tolerationSeconds": 300},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+                 "tolerationSeconds": 300}],
+            "priority": 0, "enableServiceLinks": True, "preemptionPolicy": "PreemptLowerPriority",
+        },
+        "status": {"phase": "Pending", "qosClass": "BestEffort"},
+    }
+
+
+def review(obj: dict[str, Any], *, operation: str = "CREATE", old: dict[str, Any] | None = None,
+           user: str = "alice", groups: tuple[str, ...] = ("system:authenticated",),
+           uid: str = "8f7c2a10-0000-4000-8000-000000000001") -> dict[str, Any]:
+    meta = obj["metadata"]
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+        "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+        "name": meta["name"], "namespace": meta["namespace"], "operation": operation,
+        "userInfo": {"username": user, "uid": f"uid-{user}", "groups": list(groups)},
+        "object": obj, "oldObject": old, "dryRun": False,
+        "options": {"kind": "CreateOptions" if operation == "CREATE" else "UpdateOptions",
+                    "apiVersion": "meta.k8s.io/v1", "fieldManager": "kubectl-client-side-apply"},
+    }}
+
+
+def mutated(body: dict[str, Any], policy: Policy) -> dict[str, Any]:
+    """The object after our mutating webhook's patch (what the validating webhook and etcd see)."""
+    request = parse_review(body)
+    outcome = admission.mutate(request, policy)
+    if not outcome.allowed:
+        raise RuntimeError(f"bench review denied by mutate: {outcome.message}")
+    return jsonpatch.apply_patch(request.obj, outcome.patch)
+
+
+@dataclass(frozen=True)
+class SeedReview:
+    name: str  # short label for tables
+    path: str  # /mutate or /validate
+    body: dict[str, Any]
+
+    @cached_property
+    def raw(self) -> bytes:
+        return json.dumps(self.body, separators=(",", ":")).encode()
+
+
+def seed_reviews(policy: Policy) -> list[SeedReview]:
+    """The three reviews of the brief, each checked to be allowed (and the mutating ones to patch)."""
+    inference = review(pod("inference", INFERENCE))
+    notebook_create = review(pod("notebook", NOTEBOOK))
+    notebook = mutated(notebook_create, policy)  # as stored by the API server after CREATE
+    notebook = copy.deepcopy(notebook)
+    notebook["metadata"].update(uid="3b1f7f0e-5c1a-4f43-9d1e-2f6a7b8c9d0e", resourceVersion="4711",
+                                creationTimestamp="2026-11-29T12:00:00Z")
+    bound = copy.deepcopy(notebook)
+    bound["metadata"]["annotations"].update(BIND_ANNOTATIONS)
+    bound["spec"]["nodeName"] = "gpu-node-1"
+    reviews = [
+        SeedReview("inference CREATE /mutate", "/mutate", inference),
+        SeedReview("notebook CREATE /validate", "/validate", review(notebook)),
+        SeedReview("binder UPDATE /mutate", "/mutate",
+                   review(bound, operation="UPDATE", old=notebook, user=BINDER,
+                          groups=("system:serviceaccounts", "system:serviceaccounts:kai-scheduler",
+                                  "system:authenticated"))),
+    ]
+    for r in reviews:
+        request = parse_review(r.body)
+        outcome = (admission.mutate if r.path == "/mutate" else admission.validate)(request, policy)
+        if not outcome.allowed or (r.path == "/mutate" and not outcome.patch):
+            raise RuntimeError(f"seed review {r.name!r} is not allowed-and-patched: {outcome.message}")
+    return reviews
+
+
+def sized_annotations(containers: int, annotations: int) -> tuple[dict[str, str], int]:
+    """`annotations` annotations for a pod with `containers` containers, and how many containers are fractional.
+
+    1 annotation: `gpu-fraction: 0.5` (the first container). More: a memory request and limit per container, in
+    order, while they fit; the rest are unrelated annotations (other tools', which the webhook must skip).
+    """
+    if annotations == 1:
+        return {"gpu-fraction": "0.5"}, 1
+    result: dict[str, str] = {}
+    names = ["app"] + [f"c{i}" for i in range(1, containers)]
+    fractional = 0
+    for name in names:
+        if len(result) + 2 > annotations:
+            break
+        result[f"nvidia.com/container.{name}.gpu-memory.request"] = "4Gi"
+        result[f"nvidia.com/container.{name}.gpu-memory.limit"] = "8Gi"
+        fractional += 1
+    i = 0
+    while len(result) < annotations:
+        result[f"team.example.com/note-{i}"] = f"value {i}"
+        i += 1
+    return result, fractional
