@@ -60,3 +60,13 @@ agent-demo: venv tools
 .PHONY: bench
 bench: venv tools
 	$(PY) -m bench $(if $(QUICK),--quick,)
+
+# Hardening (tests/hardening): property tests with 10,000 examples each, and a soak under load and faults.
+.PHONY: fuzz soak
+fuzz: venv
+	GPUFRAC_FUZZ_EXAMPLES=$${GPUFRAC_FUZZ_EXAMPLES:-10000} $(PY) -m pytest -q -p no:cacheprovider --timeout 7200 \
+		--hypothesis-show-statistics tests/hardening/test_properties.py
+
+soak: venv
+	$(PY) -m tests.hardening.soak --seconds $${SOAK_SECONDS:-60}
+	GPUFRAC_LOAD_SECONDS=$${SOAK_SECONDS:-60} $(PY) -m pytest -q -p no:cacheprovider tests/hardening/test_load.py

@@ -125,7 +125,7 @@ def parse_container_key(key: str) -> ContainerKey | None:
             continue
         container, _, suffix = key[len(prefix):].partition(".")
         accepted = f"expected {prefix}<container>.<{'|'.join(suffixes)}>"
-        if not _CONTAINER_NAME.match(container) or suffix not in suffixes:
+        if not _CONTAINER_NAME.fullmatch(container) or suffix not in suffixes:
             raise MalformedKeyError(key, accepted)
         return ContainerKey(key, prefix, container, suffix)
     if key.startswith(GPUFRAC_DOMAIN):
@@ -167,7 +167,7 @@ def parse_devices(text: str) -> tuple[str, ...]:
     """
     devices = tuple(d.strip() for d in text.split(","))
     for device in devices:
-        if not _DEVICE_ID.match(device):
+        if not _DEVICE_ID.fullmatch(device):
             raise ValueError(device or "(empty entry)")
     if len(set(devices)) != len(devices):
         raise ValueError("a device listed twice")
@@ -186,7 +186,7 @@ def parse_pinned_mem_limit(text: str) -> dict[int, int]:
     """Device index -> MiB, from the value format_pinned_mem_limit writes."""
     limits: dict[int, int] = {}
     for entry in text.split(","):
-        match = _PINNED_ENTRY.match(entry.strip())
+        match = _PINNED_ENTRY.fullmatch(entry.strip())
         if match is None:
             raise ValueError(f"not an MPS pinned memory limit entry: {entry!r}")
         limits[int(match[1])] = int(match[2])
@@ -242,4 +242,4 @@ def read_canonical(annotations: Mapping[str, str]) -> dict[str, CanonicalContain
 
 
 def is_container_name(name: str) -> bool:
-    return bool(_CONTAINER_NAME.match(name))
+    return bool(_CONTAINER_NAME.fullmatch(name))

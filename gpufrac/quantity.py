@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, DecimalException
 
 MIB = 1 << 20
 
@@ -27,7 +27,7 @@ class QuantityError(ValueError):
 
 def parse_quantity(text: str) -> Decimal:
     """The value of a Kubernetes quantity (`40Gi`, `1000M`, `1.5e9`), in base units (bytes for memory)."""
-    match = _QUANTITY.match(text) if len(text) <= _MAX_LEN else None
+    match = _QUANTITY.fullmatch(text) if len(text) <= _MAX_LEN else None
     if match is None:
         raise QuantityError(text)
     suffix = match["suffix"] or ""
@@ -38,19 +38,19 @@ def parse_quantity(text: str) -> Decimal:
         if suffix[:1] in ("e", "E"):
             return number.scaleb(int(suffix[1:]))
         return number * _DECIMAL[suffix]
-    except (InvalidOperation, ValueError, OverflowError) as exc:
+    except (DecimalException, ValueError, OverflowError) as exc:  # e.g. Overflow on 1e1000000
         raise QuantityError(text) from exc
 
 
 def has_unit(text: str) -> bool:
     """Whether a well-formed quantity names its unit (`4096Mi`), rather than being a bare number (`4096`)."""
-    match = _QUANTITY.match(text)
+    match = _QUANTITY.fullmatch(text)
     return bool(match and match["suffix"] and match["suffix"][:1] not in ("e", "E"))
 
 
 def parse_decimal(text: str) -> Decimal:
     """A non-negative decimal number in plain or scientific notation, nothing else."""
-    if len(text) > _MAX_LEN or not _DECIMAL_NUMBER.match(text):
+    if len(text) > _MAX_LEN or not _DECIMAL_NUMBER.fullmatch(text):
         raise QuantityError(text)
     return Decimal(text)
 

@@ -30,7 +30,8 @@ def _error(status: int, message: str) -> Response:
 
 def create_app(policy: Policy) -> Flask:
     app = Flask("gpufrac")
-    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    # One byte over the limit, so a chunked body (no Content-Length) that is too long is seen to be, not cut.
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES + 1
 
     def serve(endpoint: str, decide: Callable[[ReviewRequest, Policy], admission.Outcome]) -> Response:
         started = time.perf_counter()
@@ -39,6 +40,8 @@ def create_app(policy: Policy) -> Flask:
             if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
                 return _error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
             raw = request.get_data(cache=False)
+            if len(raw) > MAX_BODY_BYTES:
+                return _error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
             try:
                 body = json.loads(raw)
             except (ValueError, RecursionError):

@@ -12,7 +12,7 @@ _SHOWN_VALUE_MAX = 64
 
 def show_value(value: str) -> str:
     """A value as a denial message shows it: bare when plain, JSON-quoted when empty or odd, cut when long."""
-    if _PLAIN_VALUE.match(value):
+    if _PLAIN_VALUE.fullmatch(value):
         return value
     if len(value) > _SHOWN_VALUE_MAX:
         return json.dumps(value[:_SHOWN_VALUE_MAX], ensure_ascii=True)[:-1] + f'…" ({len(value)} characters)'

@@ -137,7 +137,7 @@ def _portion_limit(key: str, value: str, fraction: Decimal | None, fraction_raw:
 
 
 def _positive_integer(key: str, value: str, accepted: str, out: list[Violation], maximum: int) -> int | None:
-    if not _POSITIVE_INTEGER.match(value) or not 0 < int(value) <= maximum:
+    if not _POSITIVE_INTEGER.fullmatch(value) or not 0 < int(value) <= maximum:
         out.append(annotation(key, value, f"must be {accepted}"))
         return None
     return int(value)
@@ -153,12 +153,13 @@ def resolve(obj: dict[str, Any], *, bound: bool) -> tuple[PodFractions, list[Vio
     annotations = podview.annotations(obj)
     refs = list(podview.containers(obj, podview.ContainerKind.CONTAINER, podview.ContainerKind.INIT))
     names = [r.name for r in refs]
+    known = set(names)
     regular = [r.name for r in refs if r.kind is podview.ContainerKind.CONTAINER]
     has_list = ", ".join(names) if names else "no containers"
     parsed: dict[str, _Container] = {}
 
     def container(key: str, name: str) -> _Container | None:
-        if name not in names:
+        if name not in known:
             out.append(annotation(key, None, f"names container {name}, but the pod has {has_list}"))
             return None
         return parsed.setdefault(name, _Container())
@@ -170,7 +171,7 @@ def resolve(obj: dict[str, Any], *, bound: bool) -> tuple[PodFractions, list[Vio
     # Which container the pod-level shorthands apply to.
     target_name = annotations.get(ann.CONTAINER_NAME)
     if target_name is not None:
-        if target_name not in names:
+        if target_name not in known:
             out.append(annotation(ann.CONTAINER_NAME, target_name, f"must name a container of the pod: {has_list}"))
             target_name = None
     elif regular:
@@ -321,7 +322,10 @@ def resolve(obj: dict[str, Any], *, bound: bool) -> tuple[PodFractions, list[Vio
             key = ann.nvidia_key(name, Field.DEVICES)
             out.append(annotation(key, annotations[key], f"lists {len(entry.devices)} devices, but the pod asks "
                                                          f"for {num_devices} ({ann.NUM_DEVICES})"))
-        if len(name) > ann.max_container_name_length():
+        if not ann.is_container_name(name):
+            out.append(Violation(f"container {name}", "has a name that cannot be part of an annotation key (a "
+                                 "lowercase DNS-1123 label is needed); rename it"))
+        elif len(name) > ann.max_container_name_length():
             out.append(Violation(f"container {name}", f"has a name longer than {ann.max_container_name_length()} "
                                  "characters, too long for the fraction annotation keys; shorten it"))
         result[name] = ContainerFraction(

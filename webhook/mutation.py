@@ -100,16 +100,18 @@ def _string_map(obj: dict[str, Any], key: str) -> dict[str, str]:
     return values
 
 
-def _upsert_by_name(items: list[dict[str, Any]], wanted: dict[str, Any]) -> dict[str, Any] | None:
-    """Put `wanted` in place of the item of the same name (or append it); return the item it replaced."""
-    for index, item in enumerate(items):
-        if item.get("name") == wanted["name"]:
-            if item != wanted:
-                items[index] = wanted
-                return item
-            return None
-    items.append(wanted)
-    return None
+def _upsert_by_name(items: list[dict[str, Any]], wanted: dict[str, Any]) -> bool:
+    """Make `wanted` the one item of its name, in place of the first of that name (or appended); whether an item
+    that differed was replaced or dropped. Later duplicates go too: for env, the last of a name is what counts."""
+    positions = [i for i, item in enumerate(items) if item.get("name") == wanted["name"]]
+    if not positions:
+        items.append(wanted)
+        return False
+    changed = items[positions[0]] != wanted or len(positions) > 1
+    items[positions[0]] = wanted
+    for index in reversed(positions[1:]):
+        del items[index]
+    return changed
 
 
 def _require_enforcing_node(obj: dict[str, Any], mode: ComputeMode) -> None:
@@ -156,17 +158,16 @@ def mutate_create(obj: dict[str, Any], fractions: PodFractions, policy: Policy) 
                 env.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": NO_GPU})
             continue
         for wanted in injected_env(ref.name, fraction.mode, policy):
-            replaced = _upsert_by_name(env, wanted)
-            if replaced is not None:
+            if _upsert_by_name(env, wanted):
                 result.warnings.append(f"container {ref.name}: env {wanted['name']} was replaced by gpufrac "
                                        "(it carries the fraction's limits)")
         mounts = ref.spec["volumeMounts"] = podview.volume_mounts(ref)
-        if _upsert_by_name(mounts, injected_mount(fraction.mode, policy)) is not None:
+        if _upsert_by_name(mounts, injected_mount(fraction.mode, policy)):
             result.warnings.append(f"container {ref.name}: volume mount {volume_name(fraction.mode)} was replaced "
                                    "by gpufrac")
     volumes = pod["spec"]["volumes"] = podview.volumes(pod)
     for mode in sorted(modes):
-        if _upsert_by_name(volumes, injected_volume(mode, policy)) is not None:
+        if _upsert_by_name(volumes, injected_volume(mode, policy)):
             result.warnings.append(f"volume {volume_name(mode)} was replaced by gpufrac")
     if policy.require_enforcing_node:
         for mode in sorted(modes):

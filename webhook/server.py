@@ -2,21 +2,100 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import shutil
 import ssl
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.workers import gthread
 
 from webhook.policy import Policy
 
 KEEPALIVE_SECONDS = 95  # the API server keeps idle connections for 90 s; outlive it so it never hits a closed one
+
+
+# A review arrives in one piece from the API server; a client that takes longer than this to finish its TLS
+# handshake, or to send one request, is cut off so it cannot hold one of a worker's few threads.
+CLIENT_DEADLINE_SECONDS = 2.0
+# How long gunicorn lets a new connection that sent nothing yet hold a thread before parking it in the poller
+# (gunicorn's default is 5 s: a few idle connections would delay every review past the webhook timeout).
+IDLE_CONNECTION_WAIT_SECONDS = 0.5
+log = logging.getLogger("gpufrac.webhook")
+
+
+def _too_slow() -> ConnectionResetError:
+    # gunicorn closes a reset connection quietly; any other socket error would be logged with a traceback.
+    return ConnectionResetError(errno.ECONNRESET, f"client sent no complete request within {CLIENT_DEADLINE_SECONDS} s")
+
+
+class DeadlineSSLSocket(ssl.SSLSocket):
+    """A server-side TLS socket whose blocking reads stop at a per-request deadline (a stalled or trickling client
+    gets cut off, not waited for). gunicorn switches the socket to blocking for each request it reads."""
+
+    _deadline: float | None = None
+
+    def _start_deadline(self) -> None:
+        self._deadline = time.monotonic() + CLIENT_DEADLINE_SECONDS
+        self.settimeout(CLIENT_DEADLINE_SECONDS)
+
+    def setblocking(self, flag: bool) -> None:
+        if flag:
+            self._start_deadline()
+        else:
+            self._deadline = None
+            super().setblocking(False)
+
+    def _before_read(self) -> None:
+        if self._deadline is None:
+            return
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            log.warning("dropped a slow client", extra={"peer": str(self._peer())})
+            raise _too_slow()
+        self.settimeout(remaining)
+
+    def _peer(self) -> object:
+        try:
+            return self.getpeername()
+        except OSError:
+            return "?"
+
+    def do_handshake(self, block: bool = False) -> None:
+        self._start_deadline()  # gunicorn wraps a blocking socket, which would wait for ever
+        try:
+            super().do_handshake(block)
+        except TimeoutError:
+            log.warning("dropped a client stalled in the TLS handshake", extra={"peer": str(self._peer())})
+            raise _too_slow() from None
+        self._start_deadline()  # the first request gets its own time
+
+    def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
+        self._before_read()
+        try:
+            return super().recv(buflen, flags)
+        except TimeoutError:
+            raise _too_slow() from None
+
+    def recv_into(self, buffer: Any, nbytes: int | None = None, flags: int = 0) -> int:
+        self._before_read()
+        try:
+            return super().recv_into(buffer, nbytes, flags)  # type: ignore[arg-type]
+        except TimeoutError:
+            raise _too_slow() from None
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        if self._deadline is not None:
+            self.settimeout(CLIENT_DEADLINE_SECONDS)  # the answer gets its own time, whatever reading took
+        super().sendall(data, flags)
 
 
 class CertificateReloader:
@@ -41,6 +120,7 @@ class CertificateReloader:
     def _build(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.sslsocket_class = DeadlineSSLSocket
         context.load_cert_chain(certfile=str(self.cert_file), keyfile=str(self.key_file))
         return context
 
@@ -124,6 +204,7 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
         }
         for key, value in settings.items():
             self.cfg.set(key, value)
+        gthread.DEFAULT_WORKER_DATA_TIMEOUT = IDLE_CONNECTION_WAIT_SECONDS  # gunicorn reads it per connection
 
     def load(self) -> Any:
         from webhook.app import create_app

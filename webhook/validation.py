@@ -37,16 +37,18 @@ def _scheduler_names(policy: Policy) -> str:
     return ", ".join(names) or "no identity (none configured)"
 
 
-def _is_bind_key(key: str, old: dict[str, Any]) -> bool:
+def _is_bind_key(key: str, old_fractions: PodFractions) -> bool:
     """Keys the scheduler adds at bind: devices, and absolute memory for a container that asked for a portion."""
-    parsed = ann.parse_container_key(key)
+    try:
+        parsed = ann.parse_container_key(key)
+    except ann.MalformedKeyError:
+        return False  # `resolve` reports it
     if parsed is None or parsed.prefix != ann.NVIDIA_PREFIX:
         return False
     if parsed.suffix == Field.DEVICES:
         return True
     if parsed.suffix in (Field.MEMORY_REQUEST, Field.MEMORY_LIMIT):
-        fractions, _ = resolve(old, bound=True)
-        entry = fractions.containers.get(parsed.container)
+        entry = old_fractions.containers.get(parsed.container)
         return entry is not None and entry.portion is not None
     return False
 
@@ -62,11 +64,12 @@ def _authorship(old: dict[str, Any] | None, new: dict[str, Any], user: UserInfo,
                                                   f"({_scheduler_names(policy)}), not on create"))
         return out
     old_keys = user_fraction_keys(podview.annotations(old))
+    old_fractions = resolve(old, bound=True)[0] if is_scheduler and new_keys.keys() - old_keys.keys() else None
     for key in sorted(old_keys.keys() | new_keys.keys()):
         if key not in new_keys:
             out.append(annotation(key, old_keys[key], f"was removed; {_IMMUTABLE}"))
         elif key not in old_keys:
-            if not (is_scheduler and _is_bind_key(key, old)):
+            if not (old_fractions is not None and _is_bind_key(key, old_fractions)):
                 who = "only the scheduler may add it, at bind" if _bind_shape(key) else _IMMUTABLE
                 out.append(annotation(key, new_keys[key], f"cannot be added by {user.username or 'this user'}: {who}"))
         elif old_keys[key] != new_keys[key]:
@@ -200,7 +203,7 @@ def validate_pod(obj: dict[str, Any], old: dict[str, Any] | None, user: UserInfo
 
 def validate_binding(binding: dict[str, Any]) -> list[Violation]:
     """Annotations on a Binding are copied onto the pod without admission of the pod: none of ours may ride it."""
-    keys = [k for k in podview.annotations(binding) if ann.is_fraction_key(k)]
-    return [annotation(k, podview.annotations(binding)[k], "cannot be set through a Binding (it would skip the "
-                                                          "gpufrac checks); set it on the pod before binding")
-            for k in sorted(keys)]
+    annotations = podview.annotations(binding)
+    return [annotation(k, annotations[k], "cannot be set through a Binding (it would skip the gpufrac checks); "
+                                          "set it on the pod before binding")
+            for k in sorted(annotations) if ann.is_fraction_key(k)]
