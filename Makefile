@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 certs: venv
-	$(PY) -m gpufrac certs --out $(CERTS) --dns gpufrac-webhook.gpufrac.svc
+	$(PY) -m gpufrac certs --out $(CERTS) --dns gpufrac-webhook.gpufrac-system.svc
 
 run: certs
 	$(PY) -m gpufrac webhook --certs $(CERTS) --bind $(BIND)
