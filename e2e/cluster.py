@@ -745,6 +745,28 @@ class ControlPlane:
         if code == 200:
             self.server_version = json.loads(body).get("gitVersion", "")
 
+    def stop_apiserver(self, kill: bool = True) -> None:
+        """Stop kube-apiserver alone (etcd, its data and the webhook stay): SIGKILL by default, a crash; with
+        `kill=False` SIGTERM first. `start_apiserver` brings it back on the same port."""
+        proc = self.procs.pop("kube-apiserver", None)
+        if proc is not None:
+            if kill and proc.alive():
+                proc._signal_group(signal.SIGKILL)
+                proc._wait_gone(10.0)
+            proc.stop()
+        self._save_state()
+
+    def start_apiserver(self, timeout: float = 120) -> None:
+        """Start kube-apiserver again on the recorded port and etcd, wait for /readyz and for the webhook
+        configurations to be active again (the informer reloads them from etcd)."""
+        existing = self.procs.get("kube-apiserver")
+        if existing is not None and existing.alive():
+            return
+        self._start_apiserver()
+        self._save_state()
+        if self.register_webhook:
+            self._wait_webhook_active(timeout=timeout)
+
     # ---- kubectl -------------------------------------------------------------------------------------------
 
     def kubectl(
@@ -804,6 +826,10 @@ class ControlPlane:
                 "metadata": {"name": "workload-editor", "namespace": USER_NAMESPACE},
                 "rules": [
                     {"apiGroups": [""], "resources": ["pods"], "verbs": pod_verbs},
+                    # `kubectl debug`, and a Binding of her own: the escape tests (tests/e2e/test_escapes.py)
+                    # show that the webhook, not RBAC, stops what she does through them.
+                    {"apiGroups": [""], "resources": ["pods/ephemeralcontainers"], "verbs": ["get", "update", "patch"]},
+                    {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
                     {"apiGroups": ["apps"], "resources": ["deployments", "replicasets"], "verbs": pod_verbs},
                 ],
             },

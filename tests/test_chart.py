@@ -160,7 +160,7 @@ def test_webhook_configuration_defaults(default: list[dict[str, Any]]) -> None:
     assert mr["apiGroups"] == [""] and mr["apiVersions"] == ["v1"]
     (vr,) = v["rules"]
     assert sorted(vr["operations"]) == ["CREATE", "UPDATE"]
-    assert sorted(vr["resources"]) == ["pods", "pods/binding", "pods/ephemeralcontainers"]
+    assert sorted(vr["resources"]) == ["pods", "pods/binding", "pods/ephemeralcontainers", "pods/status"]
 
 
 def test_failure_policy_is_configurable() -> None:

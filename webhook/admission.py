@@ -11,7 +11,7 @@ from webhook.mutation import Mutation, mutate_bind, mutate_create, mutate_epheme
 from webhook.patch import diff
 from webhook.policy import Policy
 from webhook.review import ReviewRequest
-from webhook.validation import validate_binding, validate_pod
+from webhook.validation import validate_binding, validate_pod, validate_status
 
 
 @dataclass
@@ -64,6 +64,8 @@ def validate(request: ReviewRequest, policy: Policy) -> Outcome:
         return Outcome()
     if request.sub_resource == "binding":
         return Outcome(violations=validate_binding(obj))
+    if request.sub_resource == "status":
+        return Outcome(violations=validate_status(obj, request.old_obj or {}))
     if request.sub_resource not in ("", "ephemeralcontainers"):
         return Outcome()
     old = request.old_obj if request.operation == "UPDATE" else None

@@ -24,6 +24,8 @@ from webhook.mutation import (
 )
 from webhook.policy import Policy, UserInfo
 
+# Capabilities that let a container reach devices or namespaces beyond its own (ALL includes SYS_ADMIN).
+ESCALATING_CAPABILITIES = frozenset({"SYS_ADMIN", "ALL"})
 _IMMUTABLE = "fraction annotations cannot change after the pod is created; delete and recreate the pod"
 
 
@@ -129,10 +131,18 @@ def _injection(obj: dict[str, Any], fractions: PodFractions, policy: Policy) -> 
     return out
 
 
+def _host_path(path: str) -> str:
+    """A hostPath as the node resolves it: normalized, with /var/run read as the /run it links to."""
+    path = posixpath.normpath("/" + path.lstrip("/"))
+    if path == "/var/run" or path.startswith("/var/run/"):
+        path = "/run" + path[len("/var/run"):]
+    return path
+
+
 def _is_mps_path(path: str, policy: Policy) -> bool:
-    path = posixpath.normpath(path)
+    path = _host_path(path)
     for directory in policy.mps_dirs.values():
-        directory = posixpath.normpath(directory)
+        directory = _host_path(directory)
         if path == directory or path.startswith(directory + "/") or directory.startswith(path.rstrip("/") + "/"):
             return True
     return False
@@ -166,12 +176,18 @@ def _boundaries(obj: dict[str, Any], fractions: PodFractions, policy: Policy) ->
             mode = ours.get(mount["name"])
             if mode is not None and (fraction is None or fraction.mode != mode):
                 out.append(Violation(where, f"mounts the {mode} MPS directory but is not a {mode} fraction"))
+        # Any container of a fractional pod, not only the fractional one: a privileged sidecar would hand the pod
+        # every GPU of the node.
+        if podview.security_context(ref).get("privileged") is True:
+            out.append(Violation(where, "is privileged: a privileged container sees every GPU on the node, so it "
+                                        "cannot be part of a pod with GPU fractions; remove "
+                                        "securityContext.privileged"))
+        escalating = sorted({c for c in podview.added_capabilities(ref)
+                             if c.upper().removeprefix("CAP_") in ESCALATING_CAPABILITIES})
+        if escalating:
+            out.append(Violation(where, f"adds {', '.join(escalating)}, which grants SYS_ADMIN and lets it leave the "
+                                        "GPU fraction of its pod; remove it"))
         if fraction is not None:
-            if podview.security_context(ref).get("privileged") is True:
-                out.append(Violation(where, "is privileged: a privileged container sees every GPU on the node, so "
-                                            "it cannot hold a fraction; remove securityContext.privileged"))
-            if "SYS_ADMIN" in podview.added_capabilities(ref) or "CAP_SYS_ADMIN" in podview.added_capabilities(ref):
-                out.append(Violation(where, "adds SYS_ADMIN, which lets it leave its GPU fraction; remove it"))
             continue
         for entry in podview.env(ref):
             name = entry["name"]
@@ -198,6 +214,20 @@ def validate_pod(obj: dict[str, Any], old: dict[str, Any] | None, user: UserInfo
         if old is None:
             out += _injection(obj, fractions, policy)
         out += _boundaries(obj, fractions, policy)
+    return out
+
+
+def validate_status(obj: dict[str, Any], old: dict[str, Any]) -> list[Violation]:
+    """pods/status may write metadata too: none of the fraction annotations, ours, or the label may change there."""
+    def guarded(pod: dict[str, Any]) -> dict[str, str]:
+        annotations = podview.annotations(pod)
+        return {k: v for k, v in annotations.items() if ann.is_fraction_key(k)}
+
+    before, after = guarded(old), guarded(obj)
+    out = [annotation(key, after.get(key, before.get(key)), "cannot be changed through pods/status")
+           for key in sorted(before.keys() | after.keys()) if before.get(key) != after.get(key)]
+    if podview.labels(old).get(ann.FRACTIONAL_LABEL) != podview.labels(obj).get(ann.FRACTIONAL_LABEL):
+        out.append(Violation(f"label {ann.FRACTIONAL_LABEL}", "cannot be changed through pods/status"))
     return out
 
 

@@ -225,3 +225,37 @@ def test_the_label_alone_does_not_make_a_pod_fractional():
     obj["metadata"]["labels"] = {"gpufrac.io/fractional": "true"}
     assert "label gpufrac.io/fractional: is only for pods with GPU fractions" in \
         admission.validate(review(obj), POLICY).message
+
+
+def test_fraction_annotations_cannot_change_through_pods_status():
+    old = created(INFERENCE)
+    new = jsonpatch.apply_patch(old, [
+        {"op": "replace", "path": ann("gpufrac.io/container.app.gpu-memory.limit-mib"), "value": "143770"},
+        {"op": "remove", "path": "/metadata/labels/gpufrac.io~1fractional"}])
+    message = admission.validate(review(new, operation="UPDATE", old=old, sub_resource="status"), POLICY).message
+    assert "annotation gpufrac.io/container.app.gpu-memory.limit-mib: 143770 cannot be changed through pods/status" \
+        in message
+    assert "label gpufrac.io/fractional: cannot be changed through pods/status" in message
+    status_only = copy.deepcopy(old)
+    status_only["status"] = {"phase": "Running"}
+    assert admission.validate(review(status_only, operation="UPDATE", old=old, sub_resource="status"), POLICY).allowed
+
+
+@pytest.mark.parametrize("capability", ["ALL", "sys_admin", "CAP_SYS_ADMIN"])
+def test_escalating_capabilities_in_any_spelling_are_denied(capability):
+    obj = created(INFERENCE, "app", "sidecar")
+    obj["spec"]["containers"][1]["securityContext"] = {"capabilities": {"add": [capability]}}
+    assert f"container sidecar: adds {capability}" in admission.validate(review(obj), POLICY).message
+
+
+def test_a_privileged_sidecar_of_a_fractional_pod_is_denied():
+    obj = created(INFERENCE, "app", "sidecar")
+    obj["spec"]["containers"][1]["securityContext"] = {"privileged": True}
+    assert "container sidecar: is privileged" in admission.validate(review(obj), POLICY).message
+
+
+@pytest.mark.parametrize("path", ["/var/run/gpufrac/mps/time-slicing", "/var/run", "//run//gpufrac/", "run/gpufrac"])
+def test_aliases_of_the_mps_directories_are_recognised(path):
+    obj = created(INFERENCE)
+    obj["spec"]["volumes"].append({"name": "alias", "hostPath": {"path": path}})
+    assert "volume alias: mounts" in admission.validate(review(obj), POLICY).message
