@@ -155,6 +155,7 @@ class Agent:
             self.inventory = None
             self.nvml_error = str(err)
             self.metrics.nvml_up.set(0)
+            self.metrics.set_usage(())  # the last snapshot's usage is no longer known: no stale series
 
     def _ensure_daemons(self, inventory: Inventory) -> list[MpsSupervisor]:
         started = []
@@ -237,6 +238,7 @@ class Agent:
             processes = self.gpus.processes()
         except NvmlError as err:
             log.warning("%s", err)
+            self.metrics.set_usage(())
             return
         pods = self.pods.snapshot()
         containers = index_by_container_id(pods)

@@ -9,11 +9,14 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
+from urllib3.exceptions import HTTPError as TransportError
 
 from agent.errors import KubeApiError
 from gpufrac.annotations import FRACTIONAL_LABEL
 
 STRATEGIC = "application/strategic-merge-patch+json"
+# what the client raises when the API server cannot be reached at all (down, restarting): not an ApiException
+UNREACHABLE = (TransportError, OSError)
 FIELD_MANAGER = "gpufrac-agent"
 
 
@@ -49,6 +52,8 @@ class KubeClient:
             )
         except ApiException as err:
             raise KubeApiError(f"labelling node {node}: {err.status} {err.reason}") from err
+        except UNREACHABLE as err:
+            raise KubeApiError(f"labelling node {node}: {err}") from err
 
     def patch_node_condition(self, node: str, condition: dict[str, Any]) -> None:
         try:
@@ -62,6 +67,8 @@ class KubeClient:
             raise KubeApiError(
                 f"setting the {condition['type']} condition on node {node}: {err.status} {err.reason}"
             ) from err
+        except UNREACHABLE as err:
+            raise KubeApiError(f"setting the {condition['type']} condition on node {node}: {err}") from err
 
     # ---- events and eviction ----
 
@@ -74,6 +81,8 @@ class KubeClient:
             raise KubeApiError(
                 f"creating event {body['metadata']['name']}: {err.status} {err.reason}"
             ) from err
+        except UNREACHABLE as err:
+            raise KubeApiError(f"creating event {body['metadata']['name']}: {err}") from err
         return True
 
     def evict_pod(self, namespace: str, name: str) -> bool:
@@ -89,6 +98,8 @@ class KubeClient:
             if err.status in (404, 429):
                 return False
             raise KubeApiError(f"evicting pod {namespace}/{name}: {err.status} {err.reason}") from err
+        except UNREACHABLE as err:
+            raise KubeApiError(f"evicting pod {namespace}/{name}: {err}") from err
         return True
 
     # ---- pods ----
@@ -98,6 +109,8 @@ class KubeClient:
             resp = self.core.list_pod_for_all_namespaces(_preload_content=False, **pod_selectors(node))
         except ApiException as err:
             raise KubeApiError(f"listing pods on {node}: {err.status} {err.reason}") from err
+        except UNREACHABLE as err:
+            raise KubeApiError(f"listing pods on {node}: {err}") from err
         body = json.loads(resp.data)
         return body.get("items") or [], body["metadata"].get("resourceVersion", "")
 

@@ -133,6 +133,30 @@ class AgentWorld:
         self.agent = None
         return rc
 
+    def kill_agent(self) -> int:
+        """SIGKILL the agent (an OOM kill, a node hiccup): no `quit` for its daemons, no AgentStopped."""
+        assert self.agent is not None
+        pid = self.agent.pid
+        self.agent.kill()
+        self.agent.wait()
+        self.agent = None
+        return pid
+
+    def healthz(self) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    def expose_process(self, pid: int) -> None:
+        """Make a real process visible in the agent's fake /proc (a symlink to /proc/<pid>)."""
+        (self.proc.root / str(pid)).symlink_to(f"/proc/{pid}")
+
+    def live_daemons(self, mode: str) -> list[int]:
+        """PIDs of recorded daemon starts of this mode's pipe directory that are still running (not zombies)."""
+        return sorted({r["pid"] for r in self.daemon_records(mode) if r["event"] == "start" and _running(r["pid"])})
+
     def agent_log(self) -> str:
         path = self.workdir / "agent.log"
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""
@@ -244,6 +268,14 @@ class AgentWorld:
         if names:
             self.cp.kubectl("delete", "pod", "-n", USER_NAMESPACE, "--wait=false", "--grace-period=0",
                             "--force", *names, user="admin")
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[0] not in ("Z", "X")
 
 
 def resolve_env(pod: dict[str, Any], container: str) -> dict[str, str]:
