@@ -1,7 +1,7 @@
 """The AdmissionReviews the bench sends: the seed pods as the API server hands them to a webhook (defaults and
 the ServiceAccount token volume filled in), and synthetic pods of a chosen size.
 
-The seed annotations mirror tests/webhook/builders.py (INFERENCE, NOTEBOOK) and examples/.
+The seed annotations are read from examples/, like the tests' (tests/webhook/builders.py).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 
 import jsonpatch
 
+from tests.webhook.builders import example_annotations
 from webhook import admission
 from webhook.policy import Policy
 from webhook.review import parse_review
@@ -22,20 +23,10 @@ BINDER = "system:serviceaccount:kai-scheduler:binder"
 IMAGE = "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"
 DEVICES = ("GPU-4a2e1f6c-8b1d-4c55-9f0e-1a2b3c4d5e6f", "GPU-7c9d0e1f-2a3b-4c5d-8e9f-a0b1c2d3e4f5")
 
-# The 4-GPU sm-sharing inference pod (absolute memory: fully mutated at CREATE).
-INFERENCE = {
-    "nvidia.com/container.app.gpu-memory.request": "40Gi",
-    "nvidia.com/container.app.gpu-memory.limit": "60Gi",
-    "nvidia.com/container.app.gpu-compute.mode": "sm-sharing",
-    "gpu-fraction-num-devices": "4",
-}
-# The time-slicing notebook: a portion of two GPUs, turned into MiB when the scheduler binds it.
-NOTEBOOK = {
-    "gpu-fraction": "0.5",
-    "gpu-fraction.limit": "0.8",
-    "nvidia.com/container.app.gpu-compute.mode": "time-slicing",
-    "gpu-fraction-num-devices": "2",
-}
+# The seed pods, from examples/: the 4-GPU sm-sharing inference pod (absolute memory: fully mutated at CREATE)
+# and the time-slicing notebook (a portion of two GPUs, turned into MiB when the scheduler binds it).
+INFERENCE = example_annotations("inference-sm-sharing.yaml")
+NOTEBOOK = example_annotations("notebook-time-slicing.yaml")
 # What KAI's binder writes at bind for the notebook (0.5 and 0.8 of an H200's 143771 MiB).
 BIND_ANNOTATIONS = {
     "nvidia.com/container.app.gpus.devices": ",".join(DEVICES),

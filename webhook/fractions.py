@@ -28,6 +28,7 @@ from webhook.errors import Violation, annotation
 MAX_DEVICES = 64  # one MPS pinned-memory entry per device; no node has more, and it bounds hostile input
 MAX_MIB = 1 << 40  # a petabyte per device: beyond any GPU, and keeps every number small
 _PORTION_DIGITS = 5  # KAI rejects portion limits with more digits after the point
+_LISTED_CONTAINERS = 10  # a denial lists the pod's containers, but not thousands of them
 _POSITIVE_INTEGER = re.compile(r"^[0-9]{1,15}$")
 
 FRACTION_RANGE = "must be a decimal number strictly between 0 and 1, such as 0.5"
@@ -155,7 +156,8 @@ def resolve(obj: dict[str, Any], *, bound: bool) -> tuple[PodFractions, list[Vio
     names = [r.name for r in refs]
     known = set(names)
     regular = [r.name for r in refs if r.kind is podview.ContainerKind.CONTAINER]
-    has_list = ", ".join(names) if names else "no containers"
+    shown = ", ".join(names[:_LISTED_CONTAINERS]) if names else "no containers"
+    has_list = shown if len(names) <= _LISTED_CONTAINERS else f"{shown} and {len(names) - _LISTED_CONTAINERS} more"
     parsed: dict[str, _Container] = {}
 
     def container(key: str, name: str) -> _Container | None:

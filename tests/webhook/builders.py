@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from webhook.policy import Policy, UserInfo
 from webhook.review import ReviewRequest, parse_review
@@ -25,18 +28,16 @@ def pod(annotations: dict[str, str] | None = None, *containers: str, init: tuple
             "spec": spec}
 
 
-INFERENCE = {
-    "nvidia.com/container.app.gpu-memory.request": "40Gi",
-    "nvidia.com/container.app.gpu-memory.limit": "60Gi",
-    "nvidia.com/container.app.gpu-compute.mode": "sm-sharing",
-    "gpu-fraction-num-devices": "4",
-}
-NOTEBOOK = {
-    "gpu-fraction": "0.5",
-    "gpu-fraction.limit": "0.8",
-    "nvidia.com/container.app.gpu-compute.mode": "time-slicing",
-    "gpu-fraction-num-devices": "2",
-}
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def example_annotations(name: str) -> dict[str, str]:
+    """The annotations of a manifest in examples/ (the seed document's pods live there, once)."""
+    return yaml.safe_load((EXAMPLES / name).read_text())["metadata"]["annotations"]
+
+
+INFERENCE = example_annotations("inference-sm-sharing.yaml")  # the 4-GPU sm-sharing inference server
+NOTEBOOK = example_annotations("notebook-time-slicing.yaml")  # the 2-GPU time-slicing notebook
 
 
 def review_body(obj: dict[str, Any] | None, *, operation: str = "CREATE", old: dict[str, Any] | None = None,

@@ -214,3 +214,9 @@ def test_hostile_values_are_shown_short_and_quoted():
     message = denial(pod({"gpu-fraction": "\x1b[31m" + "9" * 5000}))
     assert len(message) < 400
     assert "\\u001b" in message and "(5005 characters)" in message
+
+
+def test_the_container_list_in_a_message_stays_short():
+    names = [f"c{i}" for i in range(500)]
+    message = denial(pod({"nvidia.com/container.trainer.gpu-memory.request": "1Gi"}, *names))
+    assert "but the pod has c0, c1, c2, c3, c4, c5, c6, c7, c8, c9 and 490 more" in message
