@@ -65,7 +65,9 @@ def validate(request: ReviewRequest, policy: Policy) -> Outcome:
     if request.sub_resource == "binding":
         return Outcome(violations=validate_binding(obj))
     if request.sub_resource == "status":
-        return Outcome(violations=validate_status(obj, request.old_obj or {}))
+        if request.operation != "UPDATE" or request.old_obj is None:
+            return Outcome()  # status is only ever updated; there is nothing to compare a create with
+        return Outcome(violations=validate_status(obj, request.old_obj))
     if request.sub_resource not in ("", "ephemeralcontainers"):
         return Outcome()
     old = request.old_obj if request.operation == "UPDATE" else None

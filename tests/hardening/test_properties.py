@@ -84,8 +84,10 @@ def test_decisions_answer_or_refuse_and_never_crash(body, policy):
         respond(outcome, request.uid)
         if request.operation in ("DELETE", "CONNECT") or request.resource != "pods" or request.obj is None:
             assert outcome.allowed and not outcome.patch, "only pod CREATE/UPDATE is judged"
-        if request.sub_resource in ("status", "exec"):
+        if request.sub_resource == "exec" or (request.sub_resource == "status" and request.operation != "UPDATE"):
             assert outcome.allowed and not outcome.patch
+        if request.sub_resource == "status":
+            assert not outcome.patch, "pods/status is judged (its metadata), never patched"
         if decision is admission.mutate and request.operation != "CREATE":
             assert outcome.allowed, "the mutating webhook only denies on CREATE"
         if decision is admission.validate:
