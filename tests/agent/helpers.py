@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 from typing import Any
 
+from agent.agent import AgentConfig
 from agent.model import MIB, FractionalContainer, GpuInfo
+from agent.supervisor import RestartPolicy
 from gpufrac.annotations import CanonicalContainer, ComputeMode, parse_pinned_mem_limit
 from tests.fakes.build import fake_nvml_library
-from tests.fakes.state import H200_MIB
+from tests.fakes.state import H200_MIB, ProcRoot
 
 UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
 UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000002"
@@ -125,3 +128,21 @@ class FakeKube:
         import threading
         threading.Event().wait(0.05)  # an idle watch that ends (server timeout)
         return iter(())
+
+
+def two_pod_node(tmp_path: Path, mps_binary: str, restart_policy: RestartPolicy) -> tuple[ProcRoot, FakeKube,
+                                                                                        AgentConfig]:
+    """A node's pods and agent settings: `train` (time-slicing, 20000 MiB on GPU A) and `infer` (sm-sharing, 10000
+    MiB request / 16000 MiB limit on GPU B), a fake /proc, and an agent config that ticks every 50 ms."""
+    proc = ProcRoot(tmp_path / "proc")
+    ts_ann = canonical_annotations("app", request_mib=20000, limit_mib=20000, devices=[UUID_A])
+    sm_ann = canonical_annotations("worker", request_mib=10000, limit_mib=16000, devices=[UUID_B],
+                                   mode="sm-sharing")
+    kube = FakeKube([pod("train", uid="u-train", containers={"app": cid(1)}, annotations=ts_ann),
+                     pod("infer", uid="u-infer", containers={"worker": cid(2)}, annotations=sm_ann)])
+    config = AgentConfig(node="gpu-node-1", mps_binary=mps_binary, mps_root=tmp_path / "mps",
+                         mps_log_root=tmp_path / "log", mps_config_dir=tmp_path / "cfg", proc_root=proc.root,
+                         memory_limit_file=tmp_path / "memory.max", interval=0.05,
+                         restart_policy=restart_policy, quit_timeout=5.0)
+    return proc, kube, config
+

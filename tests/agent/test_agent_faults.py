@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from agent.agent import Agent, AgentConfig
+from agent.agent import Agent
 from agent.kube import KubeClient
 from agent.metrics import AgentMetrics
 from agent.model import DaemonState
@@ -24,9 +24,8 @@ from agent.nvml import NvmlSource
 from agent.serve import AgentHttpServer
 from agent.supervisor import RestartPolicy
 from gpufrac.annotations import ComputeMode
-from tests.agent.helpers import UUID_A, UUID_B, FakeKube, canonical_annotations, cid, pod
+from tests.agent.helpers import UUID_A, UUID_B, FakeKube, cid, two_pod_node
 from tests.agent.test_agent_loop import env_for, scrape, value
-from tests.fakes.state import ProcRoot
 
 MIB = 1024 * 1024
 
@@ -95,20 +94,11 @@ def condition(kube: FakeKube) -> dict:
 @pytest.fixture
 def world(tmp_path: Path, fake_gpus, mps_binary):
     fake_gpus.gpu(UUID_A, memory_total_mib=80000).gpu(UUID_B, memory_total_mib=80000)
-    proc = ProcRoot(tmp_path / "proc")
-    ts_ann = canonical_annotations("app", request_mib=20000, limit_mib=20000, devices=[UUID_A])
-    sm_ann = canonical_annotations("worker", request_mib=10000, limit_mib=16000, devices=[UUID_B],
-                                   mode="sm-sharing")
-    kube = FakeKube([pod("train", uid="u-train", containers={"app": cid(1)}, annotations=ts_ann),
-                     pod("infer", uid="u-infer", containers={"worker": cid(2)}, annotations=sm_ann)])
+    proc, kube, config = two_pod_node(tmp_path, mps_binary, RestartPolicy(0.05, 0.2, 3, 300.0))
     proc.add(4242, cid(1), env_for("time-slicing", 20000, 20000, UUID_A))
     proc.add(5151, cid(2), env_for("sm-sharing", 16000, 10000, UUID_B))
     fake_gpus.processes(UUID_A, [{"pid": 4242, "used_memory_mib": 2048, "sm_util": 10}])
     fake_gpus.processes(UUID_B, [{"pid": 5151, "used_memory_mib": 4096, "sm_util": 12}])
-    config = AgentConfig(node="gpu-node-1", mps_binary=mps_binary, mps_root=tmp_path / "mps",
-                         mps_log_root=tmp_path / "log", mps_config_dir=tmp_path / "cfg", proc_root=proc.root,
-                         memory_limit_file=tmp_path / "memory.max", interval=0.05,
-                         restart_policy=RestartPolicy(0.05, 0.2, 3, 300.0), quit_timeout=5.0)
     running: list[Running] = []
 
     def start(kube_sink=kube, **changes) -> Running:

@@ -12,14 +12,13 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.agent import Agent, AgentConfig
+from agent.agent import Agent
 from agent.metrics import AgentMetrics
 from agent.nvml import NvmlSource
 from agent.serve import AgentHttpServer
 from agent.supervisor import RestartPolicy
 from gpufrac.annotations import ComputeMode
-from tests.agent.helpers import UUID_A, UUID_B, FakeKube, canonical_annotations, cid, pod
-from tests.fakes.state import ProcRoot
+from tests.agent.helpers import UUID_A, UUID_B, cid, two_pod_node
 
 MIB = 1024 * 1024
 
@@ -46,17 +45,7 @@ def wait_for(predicate, timeout: float = 20.0) -> None:
 @pytest.fixture
 def world(tmp_path: Path, fake_gpus, mps_binary):
     fake_gpus.gpu(UUID_A, memory_total_mib=80000).gpu(UUID_B, memory_total_mib=80000)
-    proc = ProcRoot(tmp_path / "proc")
-    ts_ann = canonical_annotations("app", request_mib=20000, limit_mib=20000, devices=[UUID_A])
-    sm_ann = canonical_annotations("worker", request_mib=10000, limit_mib=16000, devices=[UUID_B],
-                                   mode="sm-sharing")
-    pods = [pod("train", uid="u-train", containers={"app": cid(1)}, annotations=ts_ann),
-            pod("infer", uid="u-infer", containers={"worker": cid(2)}, annotations=sm_ann)]
-    kube = FakeKube(pods)
-    config = AgentConfig(node="gpu-node-1", mps_binary=mps_binary, mps_root=tmp_path / "mps",
-                         mps_log_root=tmp_path / "log", mps_config_dir=tmp_path / "cfg", proc_root=proc.root,
-                         memory_limit_file=tmp_path / "memory.max", interval=0.05,
-                         restart_policy=RestartPolicy(0.01, 0.05, 3, 300.0), quit_timeout=5.0)
+    proc, kube, config = two_pod_node(tmp_path, mps_binary, RestartPolicy(0.01, 0.05, 3, 300.0))
     agents: list[Agent] = []
 
     def make_agent(**changes) -> Agent:
