@@ -25,16 +25,11 @@ KEEPALIVE_SECONDS = 95  # the API server keeps idle connections for 90 s; outliv
 
 # A review arrives in one piece from the API server; a client that takes longer than this to finish its TLS
 # handshake, or to send one request, is cut off so it cannot hold one of a worker's few threads.
-CLIENT_DEADLINE_SECONDS = 2.0
+CLIENT_DEADLINE_SECONDS = 1.0
 # How long gunicorn lets a new connection that sent nothing yet hold a thread before parking it in the poller
 # (gunicorn's default is 5 s: a few idle connections would delay every review past the webhook timeout).
 IDLE_CONNECTION_WAIT_SECONDS = 0.5
 log = logging.getLogger("gpufrac.webhook")
-
-
-def _too_slow() -> ConnectionResetError:
-    # gunicorn closes a reset connection quietly; any other socket error would be logged with a traceback.
-    return ConnectionResetError(errno.ECONNRESET, f"client sent no complete request within {CLIENT_DEADLINE_SECONDS} s")
 
 
 class DeadlineSSLSocket(ssl.SSLSocket):
@@ -42,6 +37,7 @@ class DeadlineSSLSocket(ssl.SSLSocket):
     gets cut off, not waited for). gunicorn switches the socket to blocking for each request it reads."""
 
     _deadline: float | None = None
+    _cut = False
 
     def _start_deadline(self) -> None:
         self._deadline = time.monotonic() + CLIENT_DEADLINE_SECONDS
@@ -54,28 +50,30 @@ class DeadlineSSLSocket(ssl.SSLSocket):
             self._deadline = None
             super().setblocking(False)
 
+    def _cut_off(self, stage: str) -> ConnectionResetError:
+        self._cut = True
+        try:
+            peer: object = self.getpeername()
+        except OSError:
+            peer = "?"
+        log.warning("dropped a slow client", extra={"peer": str(peer), "stage": stage})
+        # gunicorn closes a reset connection quietly; any other socket error would be logged with a traceback.
+        return ConnectionResetError(errno.ECONNRESET, f"no complete {stage} within {CLIENT_DEADLINE_SECONDS} s")
+
     def _before_read(self) -> None:
         if self._deadline is None:
             return
         remaining = self._deadline - time.monotonic()
         if remaining <= 0:
-            log.warning("dropped a slow client", extra={"peer": str(self._peer())})
-            raise _too_slow()
+            raise self._cut_off("request")
         self.settimeout(remaining)
-
-    def _peer(self) -> object:
-        try:
-            return self.getpeername()
-        except OSError:
-            return "?"
 
     def do_handshake(self, block: bool = False) -> None:
         self._start_deadline()  # gunicorn wraps a blocking socket, which would wait for ever
         try:
             super().do_handshake(block)
         except TimeoutError:
-            log.warning("dropped a client stalled in the TLS handshake", extra={"peer": str(self._peer())})
-            raise _too_slow() from None
+            raise self._cut_off("TLS handshake") from None
         self._start_deadline()  # the first request gets its own time
 
     def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
@@ -83,19 +81,26 @@ class DeadlineSSLSocket(ssl.SSLSocket):
         try:
             return super().recv(buflen, flags)
         except TimeoutError:
-            raise _too_slow() from None
+            raise self._cut_off("request") from None
 
     def recv_into(self, buffer: Any, nbytes: int | None = None, flags: int = 0) -> int:
         self._before_read()
         try:
             return super().recv_into(buffer, nbytes, flags)  # type: ignore[arg-type]
         except TimeoutError:
-            raise _too_slow() from None
+            raise self._cut_off("request") from None
 
     def sendall(self, data: Any, flags: int = 0) -> None:
         if self._deadline is not None:
             self.settimeout(CLIENT_DEADLINE_SECONDS)  # the answer gets its own time, whatever reading took
         super().sendall(data, flags)
+
+    def shutdown(self, how: int) -> None:
+        # gunicorn closes "gracefully" on its accept thread, lingering for the peer to close; a client cut off for
+        # being slow would make it linger in turn, and stall every new connection of the worker meanwhile.
+        if self._cut:
+            raise OSError(errno.ENOTCONN, "cut off as too slow: closed without lingering")
+        super().shutdown(how)
 
 
 class CertificateReloader:
