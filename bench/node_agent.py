@@ -23,6 +23,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from bench.procs import rss_mib
+
 ROOT = Path(__file__).resolve().parent.parent
 GPUS = 8
 PROCESSES = 400
@@ -128,13 +130,6 @@ def _world(tmp: Path, pods: int) -> tuple[Path, Path, list[dict[str, Any]]]:
     return state, proc, [_pod(i) for i in range(pods)]
 
 
-def _rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def child(pods: int, ticks: int) -> dict[str, Any]:
     from tests.fakes.build import MPS_CONTROL, fake_nvml_library
 
@@ -217,7 +212,7 @@ def child(pods: int, ticks: int) -> dict[str, Any]:
             "changed_ms": statistics.median(changed) * 1000, "changed_max_ms": max(changed) * 1000,
             "nvml_ms": statistics.median(nvml_ms) * 1000,
             "scrape_ms": statistics.median(scrapes) * 1000, "scrape_bytes": len(body), "series": series,
-            "rss_mib": _rss_mib(), "cpu_ms_per_tick": cpu_per_tick * 1000,
+            "rss_mib": rss_mib(), "cpu_ms_per_tick": cpu_per_tick * 1000,
             "cpu_pct_at_interval": cpu_per_tick / INTERVAL_S * 100, "wall_s": wall,
         }
     finally:

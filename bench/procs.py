@@ -12,6 +12,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from e2e.cluster import process_stats
+
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -23,21 +25,10 @@ def free_port() -> int:
 
 def group_cpu_seconds(pgid: int) -> float:
     """User+system CPU seconds of the live processes in process group `pgid` (all their threads)."""
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])
-    return total / TICKS
+    return sum(int(f[11]) + int(f[12]) for _, f in process_stats() if int(f[2]) == pgid) / TICKS
 
 
-def rss_mib(pid: int) -> float:
+def rss_mib(pid: int | str = "self") -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024

@@ -31,6 +31,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +66,18 @@ class ToolsMissingError(ClusterError):
 
 # ------------------------------------------------------------------------------------------------------------
 # tools
+
+
+def process_stats() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/<pid>/stat after the command name) of every process still there."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        yield int(entry.name), stat[stat.rindex(")") + 2 :].split()
 
 
 def tools_cache() -> Path:
@@ -189,18 +202,8 @@ class Proc:
     def _group_members(self) -> list[int]:
         """Live processes in our process group that started no earlier than the leader (so not a group that
         merely reuses the number)."""
-        members = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2 :].split()
-            if fields[0] != "Z" and int(fields[2]) == self.pid and int(fields[19]) >= self.start_time:
-                members.append(int(entry.name))
-        return members
+        return [pid for pid, fields in process_stats()
+                if fields[0] != "Z" and int(fields[2]) == self.pid and int(fields[19]) >= self.start_time]
 
     def _signal_group(self, sig: int) -> None:
         if not self.alive():

@@ -116,7 +116,7 @@ def _upsert_by_name(items: list[dict[str, Any]], wanted: dict[str, Any]) -> bool
 
 def _require_enforcing_node(obj: dict[str, Any], mode: ComputeMode) -> None:
     expression = {"key": f"{ENFORCEMENT_LABEL_PREFIX}{mode}", "operator": "In", "values": list(ENFORCING_VALUES)}
-    affinity = podview.child_object(podview.spec(obj), "affinity", "object.spec")
+    affinity = podview.child_object(podview.child_object(obj, "spec", "object"), "affinity", "object.spec")
     node_affinity = podview.child_object(affinity, "nodeAffinity", "spec.affinity")
     required = podview.child_object(node_affinity, "requiredDuringSchedulingIgnoredDuringExecution",
                                     "spec.affinity.nodeAffinity")

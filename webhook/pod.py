@@ -82,8 +82,7 @@ def labels(obj: dict[str, Any]) -> dict[str, str]:
 
 
 def spec(obj: dict[str, Any]) -> dict[str, Any]:
-    """object.spec; created empty in `obj` when absent, so callers can write into it."""
-    return child_object(obj, "spec", "object")
+    return _mapping(obj, "spec", "object")
 
 
 def containers(obj: dict[str, Any], *kinds: ContainerKind) -> Iterator[ContainerRef]:
