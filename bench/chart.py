@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from gpufrac.annotations import ComputeMode
-from webhook.policy import Policy
+from gpufrac.core.annotations import ComputeMode
+from gpufrac.webhook.policy import Policy
 
 ROOT = Path(__file__).resolve().parent.parent
 VALUES = ROOT / "charts" / "gpufrac" / "values.yaml"

@@ -140,10 +140,10 @@ def child(pods: int, ticks: int) -> dict[str, Any]:
 
     from prometheus_client import generate_latest
 
-    from agent.agent import Agent, AgentConfig
-    from agent.metrics import AgentMetrics
-    from agent.nvml import NvmlSource
-    from agent.serve import AgentHttpServer
+    from gpufrac.agent.agent import Agent, AgentConfig
+    from gpufrac.agent.metrics import AgentMetrics
+    from gpufrac.agent.nvml import NvmlSource
+    from gpufrac.agent.serve import AgentHttpServer
 
     kube = MemoryKube(pod_list)
     config = AgentConfig(node="gpu-node-1", mps_binary=str(MPS_CONTROL), mps_root=tmp / "mps",

@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=8)
     args = parser.parse_args(argv)
 
-    from webhook.policy import Policy
-    from webhook.server import ServeOptions, WebhookServer
+    from gpufrac.webhook.policy import Policy
+    from gpufrac.webhook.server import ServeOptions, WebhookServer
 
     class NoopServer(WebhookServer):
         def load(self) -> Any:

@@ -14,10 +14,10 @@ from typing import Any
 
 import jsonpatch
 
+from gpufrac.webhook import admission
+from gpufrac.webhook.policy import Policy
+from gpufrac.webhook.review import parse_review
 from tests.webhook.builders import example_annotations
-from webhook import admission
-from webhook.policy import Policy
-from webhook.review import parse_review
 
 BINDER = "system:serviceaccount:kai-scheduler:binder"
 IMAGE = "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"

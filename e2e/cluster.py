@@ -589,7 +589,7 @@ class ControlPlane:
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric import rsa
 
-        from certs.generate import issue_ca, issue_serving_cert, write_serving_files
+        from gpufrac.certs.generate import issue_ca, issue_serving_cert, write_serving_files
 
         self.pki.mkdir(parents=True, exist_ok=True)
         ca = issue_ca("gpufrac-e2e-cluster-ca")
@@ -890,7 +890,7 @@ class ControlPlane:
         registered caBundle stays valid."""
         if (self.webhook_certs / "tls.crt").exists():
             return
-        from certs.generate import issue_serving_cert, write_serving_files
+        from gpufrac.certs.generate import issue_serving_cert, write_serving_files
 
         ca = self._webhook_ca
         serving = issue_serving_cert(ca, [f"gpufrac-webhook.{RELEASE_NAMESPACE}.svc"])

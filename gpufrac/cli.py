@@ -7,13 +7,13 @@ import json
 import sys
 from pathlib import Path
 
-from gpufrac.annotations import ComputeMode
+from gpufrac.core.annotations import ComputeMode
 
 DEFAULT_DNS = ("gpufrac-webhook", "gpufrac-webhook.gpufrac-system", "gpufrac-webhook.gpufrac-system.svc")
 
 
 def _policy(args: argparse.Namespace):  # -> webhook.policy.Policy, imported lazily to keep `agent` light
-    from webhook.policy import DEFAULT_SCHEDULER_USERS, Policy
+    from gpufrac.webhook.policy import DEFAULT_SCHEDULER_USERS, Policy
     return Policy(
         scheduler_users=frozenset(args.scheduler_user or DEFAULT_SCHEDULER_USERS),
         scheduler_groups=frozenset(args.scheduler_group or ()),
@@ -36,7 +36,7 @@ def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _certs(args: argparse.Namespace) -> int:
-    from certs.generate import write_dev_certs
+    from gpufrac.certs.generate import write_dev_certs
     out = Path(args.out)
     write_dev_certs(out, args.dns or list(DEFAULT_DNS), days=args.days)
     print(f"wrote {out}/ca.crt, {out}/tls.crt, {out}/tls.key")
@@ -44,7 +44,7 @@ def _certs(args: argparse.Namespace) -> int:
 
 
 def _webhook(args: argparse.Namespace) -> int:
-    from webhook.server import ServeOptions, serve
+    from gpufrac.webhook.server import ServeOptions, serve
     serve(_policy(args), ServeOptions(Path(args.certs), args.bind, args.workers, args.threads,
                                       log_level=args.log_level), args.metrics_dir)
     return 0
@@ -57,9 +57,9 @@ def _load_yaml(path: str):
 
 
 def _review(args: argparse.Namespace) -> int:
-    from webhook.errors import BadReviewError
-    from webhook.offline import review
-    from webhook.policy import UserInfo
+    from gpufrac.webhook.errors import BadReviewError
+    from gpufrac.webhook.offline import review
+    from gpufrac.webhook.policy import UserInfo
     try:
         result = review(_load_yaml(args.pod), _load_yaml(args.old) if args.old else None,
                         UserInfo(args.user, tuple(args.group or ())), _policy(args))
@@ -71,7 +71,7 @@ def _review(args: argparse.Namespace) -> int:
 
 
 def _agent(args: argparse.Namespace) -> int:
-    from agent.cli import run
+    from gpufrac.agent.cli import run
     return run(args)
 
 
@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     certs.add_argument("--days", type=int, default=365, help="validity of the serving certificate")
     certs.set_defaults(func=_certs)
     try:
-        from certs.rotation import add_rotate_arguments, run_rotate
+        from gpufrac.certs.rotation import add_rotate_arguments, run_rotate
     except ImportError:
         pass
     else:
@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     agent = commands.add_parser("agent", help="run the node agent")
     try:
-        from agent.cli import add_arguments
+        from gpufrac.agent.cli import add_arguments
     except ImportError:
         pass
     else:
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     metrics_dir = None
     if argv[:1] == ["webhook"]:
-        from webhook.server import prepare_metrics_dir
+        from gpufrac.webhook.server import prepare_metrics_dir
         metrics_dir = prepare_metrics_dir()  # before the parser imports anything that imports prometheus_client
     args = build_parser().parse_args(argv)
     args.metrics_dir = metrics_dir

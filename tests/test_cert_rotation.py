@@ -1,4 +1,4 @@
-"""Self-managed certificate rotation (certs/rotation.py): the pure decision, its execution on a simulated
+"""Self-managed certificate rotation (gpufrac/certs/rotation.py): the pure decision, its execution on a simulated
 clock, and the reconcile loop against an in-memory cluster. No cluster needed."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import datetime as dt
 import pytest
 from cryptography import x509
 
-from certs import generate
-from certs.rotation import (
+from gpufrac.certs import generate
+from gpufrac.certs.rotation import (
     BUNDLE,
     CA_CRT,
     KINDS,

@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from certs.rotation import add_rotate_arguments
+from gpufrac.certs.rotation import add_rotate_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "gpufrac"

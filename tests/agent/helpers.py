@@ -6,10 +6,10 @@ import ctypes
 from pathlib import Path
 from typing import Any
 
-from agent.agent import AgentConfig
-from agent.model import MIB, FractionalContainer, GpuInfo
-from agent.supervisor import RestartPolicy
-from gpufrac.annotations import CanonicalContainer, ComputeMode, parse_pinned_mem_limit
+from gpufrac.agent.agent import AgentConfig
+from gpufrac.agent.model import MIB, FractionalContainer, GpuInfo
+from gpufrac.agent.supervisor import RestartPolicy
+from gpufrac.core.annotations import CanonicalContainer, ComputeMode, parse_pinned_mem_limit
 from tests.fakes.build import fake_nvml_library
 from tests.fakes.state import H200_MIB, ProcRoot
 

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from agent.audit import AttributedProcess, attribute, audit, device_assigned, usage
-from agent.errors import ProcReadError
-from agent.model import MIB, GpuProcess, ViolationKind
-from agent.pods import fractional_containers, index_by_container_id
-from agent.procfs import (
+from gpufrac.agent.audit import AttributedProcess, attribute, audit, device_assigned, usage
+from gpufrac.agent.errors import ProcReadError
+from gpufrac.agent.model import MIB, GpuProcess, ViolationKind
+from gpufrac.agent.pods import fractional_containers, index_by_container_id
+from gpufrac.agent.procfs import (
     container_ids_in_cgroup,
     normalize_container_id,
     read_cgroup,
     read_environ,
     read_memory_limit,
 )
-from gpufrac.annotations import ComputeMode
+from gpufrac.core.annotations import ComputeMode
 from tests.agent.helpers import (
     UUID_A,
     UUID_B,

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from agent.agent import Agent
-from agent.kube import KubeClient
-from agent.metrics import AgentMetrics
-from agent.model import DaemonState
-from agent.nvml import NvmlSource
-from agent.serve import AgentHttpServer
-from agent.supervisor import RestartPolicy
-from gpufrac.annotations import ComputeMode
+from gpufrac.agent.agent import Agent
+from gpufrac.agent.kube import KubeClient
+from gpufrac.agent.metrics import AgentMetrics
+from gpufrac.agent.model import DaemonState
+from gpufrac.agent.nvml import NvmlSource
+from gpufrac.agent.serve import AgentHttpServer
+from gpufrac.agent.supervisor import RestartPolicy
+from gpufrac.core.annotations import ComputeMode
 from tests.agent.helpers import UUID_A, UUID_B, FakeKube, cid, two_pod_node
 from tests.agent.test_agent_loop import env_for, scrape, value
 

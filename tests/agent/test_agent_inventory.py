@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from agent import capabilities
-from agent.errors import NvmlError
-from agent.model import DaemonState, DaemonStatus, Enforcement, Inventory
-from agent.nvml import NvmlSource
-from gpufrac.annotations import ComputeMode
+from gpufrac.agent import capabilities
+from gpufrac.agent.errors import NvmlError
+from gpufrac.agent.model import DaemonState, DaemonStatus, Enforcement, Inventory
+from gpufrac.agent.nvml import NvmlSource
+from gpufrac.core.annotations import ComputeMode
 from tests.agent.helpers import UUID_A, UUID_B, gpu_info
 
 TS, SM = ComputeMode.TIME_SLICING, ComputeMode.SM_SHARING
@@ -171,7 +171,7 @@ def test_condition_without_nvml_or_gpus():
 def test_condition_memory_budget_problem():
     inv = inventory("615.20", 13040, gpus=8)
     daemons = {TS: up(TS), SM: up(SM)}
-    from agent.mps_config import memory_problem
+    from gpufrac.agent.mps_config import memory_problem
     problem = memory_problem(256 * 1024 * 1024, 8, 2)
     assert problem is not None and "1152Mi" in problem
     assert memory_problem(2048 * 1024 * 1024, 8, 2) is None

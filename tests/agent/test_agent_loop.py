@@ -12,12 +12,12 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.agent import Agent
-from agent.metrics import AgentMetrics
-from agent.nvml import NvmlSource
-from agent.serve import AgentHttpServer
-from agent.supervisor import RestartPolicy
-from gpufrac.annotations import ComputeMode
+from gpufrac.agent.agent import Agent
+from gpufrac.agent.metrics import AgentMetrics
+from gpufrac.agent.nvml import NvmlSource
+from gpufrac.agent.serve import AgentHttpServer
+from gpufrac.agent.supervisor import RestartPolicy
+from gpufrac.core.annotations import ComputeMode
 from tests.agent.helpers import UUID_A, UUID_B, cid, two_pod_node
 
 MIB = 1024 * 1024

@@ -8,15 +8,15 @@ import threading
 
 import pytest
 
-from agent.capabilities import CONDITION_TYPE
-from agent.cli import add_arguments, config_from_args
-from agent.errors import ConfigError, KubeApiError
-from agent.kube import GoneError, pod_selectors
-from agent.model import ConditionStatus, NodeCondition
-from agent.node import NodePublisher
-from agent.podwatch import PodCache, apply_event
-from agent.serve import parse_bind
-from gpufrac.annotations import ComputeMode
+from gpufrac.agent.capabilities import CONDITION_TYPE
+from gpufrac.agent.cli import add_arguments, config_from_args
+from gpufrac.agent.errors import ConfigError, KubeApiError
+from gpufrac.agent.kube import GoneError, pod_selectors
+from gpufrac.agent.model import ConditionStatus, NodeCondition
+from gpufrac.agent.node import NodePublisher
+from gpufrac.agent.podwatch import PodCache, apply_event
+from gpufrac.agent.serve import parse_bind
+from gpufrac.core.annotations import ComputeMode
 
 
 def obj(uid: str, rv: str, name: str | None = None) -> dict:

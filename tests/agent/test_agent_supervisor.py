@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.model import DaemonState
-from agent.mps_config import daemon_spec, render_config
-from agent.supervisor import MpsSupervisor, RestartPolicy, initial_budget, next_restart, remove_stale
-from gpufrac.annotations import ComputeMode
+from gpufrac.agent.model import DaemonState
+from gpufrac.agent.mps_config import daemon_spec, render_config
+from gpufrac.agent.supervisor import MpsSupervisor, RestartPolicy, initial_budget, next_restart, remove_stale
+from gpufrac.core.annotations import ComputeMode
 
 TS, SM = ComputeMode.TIME_SLICING, ComputeMode.SM_SHARING
 

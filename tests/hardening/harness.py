@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from certs.generate import KeyPair, issue_ca, issue_serving_cert, write_serving_files
+from gpufrac.certs.generate import KeyPair, issue_ca, issue_serving_cert, write_serving_files
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD_LOG = re.compile(r"Traceback|Worker \(pid:\d+\) was sent|WORKER TIMEOUT|unexpected error|Exception in worker")

@@ -19,8 +19,8 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from gpufrac import annotations as ann
-from gpufrac.annotations import CanonicalField, Field
+from gpufrac.core import annotations as ann
+from gpufrac.core.annotations import CanonicalField, Field
 
 BINDER = "system:serviceaccount:kai-scheduler:binder"
 FUZZ_EXAMPLES = int(os.environ.get("GPUFRAC_FUZZ_EXAMPLES") or 0)
@@ -346,10 +346,10 @@ def raw_bodies() -> st.SearchStrategy[bytes]:
 
 def known_bug_in(raw: bytes) -> bool:
     """Whether a body meets one of KNOWN_BUG_EXCEPTIONS in process (so the HTTP fuzz skips it rather than 500)."""
-    from webhook import admission
-    from webhook.errors import BadReviewError
-    from webhook.policy import Policy
-    from webhook.review import parse_review
+    from gpufrac.webhook import admission
+    from gpufrac.webhook.errors import BadReviewError
+    from gpufrac.webhook.policy import Policy
+    from gpufrac.webhook.review import parse_review
 
     try:
         body = json.loads(raw)

@@ -16,14 +16,14 @@ import pytest
 from hypothesis import event, given, reject
 from hypothesis import strategies as st
 
+from gpufrac.webhook import admission
+from gpufrac.webhook.errors import BadReviewError
+from gpufrac.webhook.fractions import resolve
+from gpufrac.webhook.mutation import canonical_annotations
+from gpufrac.webhook.policy import Policy, UserInfo
+from gpufrac.webhook.review import build_response, parse_review
+from gpufrac.webhook.validation import _authorship, _boundaries, _webhook_output
 from tests.hardening import strategies as s
-from webhook import admission
-from webhook.errors import BadReviewError
-from webhook.fractions import resolve
-from webhook.mutation import canonical_annotations
-from webhook.policy import Policy, UserInfo
-from webhook.review import build_response, parse_review
-from webhook.validation import _authorship, _boundaries, _webhook_output
 
 POLICIES = (Policy(), Policy(require_enforcing_node=True, scheduler_groups=frozenset({"system:authenticated"})))
 DENIAL_SUBJECTS = ("annotation ", "label ", "container ", "ephemeral container ", "volume ", "pod")
@@ -194,7 +194,7 @@ _APP = None
 def _client():
     global _APP
     if _APP is None:
-        from webhook.app import create_app
+        from gpufrac.webhook.app import create_app
         _APP = create_app(Policy())
     return _APP.test_client()
 

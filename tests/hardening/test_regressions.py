@@ -10,11 +10,11 @@ import time
 
 import pytest
 
+from gpufrac.webhook import admission
+from gpufrac.webhook.policy import Policy
+from gpufrac.webhook.review import parse_review
 from tests.hardening.strategies import BINDER, envelope
 from tests.webhook.builders import pod
-from webhook import admission
-from webhook.policy import Policy
-from webhook.review import parse_review
 
 POLICY = Policy()
 
@@ -83,7 +83,7 @@ def test_BUG7_an_oversized_chunked_body_gets_a_413(tail):  # noqa: N802
     import io
     import json
 
-    from webhook.app import MAX_BODY_BYTES, create_app
+    from gpufrac.webhook.app import MAX_BODY_BYTES, create_app
 
     review = json.dumps(envelope(pod({}))).encode()
     body = review + tail if tail.startswith(b" ") else review[:-2] + b', "pad": ' + tail + b"}}"

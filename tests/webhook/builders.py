@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from webhook.policy import Policy, UserInfo
-from webhook.review import ReviewRequest, parse_review
+from gpufrac.webhook.policy import Policy, UserInfo
+from gpufrac.webhook.review import ReviewRequest, parse_review
 
 BINDER = "system:serviceaccount:kai-scheduler:binder"
 POLICY = Policy()

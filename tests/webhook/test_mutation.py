@@ -6,10 +6,10 @@ import jsonpatch
 import kubernetes_validate
 import pytest
 
-from gpufrac.annotations import ComputeMode
+from gpufrac.core.annotations import ComputeMode
+from gpufrac.webhook import admission
+from gpufrac.webhook.policy import Policy
 from tests.webhook.builders import BINDER, INFERENCE, NOTEBOOK, POLICY, pod, review
-from webhook import admission
-from webhook.policy import Policy
 
 KUBE_VERSION = "1.36.0"
 

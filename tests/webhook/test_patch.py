@@ -8,8 +8,8 @@ import jsonpatch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpufrac.webhook.patch import diff, working_copy
 from tests.webhook.builders import INFERENCE, pod
-from webhook.patch import diff, working_copy
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5),

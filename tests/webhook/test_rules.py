@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from gpufrac.webhook import admission
 from tests.webhook.builders import INFERENCE, NOTEBOOK, POLICY, pod, review
-from webhook import admission
 
 
 def denial(obj) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from certs.generate import issue_ca, issue_serving_cert, write_dev_certs, write_serving_files
+from gpufrac.certs.generate import issue_ca, issue_serving_cert, write_dev_certs, write_serving_files
 from tests.webhook.builders import INFERENCE, pod, review_body
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,9 +7,9 @@ import copy
 import jsonpatch
 import pytest
 
+from gpufrac.webhook import admission
+from gpufrac.webhook.policy import Policy
 from tests.webhook.builders import BINDER, INFERENCE, NOTEBOOK, POLICY, pod, review
-from webhook import admission
-from webhook.policy import Policy
 
 
 def created(annotations, *containers, **fields):

@@ -7,9 +7,9 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from agent.capabilities import CONDITION_TYPE
-from agent.errors import KubeApiError
-from agent.model import NodeCondition
+from gpufrac.agent.capabilities import CONDITION_TYPE
+from gpufrac.agent.errors import KubeApiError
+from gpufrac.agent.model import NodeCondition
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gpufrac.annotations import DEFAULT_MPS_ROOT, ComputeMode
+from gpufrac.core.annotations import DEFAULT_MPS_ROOT, ComputeMode
 
 DEFAULT_SCHEDULER_USERS = ("system:serviceaccount:kai-scheduler:binder",)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from webhook.errors import BadReviewError
+from gpufrac.webhook.errors import BadReviewError
 
 
 class ContainerKind(StrEnum):

@@ -9,8 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from agent.model import UsageSample, ViolationKind
-from gpufrac.annotations import ComputeMode
+from gpufrac.agent.model import UsageSample, ViolationKind
+from gpufrac.core.annotations import ComputeMode
 
 USAGE_LABELS = ("namespace", "pod", "container", "gpu_uuid")
 

@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.errors import BadReviewError
-from webhook.policy import UserInfo
+from gpufrac.webhook.errors import BadReviewError
+from gpufrac.webhook.policy import UserInfo
 
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"

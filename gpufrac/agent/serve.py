@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from agent.errors import ConfigError
+from gpufrac.agent.errors import ConfigError
 
 # (ok, text)
 Probe = Callable[[], tuple[bool, str]]

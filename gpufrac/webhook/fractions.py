@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from gpufrac import annotations as ann
-from gpufrac.annotations import ComputeMode, Field
-from gpufrac.quantity import (
+from gpufrac.core import annotations as ann
+from gpufrac.core.annotations import ComputeMode, Field
+from gpufrac.core.quantity import (
     MIB,
     QuantityError,
     bytes_to_mib_ceil,
@@ -22,8 +22,8 @@ from gpufrac.quantity import (
     parse_decimal,
     parse_quantity,
 )
-from webhook import pod as podview
-from webhook.errors import Violation, annotation
+from gpufrac.webhook import pod as podview
+from gpufrac.webhook.errors import Violation, annotation
 
 MAX_DEVICES = 64  # one MPS pinned-memory entry per device; no node has more, and it bounds hostile input
 MAX_MIB = 1 << 40  # a petabyte per device: beyond any GPU, and keeps every number small

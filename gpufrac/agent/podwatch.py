@@ -8,8 +8,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from agent.errors import KubeApiError
-from agent.kube import GoneError
+from gpufrac.agent.errors import KubeApiError
+from gpufrac.agent.kube import GoneError
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from agent.model import FractionalContainer
-from agent.procfs import normalize_container_id
-from gpufrac.annotations import read_canonical
+from gpufrac.agent.model import FractionalContainer
+from gpufrac.agent.procfs import normalize_container_id
+from gpufrac.core.annotations import read_canonical
 
 
 def fractional_containers(pod: Mapping[str, Any]) -> list[FractionalContainer]:

@@ -10,7 +10,7 @@ import os
 import re
 from pathlib import Path
 
-from agent.errors import ProcReadError
+from gpufrac.agent.errors import ProcReadError
 
 # A path component naming a container, across runtimes and cgroup drivers:
 #   cgroup v1/cgroupfs: /kubepods/burstable/pod<uid>/<id>

@@ -11,8 +11,8 @@ from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 from urllib3.exceptions import HTTPError as TransportError
 
-from agent.errors import KubeApiError
-from gpufrac.annotations import FRACTIONAL_LABEL
+from gpufrac.agent.errors import KubeApiError
+from gpufrac.core.annotations import FRACTIONAL_LABEL
 
 STRATEGIC = "application/strategic-merge-patch+json"
 # what the client raises when the API server cannot be reached at all (down, restarting): not an ApiException

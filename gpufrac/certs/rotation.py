@@ -33,7 +33,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
-from certs.generate import KeyPair, issue_ca, issue_serving_cert
+from gpufrac.certs.generate import KeyPair, issue_ca, issue_serving_cert
 
 log = logging.getLogger("gpufrac.certs.rotation")
 

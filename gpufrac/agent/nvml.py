@@ -6,8 +6,8 @@ import threading
 
 import pynvml
 
-from agent.errors import NvmlError
-from agent.model import GpuInfo, GpuProcess, Inventory
+from gpufrac.agent.errors import NvmlError
+from gpufrac.agent.model import GpuInfo, GpuProcess, Inventory
 
 
 def _text(value: bytes | str) -> str:

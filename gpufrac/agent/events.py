@@ -10,7 +10,7 @@ import datetime as dt
 import hashlib
 from typing import Any, Protocol
 
-from agent.model import Violation
+from gpufrac.agent.model import Violation
 
 COMPONENT = "gpufrac-agent"
 

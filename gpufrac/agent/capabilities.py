@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping
 
-from agent.model import ConditionStatus, DaemonState, DaemonStatus, Enforcement, Inventory, NodeCondition
-from gpufrac.annotations import ComputeMode
+from gpufrac.agent.model import ConditionStatus, DaemonState, DaemonStatus, Enforcement, Inventory, NodeCondition
+from gpufrac.core.annotations import ComputeMode
 
 LABEL_PREFIX = "gpufrac.io/"
 DRIVER_MAJOR_LABEL = "gpufrac.io/driver-version.major"

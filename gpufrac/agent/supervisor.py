@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.errors import MpsStartError
-from agent.model import DaemonState, DaemonStatus
-from agent.mps_config import MpsDaemonSpec
-from agent.procfs import mps_processes
+from gpufrac.agent.errors import MpsStartError
+from gpufrac.agent.model import DaemonState, DaemonStatus
+from gpufrac.agent.mps_config import MpsDaemonSpec
+from gpufrac.agent.procfs import mps_processes
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 from gunicorn.workers import gthread
 
-from webhook.policy import Policy
+from gpufrac.webhook.policy import Policy
 
 KEEPALIVE_SECONDS = 95  # the API server keeps idle connections for 90 s; outlive it so it never hits a closed one
 
@@ -160,7 +160,7 @@ def _log_config(level: str) -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "formatters": {"json": {"()": "gpufrac.jsonlog.JsonFormatter", "format": fmt}},
+        "formatters": {"json": {"()": "gpufrac.core.jsonlog.JsonFormatter", "format": fmt}},
         "handlers": {"stdout": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stdout"}},
         "root": {"level": level.upper(), "handlers": ["stdout"]},
         "loggers": {
@@ -212,7 +212,7 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
         gthread.DEFAULT_WORKER_DATA_TIMEOUT = IDLE_CONNECTION_WAIT_SECONDS  # gunicorn reads it per connection
 
     def load(self) -> Any:
-        from webhook.app import create_app
+        from gpufrac.webhook.app import create_app
         return create_app(self.policy)
 
 

@@ -10,10 +10,10 @@ from typing import Any
 
 from flask import Flask, Response, request
 
-from webhook import admission, metrics
-from webhook.errors import BadReviewError
-from webhook.policy import Policy
-from webhook.review import ReviewRequest, build_response, parse_review
+from gpufrac.webhook import admission, metrics
+from gpufrac.webhook.errors import BadReviewError
+from gpufrac.webhook.policy import Policy
+from gpufrac.webhook.review import ReviewRequest, build_response, parse_review
 
 # Two pods' worth of JSON (object and oldObject) at the API server's 3 MiB object limit, with room to spare.
 MAX_BODY_BYTES = 8 * 1024 * 1024

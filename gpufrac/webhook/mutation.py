@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufrac import annotations as ann
-from gpufrac.annotations import CanonicalField, ComputeMode, Field, LimitEnv
-from webhook import pod as podview
-from webhook.errors import BadReviewError, show_value
-from webhook.fractions import PodFractions
-from webhook.patch import working_copy
-from webhook.policy import Policy
+from gpufrac.core import annotations as ann
+from gpufrac.core.annotations import CanonicalField, ComputeMode, Field, LimitEnv
+from gpufrac.webhook import pod as podview
+from gpufrac.webhook.errors import BadReviewError, show_value
+from gpufrac.webhook.fractions import PodFractions
+from gpufrac.webhook.patch import working_copy
+from gpufrac.webhook.policy import Policy
 
 ENFORCEMENT_LABEL_PREFIX = "gpufrac.io/enforcement."
 ENFORCING_VALUES = ("driver", "mps")

@@ -11,9 +11,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.model import MIB, FractionalContainer, GpuInfo, GpuProcess, UsageSample, Violation, ViolationKind
-from agent.procfs import container_ids_in_cgroup
-from gpufrac.annotations import LimitEnv, parse_pinned_mem_limit
+from gpufrac.agent.model import MIB, FractionalContainer, GpuInfo, GpuProcess, UsageSample, Violation, ViolationKind
+from gpufrac.agent.procfs import container_ids_in_cgroup
+from gpufrac.core.annotations import LimitEnv, parse_pinned_mem_limit
 
 ENV_VISIBLE_DEVICES = LimitEnv.VISIBLE_DEVICES
 ENV_MEMORY_REQUEST = LimitEnv.MEMORY_REQUEST

@@ -7,10 +7,10 @@ from typing import Any
 
 import jsonpatch
 
-from webhook import admission
-from webhook.errors import BadReviewError
-from webhook.policy import Policy, UserInfo
-from webhook.review import ReviewRequest
+from gpufrac.webhook import admission
+from gpufrac.webhook.errors import BadReviewError
+from gpufrac.webhook.policy import Policy, UserInfo
+from gpufrac.webhook.review import ReviewRequest
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,12 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from gpufrac import annotations as ann
-from gpufrac.annotations import Field
-from webhook import pod as podview
-from webhook.errors import Violation, annotation
-from webhook.fractions import PodFractions, resolve
-from webhook.mutation import (
+from gpufrac.core import annotations as ann
+from gpufrac.core.annotations import Field
+from gpufrac.webhook import pod as podview
+from gpufrac.webhook.errors import Violation, annotation
+from gpufrac.webhook.fractions import PodFractions, resolve
+from gpufrac.webhook.mutation import (
     LIMIT_ENV_PREFIXES,
     NO_GPU_VALUES,
     canonical_annotations,
@@ -22,7 +22,7 @@ from webhook.mutation import (
     injected_mount,
     injected_volume,
 )
-from webhook.policy import Policy, UserInfo
+from gpufrac.webhook.policy import Policy, UserInfo
 
 # Capabilities that let a container reach devices or namespaces beyond its own (ALL includes SYS_ADMIN).
 ESCALATING_CAPABILITIES = frozenset({"SYS_ADMIN", "ALL"})

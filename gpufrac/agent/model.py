@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from gpufrac.annotations import CanonicalContainer, ComputeMode
+from gpufrac.core.annotations import CanonicalContainer, ComputeMode
 
 MIB = 1024 * 1024
 

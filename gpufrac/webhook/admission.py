@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.errors import Violation
-from webhook.fractions import resolve
-from webhook.mutation import Mutation, mutate_bind, mutate_create, mutate_ephemeral
-from webhook.patch import diff
-from webhook.policy import Policy
-from webhook.review import ReviewRequest
-from webhook.validation import validate_binding, validate_pod, validate_status
+from gpufrac.webhook.errors import Violation
+from gpufrac.webhook.fractions import resolve
+from gpufrac.webhook.mutation import Mutation, mutate_bind, mutate_create, mutate_ephemeral
+from gpufrac.webhook.patch import diff
+from gpufrac.webhook.policy import Policy
+from gpufrac.webhook.review import ReviewRequest
+from gpufrac.webhook.validation import validate_binding, validate_pod, validate_status
 
 
 @dataclass

@@ -10,19 +10,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from agent import capabilities
-from agent.audit import attribute, audit, usage
-from agent.errors import MpsStartError, NvmlError, ProcReadError
-from agent.events import EventSink, ViolationRecorder
-from agent.metrics import AgentMetrics
-from agent.model import DaemonState, DaemonStatus, GpuProcess, Inventory, Violation, ViolationKind
-from agent.mps_config import daemon_spec, memory_problem
-from agent.node import NodePublisher, NodeSink
-from agent.pods import index_by_container_id
-from agent.podwatch import PodCache, PodSource
-from agent.procfs import read_cgroup, read_environ, read_memory_limit
-from agent.supervisor import MpsSupervisor, RestartPolicy, remove_stale
-from gpufrac.annotations import DEFAULT_MPS_ROOT, ComputeMode
+from gpufrac.agent import capabilities
+from gpufrac.agent.audit import attribute, audit, usage
+from gpufrac.agent.errors import MpsStartError, NvmlError, ProcReadError
+from gpufrac.agent.events import EventSink, ViolationRecorder
+from gpufrac.agent.metrics import AgentMetrics
+from gpufrac.agent.model import DaemonState, DaemonStatus, GpuProcess, Inventory, Violation, ViolationKind
+from gpufrac.agent.mps_config import daemon_spec, memory_problem
+from gpufrac.agent.node import NodePublisher, NodeSink
+from gpufrac.agent.pods import index_by_container_id
+from gpufrac.agent.podwatch import PodCache, PodSource
+from gpufrac.agent.procfs import read_cgroup, read_environ, read_memory_limit
+from gpufrac.agent.supervisor import MpsSupervisor, RestartPolicy, remove_stale
+from gpufrac.core.annotations import DEFAULT_MPS_ROOT, ComputeMode
 
 log = logging.getLogger(__name__)
 

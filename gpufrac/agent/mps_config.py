@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.model import MIB
-from gpufrac.annotations import ComputeMode
+from gpufrac.agent.model import MIB
+from gpufrac.core.annotations import ComputeMode
 
 # Memory the agent container needs: the agent itself and the control daemons, plus one MPS server context per
 # GPU per daemon. KAI measured ~50 MiB per GPU server context and OOM'd at 256 MiB on nodes with > 5 GPUs; we

@@ -10,12 +10,12 @@ import sys
 import threading
 from pathlib import Path
 
-from agent.agent import Agent, AgentConfig
-from agent.errors import AgentError, ConfigError
-from agent.metrics import AgentMetrics
-from agent.serve import AgentHttpServer
-from agent.supervisor import RestartPolicy
-from gpufrac.annotations import DEFAULT_MPS_ROOT, ComputeMode
+from gpufrac.agent.agent import Agent, AgentConfig
+from gpufrac.agent.errors import AgentError, ConfigError
+from gpufrac.agent.metrics import AgentMetrics
+from gpufrac.agent.serve import AgentHttpServer
+from gpufrac.agent.supervisor import RestartPolicy
+from gpufrac.core.annotations import DEFAULT_MPS_ROOT, ComputeMode
 
 log = logging.getLogger("gpufrac.agent")
 
@@ -146,8 +146,8 @@ def run(args: argparse.Namespace) -> int:
     # the kubernetes client and urllib3 are chatty at INFO
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
     logging.getLogger("urllib3").setLevel(logging.WARNING)
-    from agent.kube import KubeClient
-    from agent.nvml import NvmlSource
+    from gpufrac.agent.kube import KubeClient
+    from gpufrac.agent.nvml import NvmlSource
 
     try:
         config = config_from_args(args)
