@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.contract import DEFAULT_MPS_ROOT
 from gpufrac.webhook.policy import Policy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,8 +22,7 @@ class ChartWebhook:
     scheduler_users: tuple[str, ...]
     scheduler_groups: tuple[str, ...]
     require_enforcing_node: bool
-    mps_time_slicing: str
-    mps_sm_sharing: str
+    mps_root: str
 
     def args(self) -> list[str]:
         """`gpufrac webhook` arguments as templates/webhook/deployment.yaml renders them (less --certs/--bind)."""
@@ -32,7 +31,7 @@ class ChartWebhook:
             out += ["--scheduler-user", user]
         for group in self.scheduler_groups:
             out += ["--scheduler-group", group]
-        out += ["--mps-dir-time-slicing", self.mps_time_slicing, "--mps-dir-sm-sharing", self.mps_sm_sharing,
+        out += ["--mps-root", self.mps_root,
                 "--require-enforcing-node" if self.require_enforcing_node else "--no-require-enforcing-node",
                 "--workers", str(self.workers), "--threads", str(self.threads)]
         return out
@@ -41,7 +40,7 @@ class ChartWebhook:
         return Policy(
             scheduler_users=frozenset(self.scheduler_users),
             scheduler_groups=frozenset(self.scheduler_groups),
-            mps_dirs={ComputeMode.TIME_SLICING: self.mps_time_slicing, ComputeMode.SM_SHARING: self.mps_sm_sharing},
+            mps_root=self.mps_root,
             require_enforcing_node=self.require_enforcing_node,
         )
 
@@ -49,13 +48,11 @@ class ChartWebhook:
 def chart_webhook(values: Path = VALUES) -> ChartWebhook:
     data = yaml.safe_load(values.read_text())
     webhook = data.get("webhook") or {}
-    dirs = ((data.get("mps") or {}).get("hostDirs")) or {}
     return ChartWebhook(
         workers=int(webhook.get("workers", 2)),
         threads=int(webhook.get("threads", 8)),
         scheduler_users=tuple(webhook.get("schedulerUsers") or ()),
         scheduler_groups=tuple(webhook.get("schedulerGroups") or ()),
         require_enforcing_node=bool(webhook.get("requireEnforcingNode", False)),
-        mps_time_slicing=str(dirs.get("timeSlicing", "/run/gpufrac/mps/time-slicing")),
-        mps_sm_sharing=str(dirs.get("smSharing", "/run/gpufrac/mps/sm-sharing")),
+        mps_root=str((data.get("mps") or {}).get("root", DEFAULT_MPS_ROOT)),
     )

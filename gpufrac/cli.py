@@ -7,17 +7,17 @@ import json
 import sys
 from pathlib import Path
 
-from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.contract import DEFAULT_MPS_ROOT, DEFAULT_SCHEDULER_USER
 
 DEFAULT_DNS = ("gpufrac-webhook", "gpufrac-webhook.gpufrac-system", "gpufrac-webhook.gpufrac-system.svc")
 
 
 def _policy(args: argparse.Namespace):  # -> webhook.policy.Policy, imported lazily to keep `agent` light
-    from gpufrac.webhook.policy import DEFAULT_SCHEDULER_USERS, Policy
+    from gpufrac.webhook.policy import Policy
     return Policy(
-        scheduler_users=frozenset(args.scheduler_user or DEFAULT_SCHEDULER_USERS),
+        scheduler_users=frozenset(args.scheduler_user or (DEFAULT_SCHEDULER_USER,)),
         scheduler_groups=frozenset(args.scheduler_group or ()),
-        mps_dirs={ComputeMode.TIME_SLICING: args.mps_dir_time_slicing, ComputeMode.SM_SHARING: args.mps_dir_sm_sharing},
+        mps_root=args.mps_root,
         require_enforcing_node=args.require_enforcing_node,
     )
 
@@ -25,12 +25,11 @@ def _policy(args: argparse.Namespace):  # -> webhook.policy.Policy, imported laz
 def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduler-user", action="append", metavar="NAME",
                         help="identity allowed to write bind-time values (repeatable; default "
-                             "system:serviceaccount:kai-scheduler:binder)")
+                             f"{DEFAULT_SCHEDULER_USER})")
     parser.add_argument("--scheduler-group", action="append", metavar="GROUP", help="group with the same right")
-    parser.add_argument("--mps-dir-time-slicing", default="/run/gpufrac/mps/time-slicing",
-                        help="host directory of the time-slicing MPS pipes")
-    parser.add_argument("--mps-dir-sm-sharing", default="/run/gpufrac/mps/sm-sharing",
-                        help="host directory of the sm-sharing MPS pipes")
+    parser.add_argument("--mps-root", default=DEFAULT_MPS_ROOT, metavar="PATH",
+                        help="host directory holding one MPS pipe directory per mode, <PATH>/<mode>: the agent's "
+                             "--mps-root")
     parser.add_argument("--require-enforcing-node", action=argparse.BooleanOptionalAction, default=False,
                         help="add a required node affinity on gpufrac.io/enforcement.<mode> in (driver, mps)")
 

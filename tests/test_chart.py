@@ -18,6 +18,10 @@ import pytest
 import yaml
 
 from gpufrac.certs.rotation import add_rotate_arguments
+from gpufrac.core import annotations as ann
+from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.contract import DEFAULT_MPS_ROOT, DEFAULT_SCHEDULER_USER, FRACTIONAL_LABEL, mps_pipe_dir
+from gpufrac.webhook.policy import Policy
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "gpufrac"
@@ -32,9 +36,9 @@ pytestmark = pytest.mark.skipif(
     not os.access(HELM, os.X_OK), reason=f"helm not found at {HELM} (build it with `make tools`)"
 )
 
-FRACTION_KEYS = ["gpu-fraction", "gpu-fraction.limit", "gpu-memory", "gpu-memory.limit",
-                 "gpu-fraction-num-devices", "gpu-fraction-container-name"]
-PREFIXES = ["nvidia.com/container.", "kai.scheduler/container.", "gpufrac.io/"]
+# The vocabulary the chart's matchConditions must name, read from the code that reviews it.
+FRACTION_KEYS = list(ann.SHORTHAND_KEYS)
+PREFIXES = [ann.NVIDIA_PREFIX, ann.KAI_PREFIX, ann.GPUFRAC_DOMAIN]
 URL_MODE = ["--set", f"webhook.clientConfig.url={URL}", "--set", f"webhook.clientConfig.caBundle={CA_BUNDLE}"]
 CERT_MANAGER = ["--set", "certs.mode=cert-manager"]
 
@@ -117,9 +121,19 @@ def test_schema_rejects_wrong_values(bad: str) -> None:
     assert "schema" in r.stderr or "values don't meet" in r.stderr, r.stderr
 
 
-def test_inconsistent_mps_dirs_fail() -> None:
+def test_the_mps_pipe_directories_come_from_one_value() -> None:
+    """The webhook mounts and injects the directories the agent serves: both derive them from mps.root."""
+    objs = render("--set", "mps.root=/srv/mps/")
+    webhook_root = arg_value(container(one(objs, "Deployment"))["args"], "--mps-root")
+    assert webhook_root == ["/srv/mps/"]
+    agent = one(objs, "DaemonSet")
+    assert arg_value(container(agent)["args"], "--mps-root") == ["/srv/mps/"]
+    served = {mps_pipe_dir("/srv/mps/", mode) for mode in ComputeMode}
+    host_paths = {v["hostPath"]["path"] for v in agent["spec"]["template"]["spec"]["volumes"] if "hostPath" in v}
+    assert served <= host_paths
+    assert set(Policy(mps_root=webhook_root[0]).mps_dirs.values()) == served
     r = helm("template", "gpufrac", str(CHART), "--set", "mps.hostDirs.smSharing=/elsewhere", check=False)
-    assert r.returncode != 0 and "mps.hostDirs" in r.stderr
+    assert r.returncode != 0, "the former per-mode values are gone"
 
 
 def test_kubernetes_older_than_1_30_is_refused() -> None:
@@ -234,7 +248,7 @@ def test_match_conditions_name_every_fraction_key(default: list[dict[str, Any]])
             assert f'"{key}"' in expr
         for prefix in PREFIXES:
             assert f'k.startsWith("{prefix}")' in expr
-        assert '"gpufrac.io/fractional" in object.metadata.labels' in expr
+        assert f'"{FRACTIONAL_LABEL}" in object.metadata.labels' in expr
         # Guards: absent maps, and no oldObject on CREATE.
         assert "has(object.metadata.annotations)" in expr and "has(object.metadata.labels)" in expr
         assert "oldObject != null &&" in expr and "has(oldObject.metadata.annotations)" in expr
@@ -389,10 +403,9 @@ def test_webhook_container(default: list[dict[str, Any]]) -> None:
     args = c["args"]
     assert args[0] == "webhook"
     assert arg_value(args, "--certs") == ["/certs"] and arg_value(args, "--bind") == ["0.0.0.0:8443"]
-    assert arg_value(args, "--scheduler-user") == ["system:serviceaccount:kai-scheduler:binder"]
+    assert arg_value(args, "--scheduler-user") == [DEFAULT_SCHEDULER_USER]
     assert arg_value(args, "--scheduler-group") == []
-    assert arg_value(args, "--mps-dir-time-slicing") == ["/run/gpufrac/mps/time-slicing"]
-    assert arg_value(args, "--mps-dir-sm-sharing") == ["/run/gpufrac/mps/sm-sharing"]
+    assert arg_value(args, "--mps-root") == [DEFAULT_MPS_ROOT]
     assert "--require-enforcing-node" in args and "--no-require-enforcing-node" not in args
     assert arg_value(args, "--workers") == ["2"] and arg_value(args, "--threads") == ["4"]
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
@@ -415,14 +428,13 @@ def test_webhook_args_follow_values() -> None:
     objs = render("--set", "webhook.requireEnforcingNode=false",
                   "--set", "webhook.schedulerUsers={u1,u2}", "--set", "webhook.schedulerGroups={g1}",
                   "--set", "webhook.workers=3", "--set", "webhook.threads=8",
-                  "--set", "mps.root=/srv/mps", "--set", "mps.hostDirs.timeSlicing=/srv/mps/time-slicing",
-                  "--set", "mps.hostDirs.smSharing=/srv/mps/sm-sharing")
+                  "--set", "mps.root=/srv/mps")
     args = container(one(objs, "Deployment"))["args"]
     assert "--no-require-enforcing-node" in args and "--require-enforcing-node" not in args
     assert arg_value(args, "--scheduler-user") == ["u1", "u2"]
     assert arg_value(args, "--scheduler-group") == ["g1"]
     assert arg_value(args, "--workers") == ["3"] and arg_value(args, "--threads") == ["8"]
-    assert arg_value(args, "--mps-dir-sm-sharing") == ["/srv/mps/sm-sharing"]
+    assert arg_value(args, "--mps-root") == ["/srv/mps"]
     agent_args = container(one(objs, "DaemonSet"))["args"]
     assert arg_value(agent_args, "--mps-root") == ["/srv/mps"]
 
@@ -448,7 +460,7 @@ def test_agent_daemonset(default: list[dict[str, Any]]) -> None:
     assert c["securityContext"]["privileged"] is True
     assert c["args"][:3] == ["agent", "--node", "$(NODE_NAME)"]
     assert arg_value(c["args"], "--metrics-bind") == ["0.0.0.0:9400"]
-    assert arg_value(c["args"], "--mps-root") == ["/run/gpufrac/mps"]
+    assert arg_value(c["args"], "--mps-root") == [DEFAULT_MPS_ROOT]
     (node_env,) = [e for e in c["env"] if e["name"] == "NODE_NAME"]
     assert node_env["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in c["ports"]
@@ -458,8 +470,7 @@ def test_agent_daemonset(default: list[dict[str, Any]]) -> None:
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     host_paths = {v["hostPath"]["path"]: v["hostPath"]["type"] for v in spec["volumes"] if "hostPath" in v}
     assert host_paths == {
-        "/run/gpufrac/mps/time-slicing": "DirectoryOrCreate",
-        "/run/gpufrac/mps/sm-sharing": "DirectoryOrCreate",
+        **{mps_pipe_dir(DEFAULT_MPS_ROOT, mode): "DirectoryOrCreate" for mode in ComputeMode},
         "/var/log/gpufrac/mps": "DirectoryOrCreate",
     }
     assert {m["mountPath"] for m in c["volumeMounts"]} == set(host_paths)

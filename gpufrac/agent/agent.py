@@ -22,7 +22,8 @@ from gpufrac.agent.pods import index_by_container_id
 from gpufrac.agent.podwatch import PodCache, PodSource
 from gpufrac.agent.procfs import read_cgroup, read_environ, read_memory_limit
 from gpufrac.agent.supervisor import MpsSupervisor, RestartPolicy, remove_stale
-from gpufrac.core.annotations import DEFAULT_MPS_ROOT, ComputeMode
+from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.contract import DEFAULT_MPS_ROOT, Enforcement, mps_pipe_dir
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ class Agent:
         self._update_daemon_metrics()
         enforced = self._enforcement()
         for mode in ComputeMode:
-            for value in capabilities.Enforcement:
+            for value in Enforcement:
                 self.metrics.enforcement.labels(mode=str(mode), enforcement=str(value)).set(
                     1 if enforced[mode] is value else 0
                 )
@@ -165,7 +166,7 @@ class Agent:
             if mode not in served and mode not in self._unserved_cleaned:
                 # a socket left from a daemon of a former driver would make this mode's clients fail, not
                 # fall back; without it they run unshared, which is what the labels say
-                removed = remove_stale(self.config.mps_root / str(mode))
+                removed = remove_stale(Path(mps_pipe_dir(str(self.config.mps_root), mode)))
                 if removed:
                     log.info("%s is not served on this node; removed %s", mode, ", ".join(map(str, removed)))
                 self._unserved_cleaned.add(mode)
@@ -221,9 +222,9 @@ class Agent:
                 self.metrics.daemon_restarts.labels(mode=str(mode)).inc(status.restarts - seen)
                 self._restarts_seen[mode] = status.restarts
 
-    def _enforcement(self) -> dict[ComputeMode, capabilities.Enforcement]:
+    def _enforcement(self) -> dict[ComputeMode, Enforcement]:
         if self.inventory is None:
-            return dict.fromkeys(ComputeMode, capabilities.Enforcement.NONE)
+            return dict.fromkeys(ComputeMode, Enforcement.NONE)
         return capabilities.enforcement(self.inventory, self.config.modes, self.daemon_statuses())
 
     def _memory_problem(self) -> str | None:
@@ -241,7 +242,9 @@ class Agent:
             self.metrics.set_usage(())
             return
         pods = self.pods.snapshot()
-        containers = index_by_container_id(pods)
+        index = index_by_container_id(pods)
+        self.metrics.unreadable_canonical.set(index.unreadable)
+        containers = index.by_id
         cgroups = {}
         for process in processes:
             try:

@@ -6,20 +6,20 @@ output is the list of violations, one per (kind, container, GPU).
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpufrac.agent.model import MIB, FractionalContainer, GpuInfo, GpuProcess, UsageSample, Violation, ViolationKind
+from gpufrac.agent.model import FractionalContainer, GpuInfo, GpuProcess, UsageSample, Violation, ViolationKind
 from gpufrac.agent.procfs import container_ids_in_cgroup
-from gpufrac.core.annotations import LimitEnv, parse_pinned_mem_limit
-
-ENV_VISIBLE_DEVICES = LimitEnv.VISIBLE_DEVICES
-ENV_MEMORY_REQUEST = LimitEnv.MEMORY_REQUEST
-ENV_MEMORY_LIMIT = LimitEnv.MEMORY_LIMIT
-ENV_PINNED_LIMIT = LimitEnv.PINNED_MEM_LIMIT
-ENV_PIPE_DIRECTORY = LimitEnv.PIPE_DIRECTORY
+from gpufrac.core.contract import (
+    MIB,
+    LimitEnv,
+    format_pinned_mem_limit,
+    mib_ceil,
+    parse_pinned_mem_limit,
+    pipe_dir_mode,
+)
 
 
 @dataclass(frozen=True)
@@ -52,15 +52,15 @@ def attribute(
 def expected_env(container: FractionalContainer) -> dict[str, str | None]:
     """The injected variables a container's processes must carry; None: present, value checked otherwise."""
     spec = container.spec
-    expected: dict[str, str | None] = {ENV_PIPE_DIRECTORY: None}
+    expected: dict[str, str | None] = {LimitEnv.PIPE_DIRECTORY: None}
     if spec.limit_mib is not None:
-        expected[ENV_MEMORY_LIMIT] = str(spec.limit_mib)
+        expected[LimitEnv.MEMORY_LIMIT] = str(spec.limit_mib)
     if spec.request_mib is not None:
-        expected[ENV_MEMORY_REQUEST] = str(spec.request_mib)
+        expected[LimitEnv.MEMORY_REQUEST] = str(spec.request_mib)
     if spec.pinned_mem_limit_mib:
-        expected[ENV_PINNED_LIMIT] = None
+        expected[LimitEnv.PINNED_MEM_LIMIT] = None
     if spec.devices:
-        expected[ENV_VISIBLE_DEVICES] = None
+        expected[LimitEnv.VISIBLE_DEVICES] = None
     return expected
 
 
@@ -74,7 +74,7 @@ def env_mismatches(container: FractionalContainer, environ: Mapping[str, str]) -
             missing.append(name)
         elif value is not None and actual.strip() != value:
             wrong.append(f"{name}={actual} (expected {value})")
-    pinned = environ.get(ENV_PINNED_LIMIT)
+    pinned = environ.get(LimitEnv.PINNED_MEM_LIMIT)
     if pinned is not None and spec.pinned_mem_limit_mib:
         try:
             ok = parse_pinned_mem_limit(pinned) == spec.pinned_mem_limit_mib
@@ -82,15 +82,14 @@ def env_mismatches(container: FractionalContainer, environ: Mapping[str, str]) -
             ok = False
         if not ok:
             wrong.append(
-                f"{ENV_PINNED_LIMIT}={pinned} (expected "
-                f"{','.join(f'{i}={m}M' for i, m in sorted(spec.pinned_mem_limit_mib.items()))})"
+                f"{LimitEnv.PINNED_MEM_LIMIT}={pinned} (expected {format_pinned_mem_limit(spec.pinned_mem_limit_mib)})"
             )
-    pipe = environ.get(ENV_PIPE_DIRECTORY)
-    if pipe is not None and os.path.basename(pipe.rstrip("/")) != str(spec.mode):
-        wrong.append(f"{ENV_PIPE_DIRECTORY}={pipe} (expected the {spec.mode} MPS pipe directory)")
-    visible = environ.get(ENV_VISIBLE_DEVICES)
+    pipe = environ.get(LimitEnv.PIPE_DIRECTORY)
+    if pipe is not None and pipe_dir_mode(pipe) is not spec.mode:
+        wrong.append(f"{LimitEnv.PIPE_DIRECTORY}={pipe} (expected the {spec.mode} MPS pipe directory)")
+    visible = environ.get(LimitEnv.VISIBLE_DEVICES)
     if visible is not None and spec.devices and {d.strip() for d in visible.split(",")} != set(spec.devices):
-        wrong.append(f"{ENV_VISIBLE_DEVICES}={visible} (expected {','.join(spec.devices)})")
+        wrong.append(f"{LimitEnv.VISIBLE_DEVICES}={visible} (expected {','.join(spec.devices)})")
     return missing, wrong
 
 
@@ -154,7 +153,7 @@ def audit(attributed: Sequence[AttributedProcess], gpus: Mapping[str, GpuInfo]) 
                     ViolationKind.MEMORY_OVER_LIMIT,
                     container,
                     gpu_uuid,
-                    f"container {container.container} uses {_mib(used)} MiB of GPU memory on {gpu_uuid}, "
+                    f"container {container.container} uses {mib_ceil(used)} MiB of GPU memory on {gpu_uuid}, "
                     f"over its limit of {limit} MiB",
                     pids,
                 )
@@ -242,7 +241,3 @@ def usage(
 
 def _pids(pids: Sequence[int]) -> str:
     return ",".join(map(str, pids))
-
-
-def _mib(value: int) -> int:
-    return -(-value // MIB)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping
 
-from gpufrac.agent.model import ConditionStatus, DaemonState, DaemonStatus, Enforcement, Inventory, NodeCondition
+from gpufrac.agent.model import ConditionStatus, DaemonState, DaemonStatus, Inventory, NodeCondition
 from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.contract import Enforcement, enforcement_label
 
-LABEL_PREFIX = "gpufrac.io/"
 DRIVER_MAJOR_LABEL = "gpufrac.io/driver-version.major"
 GPU_COUNT_LABEL = "gpufrac.io/gpu-count"
 CONDITION_TYPE = "gpufrac.io/Ready"
@@ -16,10 +16,6 @@ CONDITION_TYPE = "gpufrac.io/Ready"
 # CUDA 13.4 memory limits need driver r615+ and a CUDA driver API of 13.4 (13040) or later.
 MIN_DRIVER_MAJOR = 615
 MIN_CUDA_DRIVER_VERSION = 13040
-
-
-def enforcement_label(mode: ComputeMode) -> str:
-    return f"{LABEL_PREFIX}enforcement.{mode}"
 
 
 def driver_major(version: str) -> int | None:

@@ -15,7 +15,8 @@ from gpufrac.agent.errors import AgentError, ConfigError
 from gpufrac.agent.metrics import AgentMetrics
 from gpufrac.agent.serve import AgentHttpServer
 from gpufrac.agent.supervisor import RestartPolicy
-from gpufrac.core.annotations import DEFAULT_MPS_ROOT, ComputeMode
+from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.contract import DEFAULT_MPS_ROOT
 
 log = logging.getLogger("gpufrac.agent")
 

@@ -12,7 +12,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from urllib3.exceptions import HTTPError as TransportError
 
 from gpufrac.agent.errors import KubeApiError
-from gpufrac.core.annotations import FRACTIONAL_LABEL
+from gpufrac.core.contract import FRACTIONAL_LABEL, FRACTIONAL_VALUE
 
 STRATEGIC = "application/strategic-merge-patch+json"
 # what the client raises when the API server cannot be reached at all (down, restarting): not an ApiException
@@ -25,7 +25,7 @@ class GoneError(KubeApiError):
 
 
 def pod_selectors(node: str) -> dict[str, str]:
-    return {"label_selector": f"{FRACTIONAL_LABEL}=true", "field_selector": f"spec.nodeName={node}"}
+    return {"label_selector": f"{FRACTIONAL_LABEL}={FRACTIONAL_VALUE}", "field_selector": f"spec.nodeName={node}"}
 
 
 class KubeClient:

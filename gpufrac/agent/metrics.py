@@ -99,6 +99,12 @@ class AgentMetrics:
             ["mode", "enforcement"],
             registry=self.registry,
         )
+        self.unreadable_canonical = Gauge(
+            "gpufrac_unreadable_canonical_containers",
+            "Fractional containers on this node whose gpufrac.io/ annotations do not parse, so they are not "
+            "audited (the agent log names the annotation)",
+            registry=self.registry,
+        )
         for mode in ComputeMode:
             self.daemon_up.labels(mode=str(mode))
             self.daemon_restarts.labels(mode=str(mode))

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from gpufrac.core.annotations import CanonicalContainer, ComputeMode
-
-MIB = 1024 * 1024
+from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.contract import CanonicalFraction, mib_floor
 
 
 @dataclass(frozen=True)
@@ -19,7 +18,7 @@ class GpuInfo:
 
     @property
     def memory_total_mib(self) -> int:
-        return self.memory_total_bytes // MIB
+        return mib_floor(self.memory_total_bytes)
 
 
 @dataclass(frozen=True)
@@ -42,14 +41,6 @@ class GpuProcess:
     pid: int
     used_bytes: int | None  # None: NVML could not tell
     sm_util: int | None  # percent, latest sample; None: no sample this interval
-
-
-class Enforcement(StrEnum):
-    """How a node enforces a compute mode's memory fractions (label value)."""
-
-    DRIVER = "driver"  # CUDA 13.4 / r615+ memory limits (toolkit hook + driver), MPS v3 memacct
-    MPS = "mps"  # legacy MPS pinned device memory limits, served by a healthy MPS daemon
-    NONE = "none"  # not enforced on this node
 
 
 class DaemonState(StrEnum):
@@ -91,7 +82,7 @@ class FractionalContainer:
     pod_uid: str
     container: str
     container_id: str  # without the runtime scheme
-    spec: CanonicalContainer
+    spec: CanonicalFraction
 
     @property
     def mode(self) -> ComputeMode:

@@ -16,8 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufrac.agent.model import MIB
 from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.contract import MIB, MPS_CONTROL_SOCKET, LimitEnv, mps_pipe_dir
+
+LOG_DIRECTORY_ENV = "CUDA_MPS_LOG_DIRECTORY"  # where a daemon writes control.log (and MPS v3 its audit log)
 
 # Memory the agent container needs: the agent itself and the control daemons, plus one MPS server context per
 # GPU per daemon. KAI measured ~50 MiB per GPU server context and OOM'd at 256 MiB on nodes with > 5 GPUs; we
@@ -38,7 +40,7 @@ class MpsDaemonSpec:
 
     @property
     def control_socket(self) -> Path:
-        return self.pipe_dir / "control"
+        return self.pipe_dir / MPS_CONTROL_SOCKET
 
 
 def render_config(mode: ComputeMode, *, audit_log: bool = True) -> str:
@@ -70,11 +72,11 @@ def daemon_spec(
     config_dir: Path,
     base_env: dict[str, str] | None = None,
 ) -> MpsDaemonSpec:
-    pipe_dir = mps_root / str(mode)
+    pipe_dir = Path(mps_pipe_dir(str(mps_root), mode))
     log_dir = log_root / str(mode)
     env = dict(base_env or {})
-    env["CUDA_MPS_PIPE_DIRECTORY"] = str(pipe_dir)
-    env["CUDA_MPS_LOG_DIRECTORY"] = str(log_dir)
+    env[LimitEnv.PIPE_DIRECTORY] = str(pipe_dir)
+    env[LOG_DIRECTORY_ENV] = str(log_dir)
     if not mps_v3:
         return MpsDaemonSpec(mode, (binary, "-f"), env, pipe_dir, log_dir, None, None)
     config_path = config_dir / f"{mode}.toml"

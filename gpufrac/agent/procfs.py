@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from gpufrac.agent.errors import ProcReadError
+from gpufrac.core.contract import LimitEnv
 
 # A path component naming a container, across runtimes and cgroup drivers:
 #   cgroup v1/cgroupfs: /kubepods/burstable/pod<uid>/<id>
@@ -113,6 +114,6 @@ def mps_processes(proc_root: Path, pipe_dir: Path) -> list[int]:
             env = parse_environ((entry / "environ").read_bytes())
         except OSError:
             continue
-        if env.get("CUDA_MPS_PIPE_DIRECTORY", "").rstrip("/") == str(pipe_dir).rstrip("/"):
+        if env.get(LimitEnv.PIPE_DIRECTORY, "").rstrip("/") == str(pipe_dir).rstrip("/"):
             found.append(int(entry.name))
     return sorted(found)

@@ -1,13 +1,12 @@
-"""The fraction annotation grammar (DESIGN §1-2): every key gpufrac reads or writes, and their value formats.
+"""The fraction annotation grammar (docs/architecture.md, "The annotations"): every key gpufrac reads or writes.
 
-Pure: no I/O, no Kubernetes client. The webhook uses it to read what users and the scheduler write and to write
-the canonical annotations; the agent uses it to read those canonical annotations back on the node.
+Pure: no I/O, no Kubernetes client. The webhook uses it to read what users and the scheduler write; the canonical
+values it writes for the node, and their reader, are the contract's (`gpufrac.core.contract`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -24,10 +23,8 @@ NVIDIA_PREFIX = "nvidia.com/container."
 KAI_PREFIX = "kai.scheduler/container."
 GPUFRAC_DOMAIN = "gpufrac.io/"
 CANONICAL_PREFIX = "gpufrac.io/container."
-FRACTIONAL_LABEL = "gpufrac.io/fractional"
 
 WHOLE_GPU_RESOURCE = "nvidia.com/gpu"
-DEFAULT_MPS_ROOT = "/run/gpufrac/mps"
 
 # A container name is a DNS-1123 label, so it holds no dot and the key splits unambiguously.
 _CONTAINER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -50,16 +47,6 @@ class Field(StrEnum):
     MEMORY_LIMIT = "gpu-memory.limit"
     COMPUTE_MODE = "gpu-compute.mode"
     DEVICES = "gpus.devices"
-
-
-class LimitEnv(StrEnum):
-    """Env vars the webhook injects into each fractional container, and the agent checks its processes carry."""
-
-    VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-    MEMORY_REQUEST = "NVIDIA_GPU_MEMORY_REQUEST"
-    MEMORY_LIMIT = "NVIDIA_GPU_MEMORY_LIMIT"
-    PINNED_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
-    PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
 
 
 # The one key KAI writes under its own prefix.
@@ -150,10 +137,6 @@ def max_container_name_length() -> int:
     return _KEY_NAME_MAX - longest_key_name("")
 
 
-def parse_mode(text: str) -> ComputeMode:
-    return ComputeMode(text)
-
-
 _DEVICE_ID = re.compile(
     r"^(?:GPU-[0-9a-zA-Z-]{1,64}|MIG-[0-9a-zA-Z/-]{1,96}|[0-9]{1,3}"
     r"|[a-z0-9.-]+/[a-z0-9.-]+=[A-Za-z0-9_.:-]{1,128})$"
@@ -172,73 +155,6 @@ def parse_devices(text: str) -> tuple[str, ...]:
     if len(set(devices)) != len(devices):
         raise ValueError("a device listed twice")
     return devices
-
-
-def format_pinned_mem_limit(limit_mib: int, num_devices: int) -> str:
-    """CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: the limit for each device the client sees, `0=61440M,1=61440M`."""
-    return ",".join(f"{index}={limit_mib}M" for index in range(num_devices))
-
-
-_PINNED_ENTRY = re.compile(r"^([0-9]{1,3})=([0-9]{1,9})M$")
-
-
-def parse_pinned_mem_limit(text: str) -> dict[int, int]:
-    """Device index -> MiB, from the value format_pinned_mem_limit writes."""
-    limits: dict[int, int] = {}
-    for entry in text.split(","):
-        match = _PINNED_ENTRY.fullmatch(entry.strip())
-        if match is None:
-            raise ValueError(f"not an MPS pinned memory limit entry: {entry!r}")
-        limits[int(match[1])] = int(match[2])
-    return limits
-
-
-@dataclass(frozen=True)
-class CanonicalContainer:
-    """What the node needs to know of one fractional container, read back from the canonical annotations."""
-
-    container: str
-    mode: ComputeMode
-    request_mib: int | None
-    limit_mib: int | None
-    pinned_mem_limit_mib: dict[int, int]
-    devices: tuple[str, ...]
-
-
-def read_canonical(annotations: Mapping[str, str]) -> dict[str, CanonicalContainer]:
-    """The fractional containers of a pod the webhook admitted, by name. Unparsable values are skipped.
-
-    Values of a bound portion pod are there only after the bind; before it, request and limit are None.
-    """
-    fields: dict[str, dict[str, str]] = {}
-    for key, value in annotations.items():
-        if not key.startswith(CANONICAL_PREFIX):
-            continue
-        try:
-            parsed = parse_container_key(key)
-        except MalformedKeyError:
-            continue
-        if parsed is not None:
-            fields.setdefault(parsed.container, {})[parsed.suffix] = value
-    result: dict[str, CanonicalContainer] = {}
-    for container, values in fields.items():
-        try:
-            mode = ComputeMode(values.get(CanonicalField.COMPUTE_MODE, DEFAULT_MODE))
-            request = values.get(CanonicalField.REQUEST_MIB)
-            limit = values.get(CanonicalField.LIMIT_MIB)
-            pinned = values.get(CanonicalField.MPS_PINNED_MEM_LIMIT)
-            devices = annotations.get(nvidia_key(container, Field.DEVICES))
-            result[container] = CanonicalContainer(
-                container=container,
-                mode=mode,
-                request_mib=int(request) if request else None,
-                limit_mib=int(limit) if limit else None,
-                pinned_mem_limit_mib=parse_pinned_mem_limit(pinned) if pinned else {},
-                devices=parse_devices(devices) if devices else (),
-            )
-        except ValueError:
-            continue
-    return result
 
 
 def is_container_name(name: str) -> bool:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from decimal import Decimal, DecimalException
 
-MIB = 1 << 20
-
 _BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60}
 _DECIMAL = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
             "k": Decimal("1e3"), "M": Decimal("1e6"), "G": Decimal("1e9"), "T": Decimal("1e12"),
@@ -60,9 +58,3 @@ def decimals_after_point(text: str) -> int:
     value = parse_decimal(text)
     exponent = value.normalize().as_tuple().exponent
     return max(0, -int(exponent)) if isinstance(exponent, int) else 0
-
-
-def bytes_to_mib_ceil(value: Decimal) -> int:
-    """Whole MiB, rounded up so a limit is never tightened below what was asked (`1000M` -> 954)."""
-    whole = int(value // MIB)
-    return whole + (1 if value % MIB else 0)

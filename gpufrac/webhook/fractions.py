@@ -1,6 +1,6 @@
 """From a pod's annotations to what each of its containers asked for: one typed value per fractional container.
 
-Pure. Every rule about the values themselves lives here (DESIGN §2 "Validation"), so the mutating and the
+Pure. Every rule about the values themselves lives here (docs/architecture.md, "One review"), so the mutating and the
 validating webhook judge a pod the same way. Rules about who may change what live in `validation.py`.
 """
 
@@ -13,10 +13,9 @@ from typing import Any
 
 from gpufrac.core import annotations as ann
 from gpufrac.core.annotations import ComputeMode, Field
+from gpufrac.core.contract import MIB, mib_ceil
 from gpufrac.core.quantity import (
-    MIB,
     QuantityError,
-    bytes_to_mib_ceil,
     decimals_after_point,
     has_unit,
     parse_decimal,
@@ -26,7 +25,7 @@ from gpufrac.webhook import pod as podview
 from gpufrac.webhook.errors import Violation, annotation
 
 MAX_DEVICES = 64  # one MPS pinned-memory entry per device; no node has more, and it bounds hostile input
-MAX_MIB = 1 << 40  # a petabyte per device: beyond any GPU, and keeps every number small
+MAX_MIB = 1 << 40  # an exbibyte per device: beyond any GPU, and keeps every number small
 _PORTION_DIGITS = 5  # KAI rejects portion limits with more digits after the point
 _LISTED_CONTAINERS = 10  # a denial lists the pod's containers, but not thousands of them
 _POSITIVE_INTEGER = re.compile(r"^[0-9]{1,15}$")
@@ -102,7 +101,7 @@ def _memory_mib(key: str, value: str, out: list[Violation]) -> int | None:
     if amount > MAX_MIB * MIB:
         out.append(annotation(key, value, "is larger than any GPU; use a quantity such as 40Gi"))
         return None
-    return bytes_to_mib_ceil(amount)
+    return mib_ceil(amount)
 
 
 def _fraction(key: str, value: str, out: list[Violation]) -> Decimal | None:

@@ -11,19 +11,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufrac.core import annotations as ann
-from gpufrac.core.annotations import CanonicalField, ComputeMode, Field, LimitEnv
+from gpufrac.core.annotations import CanonicalField, ComputeMode, Field
+from gpufrac.core.contract import (
+    ENFORCING,
+    FRACTIONAL_LABEL,
+    FRACTIONAL_VALUE,
+    NO_GPU,
+    CanonicalFraction,
+    LimitEnv,
+    enforcement_label,
+    pinned_limits,
+    write_canonical,
+)
 from gpufrac.webhook import pod as podview
 from gpufrac.webhook.errors import BadReviewError, show_value
 from gpufrac.webhook.fractions import PodFractions
 from gpufrac.webhook.patch import working_copy
 from gpufrac.webhook.policy import Policy
-
-ENFORCEMENT_LABEL_PREFIX = "gpufrac.io/enforcement."
-ENFORCING_VALUES = ("driver", "mps")
-NO_GPU = "void"  # NVIDIA_VISIBLE_DEVICES for containers of a fractional pod that get no GPU
-NO_GPU_VALUES = ("void", "none")
-# Env names only the fractional containers carry, as the webhook sets them.
-LIMIT_ENV_PREFIXES = ("CUDA_MPS_", "NVIDIA_GPU_MEMORY_")
 
 
 @dataclass
@@ -32,17 +36,17 @@ class Mutation:
     warnings: list[str] = field(default_factory=list)
 
 
+def canonical_fractions(fractions: PodFractions) -> list[CanonicalFraction]:
+    """What the node reads of each container. Devices stay the user's or the scheduler's key: none here."""
+    return [CanonicalFraction(c.container, c.mode, c.memory.request_mib, c.memory.limit_mib,
+                              pinned_limits(c.memory.limit_mib, c.num_devices))
+            if c.memory is not None else CanonicalFraction(c.container, c.mode, None, None)
+            for c in fractions.containers.values()]
+
+
 def canonical_annotations(fractions: PodFractions) -> dict[str, str]:
     """The `gpufrac.io/` annotations a pod with these fractions must carry, and nothing else."""
-    result: dict[str, str] = {}
-    for c in fractions.containers.values():
-        result[ann.canonical_key(c.container, CanonicalField.COMPUTE_MODE)] = str(c.mode)
-        if c.memory is not None:
-            result[ann.canonical_key(c.container, CanonicalField.REQUEST_MIB)] = str(c.memory.request_mib)
-            result[ann.canonical_key(c.container, CanonicalField.LIMIT_MIB)] = str(c.memory.limit_mib)
-            result[ann.canonical_key(c.container, CanonicalField.MPS_PINNED_MEM_LIMIT)] = \
-                ann.format_pinned_mem_limit(c.memory.limit_mib, c.num_devices)
-    return result
+    return write_canonical(canonical_fractions(fractions))
 
 
 def volume_name(mode: ComputeMode) -> str:
@@ -115,7 +119,7 @@ def _upsert_by_name(items: list[dict[str, Any]], wanted: dict[str, Any]) -> bool
 
 
 def _require_enforcing_node(obj: dict[str, Any], mode: ComputeMode) -> None:
-    expression = {"key": f"{ENFORCEMENT_LABEL_PREFIX}{mode}", "operator": "In", "values": list(ENFORCING_VALUES)}
+    expression = {"key": enforcement_label(mode), "operator": "In", "values": [str(v) for v in ENFORCING]}
     affinity = podview.child_object(podview.child_object(obj, "spec", "object"), "affinity", "object.spec")
     node_affinity = podview.child_object(affinity, "nodeAffinity", "spec.affinity")
     required = podview.child_object(node_affinity, "requiredDuringSchedulingIgnoredDuringExecution",
@@ -143,10 +147,10 @@ def mutate_create(obj: dict[str, Any], fractions: PodFractions, policy: Policy) 
         annotations.setdefault(key, value)
     _set_annotations(pod, canonical_annotations(fractions), ann.CANONICAL_PREFIX, result.warnings, True)
     labels = _string_map(pod, "labels")
-    if labels.get(ann.FRACTIONAL_LABEL, "true") != "true":
-        result.warnings.append(f"label {ann.FRACTIONAL_LABEL}: replaced {show_value(labels[ann.FRACTIONAL_LABEL])} "
-                               "with true")
-    labels[ann.FRACTIONAL_LABEL] = "true"
+    if labels.get(FRACTIONAL_LABEL, FRACTIONAL_VALUE) != FRACTIONAL_VALUE:
+        result.warnings.append(f"label {FRACTIONAL_LABEL}: replaced {show_value(labels[FRACTIONAL_LABEL])} "
+                               f"with {FRACTIONAL_VALUE}")
+    labels[FRACTIONAL_LABEL] = FRACTIONAL_VALUE
 
     modes = {c.mode for c in fractions.containers.values()}
     for ref in podview.containers(pod, podview.ContainerKind.CONTAINER, podview.ContainerKind.INIT):
@@ -154,8 +158,8 @@ def mutate_create(obj: dict[str, Any], fractions: PodFractions, policy: Policy) 
         fraction = fractions.containers.get(ref.name)
         if fraction is None:
             # Images such as CUDA's set NVIDIA_VISIBLE_DEVICES=all; a sidecar must not see the GPUs.
-            if not any(e.get("name") == "NVIDIA_VISIBLE_DEVICES" for e in env):
-                env.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": NO_GPU})
+            if not any(e.get("name") == LimitEnv.VISIBLE_DEVICES for e in env):
+                env.append({"name": LimitEnv.VISIBLE_DEVICES, "value": NO_GPU})
             continue
         for wanted in injected_env(ref.name, fraction.mode, policy):
             if _upsert_by_name(env, wanted):
@@ -190,6 +194,6 @@ def mutate_ephemeral(obj: dict[str, Any], fractions: PodFractions) -> Mutation:
         return result
     for ref in podview.containers(result.obj, podview.ContainerKind.EPHEMERAL):
         env = ref.spec["env"] = podview.env(ref)
-        if not any(e.get("name") == "NVIDIA_VISIBLE_DEVICES" for e in env):
-            env.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": NO_GPU})
+        if not any(e.get("name") == LimitEnv.VISIBLE_DEVICES for e in env):
+            env.append({"name": LimitEnv.VISIBLE_DEVICES, "value": NO_GPU})
     return result

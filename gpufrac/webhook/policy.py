@@ -4,15 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 
-from gpufrac.core.annotations import DEFAULT_MPS_ROOT, ComputeMode
-
-DEFAULT_SCHEDULER_USERS = ("system:serviceaccount:kai-scheduler:binder",)
-
-
-def _default_mps_dirs() -> Mapping[ComputeMode, str]:
-    return MappingProxyType({mode: f"{DEFAULT_MPS_ROOT}/{mode}" for mode in ComputeMode})
+from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.contract import DEFAULT_MPS_ROOT, DEFAULT_SCHEDULER_USER, mps_pipe_dirs
 
 
 @dataclass(frozen=True)
@@ -23,12 +17,16 @@ class UserInfo:
 
 @dataclass(frozen=True)
 class Policy:
-    scheduler_users: frozenset[str] = frozenset(DEFAULT_SCHEDULER_USERS)
+    scheduler_users: frozenset[str] = frozenset({DEFAULT_SCHEDULER_USER})
     scheduler_groups: frozenset[str] = frozenset()
-    # Host directory of each mode's MPS pipes; mounted at the same path in the container.
-    mps_dirs: Mapping[ComputeMode, str] = field(default_factory=_default_mps_dirs)
+    # Host directory holding each mode's MPS pipe directory (the agent's --mps-root); mounted at the same path.
+    mps_root: str = DEFAULT_MPS_ROOT
+    mps_dirs: Mapping[ComputeMode, str] = field(init=False, repr=False, compare=False)
     # Add a required node affinity on `gpufrac.io/enforcement.<mode>` so fractions only land where enforced.
     require_enforcing_node: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mps_dirs", mps_pipe_dirs(self.mps_root))  # derived once: read per container
 
     def is_scheduler(self, user: UserInfo) -> bool:
         return user.username in self.scheduler_users or any(g in self.scheduler_groups for g in user.groups)

@@ -11,12 +11,11 @@ from typing import Any
 
 from gpufrac.core import annotations as ann
 from gpufrac.core.annotations import Field
+from gpufrac.core.contract import FRACTIONAL_LABEL, FRACTIONAL_VALUE, LIMIT_ENV_PREFIXES, NO_GPU_VALUES, LimitEnv
 from gpufrac.webhook import pod as podview
 from gpufrac.webhook.errors import Violation, annotation
 from gpufrac.webhook.fractions import PodFractions, resolve
 from gpufrac.webhook.mutation import (
-    LIMIT_ENV_PREFIXES,
-    NO_GPU_VALUES,
     canonical_annotations,
     injected_env,
     injected_mount,
@@ -76,9 +75,9 @@ def _authorship(old: dict[str, Any] | None, new: dict[str, Any], user: UserInfo,
                 out.append(annotation(key, new_keys[key], f"cannot be added by {user.username or 'this user'}: {who}"))
         elif old_keys[key] != new_keys[key]:
             out.append(annotation(key, new_keys[key], f"was changed from {old_keys[key]}; {_IMMUTABLE}"))
-    old_label = podview.labels(old).get(ann.FRACTIONAL_LABEL)
-    if old_label is not None and podview.labels(new).get(ann.FRACTIONAL_LABEL) != old_label:
-        out.append(Violation(f"label {ann.FRACTIONAL_LABEL}", "is set by gpufrac and cannot be changed or removed"))
+    old_label = podview.labels(old).get(FRACTIONAL_LABEL)
+    if old_label is not None and podview.labels(new).get(FRACTIONAL_LABEL) != old_label:
+        out.append(Violation(f"label {FRACTIONAL_LABEL}", "is set by gpufrac and cannot be changed or removed"))
     return out
 
 
@@ -102,12 +101,12 @@ def _webhook_output(obj: dict[str, Any], fractions: PodFractions) -> list[Violat
             if key not in actual:
                 problem += ", but it is missing"
             out.append(annotation(key, actual.get(key), problem + " (only the gpufrac webhook writes them)"))
-    label = podview.labels(obj).get(ann.FRACTIONAL_LABEL)
-    if fractions.is_fractional and label != "true":
-        out.append(Violation(f"label {ann.FRACTIONAL_LABEL}", "must be true on a pod with GPU fractions (the node "
-                             "agent finds them by it); it is set by the gpufrac mutating webhook"))
+    label = podview.labels(obj).get(FRACTIONAL_LABEL)
+    if fractions.is_fractional and label != FRACTIONAL_VALUE:
+        out.append(Violation(f"label {FRACTIONAL_LABEL}", f"must be {FRACTIONAL_VALUE} on a pod with GPU fractions "
+                             "(the node agent finds them by it); it is set by the gpufrac mutating webhook"))
     elif not fractions.is_fractional and label is not None:
-        out.append(Violation(f"label {ann.FRACTIONAL_LABEL}", "is only for pods with GPU fractions; remove it"))
+        out.append(Violation(f"label {FRACTIONAL_LABEL}", "is only for pods with GPU fractions; remove it"))
     return out
 
 
@@ -191,8 +190,8 @@ def _boundaries(obj: dict[str, Any], fractions: PodFractions, policy: Policy) ->
             continue
         for entry in podview.env(ref):
             name = entry["name"]
-            if name == "NVIDIA_VISIBLE_DEVICES" and entry.get("value") not in NO_GPU_VALUES:
-                out.append(Violation(where, "sets NVIDIA_VISIBLE_DEVICES in a pod with GPU fractions; only "
+            if name == LimitEnv.VISIBLE_DEVICES and entry.get("value") not in NO_GPU_VALUES:
+                out.append(Violation(where, f"sets {LimitEnv.VISIBLE_DEVICES} in a pod with GPU fractions; only "
                                             f"{' or '.join(NO_GPU_VALUES)} is allowed outside the fractional "
                                             f"containers ({', '.join(sorted(fractions.names()))})",))
             elif name.startswith(LIMIT_ENV_PREFIXES):
@@ -226,8 +225,8 @@ def validate_status(obj: dict[str, Any], old: dict[str, Any]) -> list[Violation]
     before, after = guarded(old), guarded(obj)
     out = [annotation(key, after.get(key, before.get(key)), "cannot be changed through pods/status")
            for key in sorted(before.keys() | after.keys()) if before.get(key) != after.get(key)]
-    if podview.labels(old).get(ann.FRACTIONAL_LABEL) != podview.labels(obj).get(ann.FRACTIONAL_LABEL):
-        out.append(Violation(f"label {ann.FRACTIONAL_LABEL}", "cannot be changed through pods/status"))
+    if podview.labels(old).get(FRACTIONAL_LABEL) != podview.labels(obj).get(FRACTIONAL_LABEL):
+        out.append(Violation(f"label {FRACTIONAL_LABEL}", "cannot be changed through pods/status"))
     return out
 
 

@@ -7,9 +7,21 @@ from pathlib import Path
 from typing import Any
 
 from gpufrac.agent.agent import AgentConfig
-from gpufrac.agent.model import MIB, FractionalContainer, GpuInfo
+from gpufrac.agent.model import FractionalContainer, GpuInfo
 from gpufrac.agent.supervisor import RestartPolicy
-from gpufrac.core.annotations import CanonicalContainer, ComputeMode, parse_pinned_mem_limit
+from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.contract import (
+    DEFAULT_MPS_ROOT,
+    FRACTIONAL_LABEL,
+    FRACTIONAL_VALUE,
+    MIB,
+    CanonicalFraction,
+    LimitEnv,
+    format_pinned_mem_limit,
+    mps_pipe_dir,
+    pinned_limits,
+    write_canonical,
+)
 from tests.fakes.build import fake_nvml_library
 from tests.fakes.state import H200_MIB, ProcRoot
 
@@ -42,25 +54,30 @@ def container(name: str = "app", *, pod: str = "p1", namespace: str = "team-a", 
               container_id: str | None = None, mode: ComputeMode = ComputeMode.TIME_SLICING,
               request_mib: int | None = 2048, limit_mib: int | None = 4096,
               devices: tuple[str, ...] = (UUID_A,)) -> FractionalContainer:
-    pinned = parse_pinned_mem_limit(",".join(f"{i}={limit_mib}M" for i in range(len(devices)))) \
-        if limit_mib and devices else {}
     return FractionalContainer(namespace, pod, uid, name, container_id or cid(1),
-                               CanonicalContainer(name, mode, request_mib, limit_mib, pinned, devices))
+                               fraction(name, request_mib=request_mib, limit_mib=limit_mib, devices=devices,
+                                        mode=mode))
 
 
-def injected_env(c: FractionalContainer, mps_root: str = "/run/gpufrac/mps") -> dict[str, str]:
-    """What the webhook would inject into this container."""
+def fraction(name: str, *, request_mib: int | None, limit_mib: int | None, devices: tuple[str, ...] | list[str],
+             mode: ComputeMode | str = ComputeMode.TIME_SLICING) -> CanonicalFraction:
+    """One container's fraction as the webhook writes it: the same limit pinned on each device."""
+    pinned = pinned_limits(limit_mib, len(devices)) if limit_mib and devices else {}
+    return CanonicalFraction(name, ComputeMode(mode), request_mib, limit_mib, pinned, tuple(devices))
+
+
+def injected_env(c: FractionalContainer, mps_root: str = DEFAULT_MPS_ROOT) -> dict[str, str]:
+    """The values the webhook's env gives this container's processes (the kubelet resolves its fieldRefs)."""
     spec = c.spec
-    env = {"CUDA_MPS_PIPE_DIRECTORY": f"{mps_root}/{spec.mode}", "PATH": "/usr/bin"}
+    env = {LimitEnv.PIPE_DIRECTORY.value: mps_pipe_dir(mps_root, spec.mode), "PATH": "/usr/bin"}
     if spec.limit_mib is not None:
-        env["NVIDIA_GPU_MEMORY_LIMIT"] = str(spec.limit_mib)
+        env[LimitEnv.MEMORY_LIMIT] = str(spec.limit_mib)
     if spec.request_mib is not None:
-        env["NVIDIA_GPU_MEMORY_REQUEST"] = str(spec.request_mib)
+        env[LimitEnv.MEMORY_REQUEST] = str(spec.request_mib)
     if spec.pinned_mem_limit_mib:
-        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
-            f"{i}={m}M" for i, m in sorted(spec.pinned_mem_limit_mib.items()))
+        env[LimitEnv.PINNED_MEM_LIMIT] = format_pinned_mem_limit(spec.pinned_mem_limit_mib)
     if spec.devices:
-        env["NVIDIA_VISIBLE_DEVICES"] = ",".join(spec.devices)
+        env[LimitEnv.VISIBLE_DEVICES] = ",".join(spec.devices)
     return env
 
 
@@ -70,7 +87,7 @@ def pod(name: str, *, uid: str, containers: dict[str, str], annotations: dict[st
     """A pod as the API returns it; `containers` maps names to 64-hex container IDs."""
     return {
         "metadata": {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": "1",
-                     "labels": {"gpufrac.io/fractional": "true"}, "annotations": annotations},
+                     "labels": {FRACTIONAL_LABEL: FRACTIONAL_VALUE}, "annotations": annotations},
         "spec": {"nodeName": node, "containers": [{"name": n, "image": "cuda"} for n in containers]},
         "status": {"phase": "Running" if running else "Pending", "containerStatuses": [
             {"name": n, "containerID": f"{runtime}://{i}", "ready": running,
@@ -82,14 +99,9 @@ def pod(name: str, *, uid: str, containers: dict[str, str], annotations: dict[st
 
 def canonical_annotations(container_name: str, *, request_mib: int, limit_mib: int, devices: list[str],
                           mode: str = "time-slicing") -> dict[str, str]:
-    p = f"gpufrac.io/container.{container_name}."
-    return {
-        f"{p}gpu-memory.request-mib": str(request_mib),
-        f"{p}gpu-memory.limit-mib": str(limit_mib),
-        f"{p}mps-pinned-mem-limit": ",".join(f"{i}={limit_mib}M" for i in range(len(devices))),
-        f"{p}compute-mode": mode,
-        f"nvidia.com/container.{container_name}.gpus.devices": ",".join(devices),
-    }
+    """A pod's annotations for one fractional container, from the contract's own writer."""
+    return write_canonical([fraction(container_name, request_mib=request_mib, limit_mib=limit_mib, devices=devices,
+                                     mode=mode)])
 
 
 class FakeKube:

@@ -6,7 +6,7 @@ import pytest
 
 from gpufrac.agent.audit import AttributedProcess, attribute, audit, device_assigned, usage
 from gpufrac.agent.errors import ProcReadError
-from gpufrac.agent.model import MIB, GpuProcess, ViolationKind
+from gpufrac.agent.model import GpuProcess, ViolationKind
 from gpufrac.agent.pods import fractional_containers, index_by_container_id
 from gpufrac.agent.procfs import (
     container_ids_in_cgroup,
@@ -16,6 +16,7 @@ from gpufrac.agent.procfs import (
     read_memory_limit,
 )
 from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.contract import MIB
 from tests.agent.helpers import (
     UUID_A,
     UUID_B,
@@ -93,7 +94,7 @@ def test_fractional_containers_from_pod():
 def test_attribution_through_proc_root(tmp_path):
     root = ProcRoot(tmp_path / "proc")
     ann = canonical_annotations("app", request_mib=2048, limit_mib=4096, devices=[UUID_A])
-    containers = index_by_container_id([pod("p", uid="u1", containers={"app": cid(1)}, annotations=ann)])
+    containers = index_by_container_id([pod("p", uid="u1", containers={"app": cid(1)}, annotations=ann)]).by_id
     root.add(100, cid(1), {}, form="v2-crio-systemd")
     root.add(101, cid(9), {})  # some other container: not fractional
     cgroups = {pid: read_cgroup(root.root, pid) for pid in (100, 101)}
@@ -200,3 +201,12 @@ def test_normalized_utilization_is_capped():
     small = container(request_mib=1024, limit_mib=1024)
     [s] = usage([attributed(small, used_mib=10, sm=90)], [small], GPUS)
     assert s.sm_util == 90 and s.sm_util_normalized == 100
+
+
+def test_a_container_whose_canonical_values_do_not_parse_is_counted_not_dropped_silently():
+    good = canonical_annotations("app", request_mib=2048, limit_mib=4096, devices=[UUID_A])
+    broken = {**good, "gpufrac.io/container.app.gpu-memory.limit-mib": "4Gi"}
+    index = index_by_container_id([pod("p", uid="u1", containers={"app": cid(1)}, annotations=good),
+                                   pod("q", uid="u2", containers={"app": cid(2)}, annotations=broken)])
+    assert set(index.by_id) == {cid(1)}
+    assert index.unreadable == 1

@@ -24,10 +24,9 @@ from gpufrac.agent.nvml import NvmlSource
 from gpufrac.agent.serve import AgentHttpServer
 from gpufrac.agent.supervisor import RestartPolicy
 from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.contract import MIB
 from tests.agent.helpers import UUID_A, UUID_B, FakeKube, cid, two_pod_node
 from tests.agent.test_agent_loop import env_for, scrape, value
-
-MIB = 1024 * 1024
 
 
 def wait_for(predicate, timeout: float = 20.0, what: str = "condition"):

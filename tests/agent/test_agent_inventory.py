@@ -6,9 +6,10 @@ import pytest
 
 from gpufrac.agent import capabilities
 from gpufrac.agent.errors import NvmlError
-from gpufrac.agent.model import DaemonState, DaemonStatus, Enforcement, Inventory
+from gpufrac.agent.model import DaemonState, DaemonStatus, Inventory
 from gpufrac.agent.nvml import NvmlSource
 from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.contract import Enforcement
 from tests.agent.helpers import UUID_A, UUID_B, gpu_info
 
 TS, SM = ComputeMode.TIME_SLICING, ComputeMode.SM_SHARING

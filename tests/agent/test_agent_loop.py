@@ -18,9 +18,8 @@ from gpufrac.agent.nvml import NvmlSource
 from gpufrac.agent.serve import AgentHttpServer
 from gpufrac.agent.supervisor import RestartPolicy
 from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.contract import MIB
 from tests.agent.helpers import UUID_A, UUID_B, cid, two_pod_node
-
-MIB = 1024 * 1024
 
 
 def scrape(metrics: AgentMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -143,6 +142,16 @@ def test_usage_metrics_per_fraction(world):
     agent.pods.relist()
     agent.tick()
     assert value(m, "gpufrac_container_gpu_memory_used_bytes", **infer) is None
+
+
+def test_a_pod_whose_canonical_values_do_not_parse_is_counted(world):
+    agent = world.make_agent()
+    agent.tick()
+    assert value(agent.metrics, "gpufrac_unreadable_canonical_containers") == 0
+    world.kube.pods[1]["metadata"]["annotations"]["gpufrac.io/container.worker.gpu-memory.limit-mib"] = "16Gi"
+    agent.pods.relist()
+    agent.tick()
+    assert value(agent.metrics, "gpufrac_unreadable_canonical_containers") == 1
 
 
 def test_over_limit_becomes_one_event_even_across_agent_restarts(world):

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from gpufrac.core import annotations as ann
 from gpufrac.core.annotations import CanonicalField, Field
+from gpufrac.core.contract import FRACTIONAL_LABEL
 
 BINDER = "system:serviceaccount:kai-scheduler:binder"
 FUZZ_EXAMPLES = int(os.environ.get("GPUFRAC_FUZZ_EXAMPLES") or 0)
@@ -239,7 +240,7 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": "p", "namespace": "team-a",
                                 "annotations": draw(annotations(names + init_names))}
     if draw(st.integers(0, 4)) == 0:
-        metadata["labels"] = {ann.FRACTIONAL_LABEL: draw(st.sampled_from(["true", "false", ""]))}
+        metadata["labels"] = {FRACTIONAL_LABEL: draw(st.sampled_from(["true", "false", ""]))}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 

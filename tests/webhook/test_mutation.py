@@ -6,7 +6,6 @@ import jsonpatch
 import kubernetes_validate
 import pytest
 
-from gpufrac.core.annotations import ComputeMode
 from gpufrac.webhook import admission
 from gpufrac.webhook.policy import Policy
 from tests.webhook.builders import BINDER, INFERENCE, NOTEBOOK, POLICY, pod, review
@@ -159,10 +158,10 @@ def test_required_node_affinity_is_added_to_every_term():
 
 
 def test_mps_directories_are_configurable():
-    policy = Policy(mps_dirs={ComputeMode.TIME_SLICING: "/var/mps/ts", ComputeMode.SM_SHARING: "/var/mps/sm"})
+    policy = Policy(mps_root="/var/mps")
     final, _ = mutated(pod(INFERENCE), policy)
-    assert env_of(final["spec"]["containers"][0])["CUDA_MPS_PIPE_DIRECTORY"]["value"] == "/var/mps/sm"
-    assert final["spec"]["volumes"][0]["hostPath"]["path"] == "/var/mps/sm"
+    assert env_of(final["spec"]["containers"][0])["CUDA_MPS_PIPE_DIRECTORY"]["value"] == "/var/mps/sm-sharing"
+    assert final["spec"]["volumes"][0]["hostPath"]["path"] == "/var/mps/sm-sharing"
 
 
 def test_debug_containers_added_to_a_fractional_pod_get_no_gpu():

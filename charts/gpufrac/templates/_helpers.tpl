@@ -212,3 +212,9 @@ annotations:
   cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "gpufrac.certs.servingCertificateName" .) }}
 {{- end }}
 {{- end }}
+
+{{/* One mode's MPS pipe directory, <mps.root>/<mode>: the layout gpufrac.core.contract.mps_pipe_dir defines, and
+the only place the chart spells it. Call with (list . "<mode>"). */}}
+{{- define "gpufrac.mpsPipeDir" -}}
+{{- printf "%s/%s" (trimSuffix "/" (index . 0).Values.mps.root) (index . 1) -}}
+{{- end }}

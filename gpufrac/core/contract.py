@@ -1,0 +1,271 @@
+"""The webhook-agent contract: everything the webhook writes into a pod or the node and the agent reads back.
+
+One owner for each piece, so the two programs cannot drift apart:
+
+- the MPS pipe-directory layout (`<mps root>/<mode>`, with the daemon's `control` socket in it);
+- the node's enforcement labels (`gpufrac.io/enforcement.<mode>` = driver | mps | none) and the pods' fractional
+  label;
+- the env names injected into each fractional container (`LimitEnv`), and the values a container with no GPU gets;
+- the MPS pinned-memory limit format (`0=4096M,1=4096M`);
+- MiB, the unit of every canonical value, and its rounding;
+- the canonical annotations themselves: `write_canonical` and `read_canonical` are inverse;
+- who the scheduler is by default (the identity allowed to write bind-time values).
+
+Pure: no I/O besides logging. See docs/architecture.md, "The contract".
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from enum import StrEnum
+from types import MappingProxyType
+from typing import TypeVar
+
+from gpufrac.core.annotations import (
+    CANONICAL_PREFIX,
+    DEFAULT_MODE,
+    CanonicalField,
+    ComputeMode,
+    Field,
+    MalformedKeyError,
+    canonical_key,
+    nvidia_key,
+    parse_container_key,
+    parse_devices,
+)
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+# ---- MiB: every memory value in the contract is whole MiB ----
+
+MIB = 1 << 20
+
+
+def mib_ceil(value: int | Decimal) -> int:
+    """Whole MiB, rounded up so a limit is never tightened below what was asked (`1000M` -> 954)."""
+    whole = int(value // MIB)
+    return whole + (1 if value % MIB else 0)
+
+
+def mib_floor(value: int) -> int:
+    """Whole MiB, rounded down: what a device really has (a GPU's total memory is not rounded up)."""
+    return value // MIB
+
+
+# ---- the MPS pipe directories ----
+
+DEFAULT_MPS_ROOT = "/run/gpufrac/mps"
+MPS_CONTROL_SOCKET = "control"  # what `nvidia-cuda-mps-control -d/-f` creates in its pipe directory
+
+
+def mps_pipe_dir(root: str, mode: ComputeMode) -> str:
+    """The pipe directory of one mode's MPS daemon: what the agent serves and the webhook mounts and injects."""
+    return posixpath.join(root, str(mode))
+
+
+def mps_pipe_dirs(root: str = DEFAULT_MPS_ROOT) -> Mapping[ComputeMode, str]:
+    return MappingProxyType({mode: mps_pipe_dir(root, mode) for mode in ComputeMode})
+
+
+def pipe_dir_mode(path: str) -> ComputeMode | None:
+    """The mode whose pipe directory this is (by its last component), None if it is no mode's."""
+    name = posixpath.basename(path.rstrip("/"))
+    return ComputeMode(name) if name in tuple(ComputeMode) else None
+
+
+# ---- labels ----
+
+FRACTIONAL_LABEL = "gpufrac.io/fractional"  # on every pod the webhook made fractional; the agent watches these
+FRACTIONAL_VALUE = "true"
+ENFORCEMENT_LABEL_PREFIX = "gpufrac.io/enforcement."
+
+
+class Enforcement(StrEnum):
+    """How a node enforces a compute mode's memory fractions: the value of `enforcement_label(mode)`."""
+
+    DRIVER = "driver"  # CUDA 13.4 / r615+ memory limits (toolkit hook + driver), MPS v3 memacct
+    MPS = "mps"  # legacy MPS pinned device memory limits, served by a healthy MPS daemon
+    NONE = "none"  # not enforced on this node
+
+
+ENFORCING = (Enforcement.DRIVER, Enforcement.MPS)  # the values a pod may require (`requireEnforcingNode`)
+
+
+def enforcement_label(mode: ComputeMode) -> str:
+    return f"{ENFORCEMENT_LABEL_PREFIX}{mode}"
+
+
+# ---- the injected env ----
+
+
+class LimitEnv(StrEnum):
+    """Env vars the webhook injects into each fractional container, and the agent checks its processes carry."""
+
+    VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+    MEMORY_REQUEST = "NVIDIA_GPU_MEMORY_REQUEST"
+    MEMORY_LIMIT = "NVIDIA_GPU_MEMORY_LIMIT"
+    PINNED_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+    PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
+
+
+NO_GPU = "void"  # NVIDIA_VISIBLE_DEVICES of the containers of a fractional pod that get no GPU
+NO_GPU_VALUES = ("void", "none")  # what the NVIDIA runtime reads as "no GPU"
+# Env names only the fractional containers may carry, as the webhook sets them.
+LIMIT_ENV_PREFIXES = ("CUDA_MPS_", "NVIDIA_GPU_MEMORY_")
+
+# ---- the scheduler ----
+
+DEFAULT_SCHEDULER_USER = "system:serviceaccount:kai-scheduler:binder"  # KAI's binder, which writes bind-time values
+
+# ---- the MPS pinned device memory limit ----
+
+_PINNED_ENTRY = re.compile(r"^([0-9]{1,3})=([0-9]{1,9})M$")
+
+
+def pinned_limits(limit_mib: int, num_devices: int) -> dict[int, int]:
+    """The same limit on each device the client sees, by device index (as CUDA numbers them, from 0)."""
+    return dict.fromkeys(range(num_devices), limit_mib)
+
+
+def format_pinned_mem_limit(limits: Mapping[int, int]) -> str:
+    """CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: device index -> MiB, `0=61440M,1=61440M`."""
+    return ",".join(f"{index}={mib}M" for index, mib in sorted(limits.items()))
+
+
+def parse_pinned_mem_limit(text: str) -> dict[int, int]:
+    """Device index -> MiB, from the value format_pinned_mem_limit writes; ValueError for anything else."""
+    limits: dict[int, int] = {}
+    for entry in text.split(","):
+        match = _PINNED_ENTRY.fullmatch(entry.strip())
+        if match is None:
+            raise ValueError(f"not an MPS pinned memory limit entry: {entry!r}")
+        limits[int(match[1])] = int(match[2])
+    return limits
+
+
+# ---- the canonical annotations ----
+
+
+@dataclass(frozen=True)
+class CanonicalFraction:
+    """One container's fraction as the node sees it: what the webhook wrote under `gpufrac.io/container.<c>.`,
+    plus the devices the scheduler assigned (`nvidia.com/container.<c>.gpus.devices`).
+
+    Request and limit are None for a portion pod before its bind; devices are () until the scheduler writes them.
+    """
+
+    container: str
+    mode: ComputeMode
+    request_mib: int | None
+    limit_mib: int | None
+    pinned_mem_limit_mib: Mapping[int, int] = field(default_factory=dict)
+    devices: tuple[str, ...] = ()
+
+
+def write_canonical(fractions: Iterable[CanonicalFraction]) -> dict[str, str]:
+    """The annotations that carry these fractions. Devices are written only where a fraction has them: the webhook
+    leaves that key to the user or the scheduler, who own it; its fractions carry none."""
+    result: dict[str, str] = {}
+    for f in fractions:
+        result[canonical_key(f.container, CanonicalField.COMPUTE_MODE)] = str(f.mode)
+        if f.request_mib is not None:
+            result[canonical_key(f.container, CanonicalField.REQUEST_MIB)] = str(f.request_mib)
+        if f.limit_mib is not None:
+            result[canonical_key(f.container, CanonicalField.LIMIT_MIB)] = str(f.limit_mib)
+        if f.pinned_mem_limit_mib:
+            result[canonical_key(f.container, CanonicalField.MPS_PINNED_MEM_LIMIT)] = \
+                format_pinned_mem_limit(f.pinned_mem_limit_mib)
+        if f.devices:
+            result[nvidia_key(f.container, Field.DEVICES)] = ",".join(f.devices)
+    return result
+
+
+@dataclass(frozen=True)
+class UnreadableCanonical:
+    """A canonical annotation that does not parse; its container (when the key names one) is left out."""
+
+    key: str
+    value: str
+    reason: str
+    container: str | None
+
+
+@dataclass(frozen=True)
+class CanonicalRead:
+    fractions: dict[str, CanonicalFraction]
+    unreadable: tuple[UnreadableCanonical, ...] = ()
+
+
+_MIB_VALUE = re.compile(r"^[0-9]{1,15}$")
+
+
+def _mib_value(text: str) -> int:
+    if not _MIB_VALUE.fullmatch(text):
+        raise ValueError("expected whole MiB, such as 4096")
+    return int(text)
+
+
+def _parsed(key: str, text: str, parse: Callable[[str], _T]) -> _T:
+    try:
+        return parse(text)
+    except ValueError as err:
+        raise _FieldError(key, text, str(err) or "not valid") from err
+
+
+def _read_one(container: str, values: Mapping[str, str], devices: str | None) -> CanonicalFraction:
+    """One container's fraction; _FieldError naming the key whose value does not parse."""
+    def value(which: CanonicalField, parse: Callable[[str], _T], absent: _T) -> _T:
+        text = values.get(which)
+        return absent if text is None else _parsed(canonical_key(container, which), text, parse)
+
+    return CanonicalFraction(
+        container=container,
+        mode=value(CanonicalField.COMPUTE_MODE, ComputeMode, DEFAULT_MODE),
+        request_mib=value(CanonicalField.REQUEST_MIB, _mib_value, None),
+        limit_mib=value(CanonicalField.LIMIT_MIB, _mib_value, None),
+        pinned_mem_limit_mib=value(CanonicalField.MPS_PINNED_MEM_LIMIT, parse_pinned_mem_limit, {}),
+        devices=_parsed(nvidia_key(container, Field.DEVICES), devices, parse_devices) if devices else (),
+    )
+
+
+class _FieldError(ValueError):
+    def __init__(self, key: str, value: str, reason: str) -> None:
+        super().__init__(reason)
+        self.key, self.value, self.reason = key, value, reason
+
+
+def read_canonical(annotations: Mapping[str, str]) -> CanonicalRead:
+    """The fractional containers of an admitted pod, by name: the inverse of `write_canonical`.
+
+    A container whose canonical values do not parse is left out of `fractions`, never silently: it is logged
+    and listed in `unreadable` (the agent exposes the count as a metric).
+    """
+    fields: dict[str, dict[str, str]] = {}
+    unreadable: list[UnreadableCanonical] = []
+    for key, value in annotations.items():
+        if not key.startswith(CANONICAL_PREFIX):
+            continue
+        try:
+            parsed = parse_container_key(key)
+        except MalformedKeyError as err:
+            unreadable.append(UnreadableCanonical(key, value, err.accepted, None))
+            continue
+        if parsed is not None:
+            fields.setdefault(parsed.container, {})[parsed.suffix] = value
+    fractions: dict[str, CanonicalFraction] = {}
+    for container, values in fields.items():
+        try:
+            fractions[container] = _read_one(container, values, annotations.get(nvidia_key(container, Field.DEVICES)))
+        except _FieldError as err:
+            unreadable.append(UnreadableCanonical(err.key, err.value, err.reason, container))
+    for item in unreadable:
+        log.warning("canonical annotation %s=%r does not parse (%s): %s", item.key, item.value, item.reason,
+                    f"container {item.container} is not audited" if item.container else "ignored",
+                    extra={"annotation": item.key, "container": item.container})
+    return CanonicalRead(fractions, tuple(unreadable))

@@ -1,0 +1,96 @@
+"""The webhook-agent contract: what the webhook writes is what the agent reads, and nothing unreadable is lost."""
+
+from __future__ import annotations
+
+import logging
+import string
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpufrac.core.annotations import ComputeMode, max_container_name_length
+from gpufrac.core.contract import (
+    MIB,
+    CanonicalFraction,
+    format_pinned_mem_limit,
+    mib_ceil,
+    mps_pipe_dir,
+    parse_pinned_mem_limit,
+    pipe_dir_mode,
+    read_canonical,
+    write_canonical,
+)
+
+_NAME = st.from_regex(rf"\A[a-z0-9]([-a-z0-9]{{0,{max_container_name_length() - 2}}}[a-z0-9])?\Z")
+_MIB = st.integers(min_value=1, max_value=10**9 - 1)
+_DEVICE = st.one_of(
+    st.builds(lambda s: f"GPU-{s}", st.text(string.ascii_lowercase + string.digits + "-", min_size=1, max_size=36)),
+    st.integers(min_value=0, max_value=999).map(str),
+)
+
+
+@st.composite
+def fractions(draw: st.DrawFn) -> CanonicalFraction:
+    # Each part on its own: a portion pod before its bind has a mode and nothing else.
+    return CanonicalFraction(
+        draw(_NAME), draw(st.sampled_from(ComputeMode)), draw(st.none() | _MIB), draw(st.none() | _MIB),
+        draw(st.dictionaries(st.integers(0, 999), _MIB, max_size=8)),
+        tuple(draw(st.lists(_DEVICE, max_size=8, unique=True))))
+
+
+@given(st.lists(fractions(), max_size=4, unique_by=lambda f: f.container))
+def test_reading_what_was_written_gives_it_back(written: list[CanonicalFraction]) -> None:
+    read = read_canonical(write_canonical(written))
+    assert read.unreadable == ()
+    assert read.fractions == {f.container: f for f in written}
+
+
+@given(st.dictionaries(st.integers(0, 999), _MIB, min_size=1, max_size=16))
+def test_pinned_limits_round_trip(limits: dict[int, int]) -> None:
+    assert parse_pinned_mem_limit(format_pinned_mem_limit(limits)) == limits
+
+
+def test_the_pinned_limit_format_is_cudas() -> None:
+    assert format_pinned_mem_limit({1: 61440, 0: 61440}) == "0=61440M,1=61440M"
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("gpufrac.io/container.app.gpu-memory.limit-mib", "4Gi"),
+    ("gpufrac.io/container.app.gpu-memory.request-mib", ""),
+    ("gpufrac.io/container.app.compute-mode", "mps"),
+    ("gpufrac.io/container.app.mps-pinned-mem-limit", "0=4096"),
+    ("nvidia.com/container.app.gpus.devices", "GPU-a,,GPU-b"),
+])
+def test_a_container_whose_value_does_not_parse_is_logged_and_listed(key: str, value: str,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    good = CanonicalFraction("good", ComputeMode.SM_SHARING, 1024, 2048, {0: 2048}, ("GPU-b",))
+    annotations = write_canonical([CanonicalFraction("app", ComputeMode.TIME_SLICING, 1024, 4096, {0: 4096},
+                                                     ("GPU-a",)), good])
+    annotations[key] = value
+    with caplog.at_level(logging.WARNING, "gpufrac.core.contract"):
+        read = read_canonical(annotations)
+    assert read.fractions == {"good": good}
+    [unreadable] = read.unreadable
+    assert (unreadable.key, unreadable.value, unreadable.container) == (key, value, "app")
+    assert key in caplog.text and "container app is not audited" in caplog.text
+
+
+def test_a_malformed_canonical_key_is_listed_without_a_container() -> None:
+    read = read_canonical({"gpufrac.io/container.app.gpu-memory": "1"})
+    assert read.fractions == {}
+    assert [(u.key, u.container) for u in read.unreadable] == [("gpufrac.io/container.app.gpu-memory", None)]
+
+
+def test_mib_round_up_and_never_tighten() -> None:
+    assert mib_ceil(1000 * 1000 * 1000) == 954
+    assert mib_ceil(4 * MIB) == 4
+    assert mib_ceil(4 * MIB + 1) == 5
+
+
+@pytest.mark.parametrize("root", ["/run/gpufrac/mps", "/run/gpufrac/mps/"])
+def test_each_mode_has_its_pipe_directory_under_the_root(root: str) -> None:
+    for mode in ComputeMode:
+        assert mps_pipe_dir(root, mode) == f"/run/gpufrac/mps/{mode}"
+        assert pipe_dir_mode(mps_pipe_dir(root, mode)) is mode
+    assert pipe_dir_mode("/run/gpufrac/mps") is None
