@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -43,9 +44,15 @@ def _certs(args: argparse.Namespace) -> int:
 
 
 def _webhook(args: argparse.Namespace) -> int:
+    from gpufrac.core.bind import host_has_ipv6, resolve_bind
     from gpufrac.webhook.server import ServeOptions, serve
-    serve(_policy(args), ServeOptions(Path(args.certs), args.bind, args.workers, args.threads,
-                                      log_level=args.log_level), args.metrics_dir)
+
+    def bind(text: str) -> str:  # no host: every address of the pod's IP family
+        return resolve_bind(text, os.environ.get("POD_IP"), host_has_ipv6()) if text else ""
+
+    serve(_policy(args), ServeOptions(Path(args.certs), bind(args.bind), args.workers, args.threads,
+                                      log_level=args.log_level, metrics_bind=bind(args.metrics_bind)),
+          args.metrics_dir)
     return 0
 
 
@@ -95,7 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     webhook = commands.add_parser("webhook", help="serve the admission webhook over HTTPS")
     webhook.add_argument("--certs", required=True, help="directory with tls.crt and tls.key (re-read on rotation)")
-    webhook.add_argument("--bind", default="0.0.0.0:8443", metavar="HOST:PORT")
+    webhook.add_argument("--bind", default="0.0.0.0:8443", metavar="HOST:PORT",
+                         help="admission port (HTTPS); no host (:8443): every address of the pod's IP family")
+    webhook.add_argument("--metrics-bind", default="", metavar="HOST:PORT",
+                         help="plain-HTTP port serving /metrics (default: none; /metrics is on --bind too)")
     webhook.add_argument("--workers", type=int, default=2)
     webhook.add_argument("--threads", type=int, default=8)
     webhook.add_argument("--log-level", default="info")

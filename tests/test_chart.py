@@ -132,14 +132,15 @@ def test_the_mps_pipe_directories_come_from_one_value() -> None:
     host_paths = {v["hostPath"]["path"] for v in agent["spec"]["template"]["spec"]["volumes"] if "hostPath" in v}
     assert served <= host_paths
     assert set(Policy(mps_root=webhook_root[0]).mps_dirs.values()) == served
-    r = helm("template", "gpufrac", str(CHART), "--set", "mps.hostDirs.smSharing=/elsewhere", check=False)
+    r = helm("template", "gpufrac", str(CHART), "--namespace", NS, "--set", "mps.hostDirs.smSharing=/elsewhere",
+             check=False)
     assert r.returncode != 0, "the former per-mode values are gone"
 
 
 def test_kubernetes_older_than_1_30_is_refused() -> None:
-    result = helm("template", "gpufrac", str(CHART), "--kube-version", "1.29.0", check=False)
+    result = helm("template", "gpufrac", str(CHART), "--namespace", NS, "--kube-version", "1.29.0", check=False)
     assert result.returncode != 0 and "kubeVersion" in result.stderr
-    assert helm("template", "gpufrac", str(CHART), "--kube-version", "1.30.0").returncode == 0
+    assert helm("template", "gpufrac", str(CHART), "--namespace", NS, "--kube-version", "1.30.0").returncode == 0
 
 
 @pytest.mark.parametrize("mode", [[], CERT_MANAGER, URL_MODE], ids=["self-managed", "cert-manager", "url"])
@@ -206,9 +207,11 @@ def test_service_mode_client_config(default: list[dict[str, Any]]) -> None:
         # Filled by the rotation job (lookup finds no Secret under `helm template`).
         assert "caBundle" not in cc
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
-    (port,) = svc["spec"]["ports"]
-    assert port["port"] == 443 and port["targetPort"] == "https"
-    assert container(dep)["ports"][0] == {"name": "https", "containerPort": 8443, "protocol": "TCP"}
+    https, metrics = svc["spec"]["ports"]
+    assert https["port"] == 443 and https["targetPort"] == "https"
+    assert (metrics["name"], metrics["port"], metrics["targetPort"]) == ("metrics", 9476, "metrics")
+    assert container(dep)["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"},
+                                       {"name": "metrics", "containerPort": 9476, "protocol": "TCP"}]
 
 
 def test_url_mode_switches_client_config() -> None:
@@ -402,7 +405,8 @@ def test_webhook_container(default: list[dict[str, Any]]) -> None:
     assert c["command"] == ["gpufrac"]
     args = c["args"]
     assert args[0] == "webhook"
-    assert arg_value(args, "--certs") == ["/certs"] and arg_value(args, "--bind") == ["0.0.0.0:8443"]
+    assert arg_value(args, "--certs") == ["/certs"] and arg_value(args, "--bind") == [":8443"]
+    assert arg_value(args, "--metrics-bind") == [":9476"]
     assert arg_value(args, "--scheduler-user") == [DEFAULT_SCHEDULER_USER]
     assert arg_value(args, "--scheduler-group") == []
     assert arg_value(args, "--mps-root") == [DEFAULT_MPS_ROOT]
@@ -459,14 +463,11 @@ def test_agent_daemonset(default: list[dict[str, Any]]) -> None:
     c = container(ds)
     assert c["securityContext"]["privileged"] is True
     assert c["args"][:3] == ["agent", "--node", "$(NODE_NAME)"]
-    assert arg_value(c["args"], "--metrics-bind") == ["0.0.0.0:9400"]
+    assert arg_value(c["args"], "--metrics-bind") == [":9475"]
     assert arg_value(c["args"], "--mps-root") == [DEFAULT_MPS_ROOT]
     (node_env,) = [e for e in c["env"] if e["name"] == "NODE_NAME"]
     assert node_env["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in c["ports"]
-    required = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    gpu = {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}
-    assert gpu in required["nodeSelectorTerms"][0]["matchExpressions"]
+    assert {"name": "metrics", "containerPort": 9475, "protocol": "TCP"} in c["ports"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     host_paths = {v["hostPath"]["path"]: v["hostPath"]["type"] for v in spec["volumes"] if "hostPath" in v}
     assert host_paths == {

@@ -76,7 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the agent container's cgroup memory limit, checked against the MPS budget",
     )
     parser.add_argument(
-        "--metrics-bind", default="0.0.0.0:9400", help="HOST:PORT serving /metrics, /healthz and /readyz"
+        "--metrics-bind", default=":9475",
+        help="HOST:PORT serving /metrics, /healthz and /readyz; no host: every address of the pod's IP family"
     )
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between audits")
     parser.add_argument(
@@ -152,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = config_from_args(args)
-        metrics = AgentMetrics()
+        metrics = AgentMetrics(node=config.node)
         kube = KubeClient.from_config(args.kubeconfig)
         agent = Agent(config, kube, NvmlSource(), metrics)
         server = AgentHttpServer(args.metrics_bind, metrics.registry, agent.healthz, agent.readyz)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -9,21 +11,34 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from gpufrac.agent.errors import ConfigError
+from gpufrac.core.bind import host_has_ipv6, wildcard_host
 
 # (ok, text)
 Probe = Callable[[], tuple[bool, str]]
 
 
-def parse_bind(bind: str) -> tuple[str, int]:
+def parse_bind(bind: str, pod_ip: str | None = None) -> tuple[str, int]:
+    """HOST:PORT; an empty host (`:9475`) is the any-address of the pod's family (POD_IP, else the host's)."""
     host, sep, port = bind.rpartition(":")
     if not sep or not port.isdigit():
-        raise ConfigError(f"--metrics-bind {bind}: expected HOST:PORT, e.g. 0.0.0.0:9400")
-    return host.strip("[]") or "0.0.0.0", int(port)
+        raise ConfigError(f"--metrics-bind {bind}: expected HOST:PORT, e.g. :9475 or 0.0.0.0:9475")
+    return host.strip("[]") or wildcard_host(pod_ip, host_has_ipv6()), int(port)
+
+
+class _DualStackHTTPServer(ThreadingHTTPServer):
+    """An IPv6 listener; on `::` it takes IPv4 too (IPV6_V6ONLY off)."""
+
+    address_family = socket.AF_INET6
+
+    def server_bind(self) -> None:
+        if self.server_address[0] == "::":
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
 
 
 class AgentHttpServer:
     def __init__(self, bind: str, registry: CollectorRegistry, healthz: Probe, readyz: Probe) -> None:
-        host, port = parse_bind(bind)
+        host, port = parse_bind(bind, os.environ.get("POD_IP"))
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -47,7 +62,8 @@ class AgentHttpServer:
                 pass
 
         try:
-            self.server = ThreadingHTTPServer((host, port), Handler)
+            server_class = _DualStackHTTPServer if ":" in host else ThreadingHTTPServer
+            self.server = server_class((host, port), Handler)
         except OSError as err:
             raise ConfigError(f"--metrics-bind {bind}: {err.strerror or err}") from err
         self.server.daemon_threads = True

@@ -50,6 +50,7 @@ def create_app(policy: Policy) -> Flask:
             uid = review.uid
             outcome = decide(review, policy)
             result = "allowed" if outcome.allowed else "denied"
+            metrics.count_denials(endpoint, outcome.violations)
             return _json(build_response(uid, allowed=outcome.allowed, message=outcome.message,
                                         patch=outcome.patch, warnings=outcome.warnings))
         except BadReviewError as exc:

@@ -153,6 +153,8 @@ class ServeOptions:
     threads: int = 8
     graceful_timeout: int = 20
     log_level: str = "info"
+    # HOST:PORT of the plain-HTTP metrics listener (gpufrac.webhook.metrics_port); "" = none.
+    metrics_bind: str = ""
 
 
 def _log_config(level: str) -> dict[str, Any]:
@@ -207,6 +209,8 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
             # gunicorn's control socket defaults to one path per user, shared by every instance; we do not use it.
             "control_socket_disable": True,
         }
+        if o.metrics_bind:
+            settings["when_ready"] = _metrics_listener_starter(o.metrics_bind, o.certs_dir)
         for key, value in settings.items():
             self.cfg.set(key, value)
         gthread.DEFAULT_WORKER_DATA_TIMEOUT = IDLE_CONNECTION_WAIT_SECONDS  # gunicorn reads it per connection
@@ -214,6 +218,13 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
     def load(self) -> Any:
         from gpufrac.webhook.app import create_app
         return create_app(self.policy)
+
+
+def _metrics_listener_starter(bind: str, certs_dir: Path) -> Any:
+    def when_ready(_server: Any) -> None:  # in the master, once the admission port is bound
+        from gpufrac.webhook.metrics_port import MetricsListener
+        MetricsListener(bind, certs_dir).start()
+    return when_ready
 
 
 def prepare_metrics_dir() -> Path:

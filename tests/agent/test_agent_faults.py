@@ -101,7 +101,7 @@ def world(tmp_path: Path, fake_gpus, mps_binary):
     running: list[Running] = []
 
     def start(kube_sink=kube, **changes) -> Running:
-        r = Running(Agent(replace(config, **changes), kube_sink, NvmlSource(), AgentMetrics()))
+        r = Running(Agent(replace(config, **changes), kube_sink, NvmlSource(), AgentMetrics(node=config.node)))
         running.append(r)
         return r
 
@@ -160,7 +160,7 @@ def test_daemon_crash_loop_exhausts_its_budget_and_the_agent_keeps_serving(world
     assert code == 503 and "sm-sharing MPS daemon failed" in text
     # the pods are still audited
     assert value(m, "gpufrac_container_gpu_memory_used_bytes", namespace="team-a", pod="train", container="app",
-                 gpu_uuid=UUID_A) == 2048 * MIB
+                 UUID=UUID_A, Hostname="gpu-node-1") == 2048 * MIB
 
 
 # ---- the API server cannot be reached ----
@@ -194,7 +194,7 @@ def test_unreachable_api_server_does_not_stop_the_loop(world):
     r.ticks_advance()
     r.ticks_advance()
     r.assert_alive()
-    labels = {"namespace": "team-a", "pod": "train", "container": "app", "gpu_uuid": UUID_A}
+    labels = {"namespace": "team-a", "pod": "train", "container": "app", "UUID": UUID_A, "Hostname": "gpu-node-1"}
     wait_for(lambda: value(r.agent.metrics, "gpufrac_container_gpu_memory_used_bytes", **labels) == 2048 * MIB,
              what="usage while the API server is down")
     world.gpus.processes(UUID_A, [{"pid": 4242, "used_memory_mib": 2048, "sm_util": 10},
@@ -227,8 +227,8 @@ def test_unreachable_api_server_does_not_stop_the_loop(world):
 def test_nvml_error_and_a_lost_gpu_while_running(world):
     r = world.start()
     m = r.agent.metrics
-    train = {"namespace": "team-a", "pod": "train", "container": "app", "gpu_uuid": UUID_A}
-    infer = {"namespace": "team-a", "pod": "infer", "container": "worker", "gpu_uuid": UUID_B}
+    train = {"namespace": "team-a", "pod": "train", "container": "app", "UUID": UUID_A, "Hostname": "gpu-node-1"}
+    infer = {"namespace": "team-a", "pod": "infer", "container": "worker", "UUID": UUID_B, "Hostname": "gpu-node-1"}
     wait_for(lambda: condition(world.kube).get("reason") == "FractionsEnforced", what="ready")
     wait_for(lambda: value(m, "gpufrac_container_gpu_memory_used_bytes", **infer) == 4096 * MIB, what="usage")
     assert world.kube.labels["gpufrac.io/gpu-count"] == "2"
@@ -258,7 +258,7 @@ def test_nvml_error_and_a_lost_gpu_while_running(world):
     assert value(m, "gpufrac_nvml_up") == 1
     wait_for(lambda: value(m, "gpufrac_container_gpu_memory_used_bytes", **train) == 2048 * MIB, what="GPU A")
     r.ticks_advance()
-    assert not [k for k in scrape(m) if dict(k[1]).get("gpu_uuid") == UUID_B]
+    assert not [k for k in scrape(m) if dict(k[1]).get("UUID") == UUID_B]
 
     # GPU B back
     world.gpus.gpu(UUID_B, memory_total_mib=80000, processes=[{"pid": 5151, "used_memory_mib": 4096, "sm_util": 12}])

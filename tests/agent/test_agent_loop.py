@@ -49,7 +49,7 @@ def world(tmp_path: Path, fake_gpus, mps_binary):
 
     def make_agent(**changes) -> Agent:
         from dataclasses import replace
-        metrics = AgentMetrics()
+        metrics = AgentMetrics(node=config.node)
         agent = Agent(replace(config, **changes), kube, NvmlSource(), metrics)
         agent.start()
         agent.pods.synced.wait(10)
@@ -124,15 +124,15 @@ def test_usage_metrics_per_fraction(world):
     agent = world.make_agent()
     agent.tick()
     m = agent.metrics
-    train = {"namespace": "team-a", "pod": "train", "container": "app", "gpu_uuid": UUID_A}
-    infer = {"namespace": "team-a", "pod": "infer", "container": "worker", "gpu_uuid": UUID_B}
+    train = {"namespace": "team-a", "pod": "train", "container": "app", "UUID": UUID_A, "Hostname": "gpu-node-1"}
+    infer = {"namespace": "team-a", "pod": "infer", "container": "worker", "UUID": UUID_B, "Hostname": "gpu-node-1"}
     assert value(m, "gpufrac_container_gpu_memory_used_bytes", **train) == 3072 * MIB
     assert value(m, "gpufrac_container_gpu_memory_limit_bytes", **train) == 20000 * MIB
-    assert value(m, "gpufrac_container_gpu_sm_utilization_percent", **train) == 15
-    assert value(m, "gpufrac_container_gpu_sm_utilization_normalized_percent", **train) == pytest.approx(15 / 0.25)
+    assert value(m, "gpufrac_container_gpu_sm_utilization_ratio", **train) == pytest.approx(0.15)
+    assert value(m, "gpufrac_container_gpu_sm_utilization_normalized_ratio", **train) == pytest.approx(0.15 / 0.25)
     assert value(m, "gpufrac_container_gpu_memory_used_bytes", **infer) == 4096 * MIB
     assert value(m, "gpufrac_container_gpu_memory_limit_bytes", **infer) == 16000 * MIB
-    assert value(m, "gpufrac_container_gpu_sm_utilization_normalized_percent", **infer) == pytest.approx(12 / 0.125)
+    assert value(m, "gpufrac_container_gpu_sm_utilization_normalized_ratio", **infer) == pytest.approx(0.12 / 0.125)
     used = [k for k in scrape(m) if k[0] == "gpufrac_container_gpu_memory_used_bytes"]
     assert len(used) == 2  # the non-fractional process is nobody's fraction
     assert agent.violations == []

@@ -160,7 +160,9 @@ def test_cli_flags(monkeypatch):
 
 def test_bind_parsing():
     assert parse_bind("0.0.0.0:9400") == ("0.0.0.0", 9400)
-    assert parse_bind(":9400") == ("0.0.0.0", 9400)
+    # No host: the any-address of the pod's family.
+    assert parse_bind(":9475", pod_ip="10.0.0.7") == ("0.0.0.0", 9475)
+    assert parse_bind(":9475", pod_ip="fd00::7") == ("::", 9475)
     assert parse_bind("[::1]:9400") == ("::1", 9400)
     with pytest.raises(ConfigError):
         parse_bind("9400")

@@ -46,8 +46,8 @@ def test_fractional_pods_appear_in_metrics_with_their_labels(world):
     world.start_process(ts, used_mib=3000, sm_util=20)
     world.start_process(ts, used_mib=1000, sm_util=5)
     world.start_process(sm, used_mib=512, sm_util=7)
-    ts_labels = {"namespace": "team-a", "pod": ts.name, "container": "app", "gpu_uuid": GPU_UUIDS[0]}
-    sm_labels = {"namespace": "team-a", "pod": sm.name, "container": "app", "gpu_uuid": GPU_UUIDS[1]}
+    ts_labels = {"namespace": "team-a", "pod": ts.name, "container": "app", "UUID": GPU_UUIDS[0]}
+    sm_labels = {"namespace": "team-a", "pod": sm.name, "container": "app", "UUID": GPU_UUIDS[1]}
 
     def scraped():
         text = world.metrics()
@@ -57,11 +57,11 @@ def test_fractional_pods_appear_in_metrics_with_their_labels(world):
 
     text = wait_until(scraped, what="per-fraction metrics")
     assert metric_value(text, "gpufrac_container_gpu_memory_limit_bytes", **ts_labels) == 40000 * 2**20
-    assert metric_value(text, "gpufrac_container_gpu_sm_utilization_percent", **ts_labels) == 25
+    assert metric_value(text, "gpufrac_container_gpu_sm_utilization_ratio", **ts_labels) == pytest.approx(0.25)
     # request 35943 MiB of 143771 MiB is a quarter of the GPU
-    assert metric_value(text, "gpufrac_container_gpu_sm_utilization_normalized_percent",
-                        **ts_labels) == pytest.approx(25 / (35943 / 143771))
-    assert metric_value(text, "gpufrac_container_gpu_sm_utilization_percent", **sm_labels) == 7
+    assert metric_value(text, "gpufrac_container_gpu_sm_utilization_normalized_ratio",
+                        **ts_labels) == pytest.approx(0.25 / (35943 / 143771))
+    assert metric_value(text, "gpufrac_container_gpu_sm_utilization_ratio", **sm_labels) == pytest.approx(0.07)
     assert world.events_for(ts.name) == [] and world.events_for(sm.name) == []
 
 

@@ -50,7 +50,7 @@ def labels(w: AgentWorld) -> dict[str, str]:
 
 
 def used(w: AgentWorld, pod: str, gpu: str | None = None) -> float | None:
-    extra = {"gpu_uuid": gpu} if gpu else {}
+    extra = {"UUID": gpu} if gpu else {}
     return metric_value(w.metrics(), "gpufrac_container_gpu_memory_used_bytes", pod=pod, **extra)
 
 

@@ -207,9 +207,13 @@ caBundle: {{ . | quote }}
 {{- end }}
 
 {{- define "gpufrac.webhookConfigAnnotations" -}}
+{{- $annotations := deepCopy .Values.webhook.configurationAnnotations -}}
 {{- if and (eq .Values.certs.mode "cert-manager") (not .Values.webhook.clientConfig.url) (not .Values.webhook.clientConfig.caBundle) }}
+{{- $_ := set $annotations "cert-manager.io/inject-ca-from" (printf "%s/%s" .Release.Namespace (include "gpufrac.certs.servingCertificateName" .)) }}
+{{- end }}
+{{- with $annotations }}
 annotations:
-  cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "gpufrac.certs.servingCertificateName" .) }}
+  {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
 
@@ -217,4 +221,39 @@ annotations:
 the only place the chart spells it. Call with (list . "<mode>"). */}}
 {{- define "gpufrac.mpsPipeDir" -}}
 {{- printf "%s/%s" (trimSuffix "/" (index . 0).Values.mps.root) (index . 1) -}}
+{{- end }}
+
+{{/*
+Refuse a release namespace where users may run GPU pods: it is excluded from the webhook, so its pods would be
+exempt from every rule. `default` is refused unless allowDefaultNamespace.
+*/}}
+{{- define "gpufrac.checkNamespace" -}}
+{{- if and (eq .Release.Namespace "default") (not .Values.allowDefaultNamespace) }}
+{{- fail "gpufrac must not be installed into the default namespace: the release namespace is never sent to the webhook, so GPU pods there would be exempt. Use --namespace gpufrac-system --create-namespace, or set allowDefaultNamespace=true if no user runs pods in default" }}
+{{- end }}
+{{- end }}
+
+{{/* nodeSelector of a pod: linux nodes only, plus the given selector: include "gpufrac.nodeSelector" SELECTOR */}}
+{{- define "gpufrac.nodeSelector" -}}
+nodeSelector:
+  {{- toYaml (merge (deepCopy (default (dict) .)) (dict "kubernetes.io/os" "linux")) | nindent 2 }}
+{{- end }}
+
+{{/* Bind argument: listen on every address of the pod's IP family (POD_IP decides): include "gpufrac.bind" PORT */}}
+{{- define "gpufrac.bind" -}}
+{{- printf ":%d" (int .) | quote -}}
+{{- end }}
+
+{{/* The downward-API env the programs read their pod's IP family from. */}}
+{{- define "gpufrac.podIPEnv" -}}
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+{{- end }}
+
+{{/* Whether the cluster serves a Prometheus Operator kind: include "gpufrac.hasMonitoringKind" (list . "PodMonitor") */}}
+{{- define "gpufrac.hasMonitoringKind" -}}
+{{- $root := index . 0 -}}
+{{- if $root.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" (index . 1)) }}true{{ end }}
 {{- end }}

@@ -86,6 +86,18 @@ annotations:
 {{- $sm := $root.Values.certs.selfManaged -}}
 serviceAccountName: {{ .sa }}
 restartPolicy: OnFailure
+{{- include "gpufrac.nodeSelector" $sm.nodeSelector | nindent 0 }}
+{{- with $sm.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $sm.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $sm.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
 {{- with $root.Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
