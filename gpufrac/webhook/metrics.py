@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from gpufrac.core import annotations as ann
 from gpufrac.core.buildinfo import build_info
+from gpufrac.core.contract import FRACTIONAL_LABEL
 from gpufrac.webhook.errors import Violation
 
 disable_created_metrics()
@@ -54,7 +55,7 @@ def denial_reason(violation: Violation) -> str:
         except ann.MalformedKeyError:
             return "annotation malformed-key"
         return f"annotation {key.prefix}*.{key.suffix}" if key else "annotation"
-    if kind == "label" and name == ann.FRACTIONAL_LABEL:
+    if kind == "label" and name == FRACTIONAL_LABEL:
         return violation.subject
     if kind == "ephemeral":
         return "container"
