@@ -70,3 +70,20 @@ fuzz: venv
 soak: venv
 	$(PY) -m tests.hardening.soak --seconds $${SOAK_SECONDS:-60}
 	GPUFRAC_LOAD_SECONDS=$${SOAK_SECONDS:-60} $(PY) -m pytest -q -p no:cacheprovider tests/hardening/test_load.py
+
+# The hardware check (bench/gpu_check.py; README "Checking a GPU node"). On a GPU node (/dev/nvidiactl) it runs the
+# real checks; elsewhere, or with FAKE=1, the same script runs against the fakes the tests use (the fake NVML and
+# the fake nvidia-cuda-mps-control; no CUDA, so the CUDA checks say SKIPPED) and still ends with the table.
+# GPU_CHECK_FLAGS go to the script (e.g. GPU_CHECK_FLAGS='--only 2,4'). Needs no venv: python3 and its stdlib.
+GPU_CHECK_OUT ?= .e2e/gpu-check/report.json
+.PHONY: gpu-check
+gpu-check:
+	@if [ -z "$(FAKE)" ] && [ -e /dev/nvidiactl ]; then \
+		bash bench/gpu_check.sh --out $(GPU_CHECK_OUT) $(GPU_CHECK_FLAGS); \
+	else \
+		echo "gpu-check: no GPU here (or FAKE=1): running against the fakes in tests/fakes"; \
+		nvml_dir=$$($(PYTHON) -m tests.fakes.build) && \
+		GPUFRAC_FAKE_NVML=tests/fakes/gpu_check_node.json bash bench/gpu_check.sh \
+			--nvml $$nvml_dir/libnvidia-ml.so.1 --mps-control tests/fakes/nvidia-cuda-mps-control \
+			--out $(GPU_CHECK_OUT) $(GPU_CHECK_FLAGS); \
+	fi

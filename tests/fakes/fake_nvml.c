@@ -6,12 +6,14 @@
  *
  *   {"driver_version": "615.20", "cuda_driver_version": 13040,
  *    "gpus": [{"uuid": "GPU-...", "name": "NVIDIA H200", "memory_total_mib": 143771,
+ *              "compute_mode": 0,                             // optional, NVML_COMPUTEMODE_*
  *              "processes": [{"pid": 4242, "used_memory_mib": 2048, "sm_util": 35}]}],
  *    "error": 15}                                   // every call fails with that NVML code, or
  *    "error": {"function": "nvmlDeviceGetComputeRunningProcesses_v3", "code": 15}   // only that one
  *
  * A missing file -> NVML_ERROR_DRIVER_NOT_LOADED, an unparsable one -> NVML_ERROR_UNKNOWN; never a crash.
- * Only the calls the gpufrac agent (through pynvml) makes are implemented.
+ * Only the calls the gpufrac agent (through pynvml) and bench/gpu_check.py make are implemented. The CUDA 13.4
+ * memory-limit calls (nvmlDeviceSetMemoryLimits_v1 / GetMemoryLimits_v1) keep what was set in this process.
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -45,12 +47,19 @@ typedef struct {
     unsigned int smUtil, memUtil, encUtil, decUtil;
 } nvmlProcessUtilizationSample_t;
 
+typedef struct { const char *nameSpace; unsigned long long softLimit, hardLimit; } nvmlSetMemoryLimits_v1_t;
+typedef struct {
+    const char *nameSpace;
+    unsigned long long softLimit, hardLimit, currentUsed;
+} nvmlGetMemoryLimits_v1_t;
+
 typedef struct { unsigned int index; } fake_device; /* what an nvmlDevice_t points at */
 
 typedef struct { unsigned int pid; long long used_mib; int sm_util; } fake_proc;
 typedef struct {
     char uuid[96], name[96];
     long long memory_total_mib;
+    int compute_mode;
     int nprocs;
     fake_proc procs[MAX_PROCS];
 } fake_gpu;
@@ -210,6 +219,7 @@ static void read_gpu(reader *r, fake_gpu *gpu) {
         if (!strcmp(key, "uuid")) read_string(r, gpu->uuid, sizeof gpu->uuid);
         else if (!strcmp(key, "name")) read_string(r, gpu->name, sizeof gpu->name);
         else if (!strcmp(key, "memory_total_mib")) gpu->memory_total_mib = (long long)read_number(r);
+        else if (!strcmp(key, "compute_mode")) gpu->compute_mode = (int)read_number(r);
         else if (!strcmp(key, "processes")) {
             int efirst = 1;
             while (next_element(r, &efirst)) {
@@ -478,5 +488,55 @@ int nvmlDeviceGetProcessUtilization(fake_device *device, nvmlProcessUtilizationS
         n++;
     }
     *count = n;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetComputeMode(fake_device *device, int *mode) {
+    fake_state st;
+    fake_gpu *gpu;
+    int rc = enter(&st, "nvmlDeviceGetComputeMode", 1);
+    if (rc) return rc;
+    if (!(gpu = gpu_of(&st, device)) || !mode) return NVML_ERROR_INVALID_ARGUMENT;
+    *mode = gpu->compute_mode;
+    return NVML_SUCCESS;
+}
+
+/* CUDA 13.4 memory limits per (device, cgroup path), kept in this process; unset reads as 0 / MAX like NVML. */
+#define MAX_LIMITS 64
+static struct { unsigned int index; char path[512]; unsigned long long soft, hard; } limits[MAX_LIMITS];
+static int nlimits;
+
+int nvmlDeviceSetMemoryLimits_v1(fake_device *device, nvmlSetMemoryLimits_v1_t *set) {
+    fake_state st;
+    int i, rc = enter(&st, "nvmlDeviceSetMemoryLimits_v1", 1);
+    if (rc) return rc;
+    if (!gpu_of(&st, device) || !set || !set->nameSpace || strlen(set->nameSpace) >= sizeof limits[0].path)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (i = 0; i < nlimits; i++)
+        if (limits[i].index == device->index && !strcmp(limits[i].path, set->nameSpace)) break;
+    if (i == nlimits) {
+        if (nlimits == MAX_LIMITS) return NVML_ERROR_INSUFFICIENT_SIZE;
+        nlimits++;
+        limits[i].index = device->index;
+        strcpy(limits[i].path, set->nameSpace);
+    }
+    limits[i].soft = set->softLimit;
+    limits[i].hard = set->hardLimit;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetMemoryLimits_v1(fake_device *device, nvmlGetMemoryLimits_v1_t *get) {
+    fake_state st;
+    int i, rc = enter(&st, "nvmlDeviceGetMemoryLimits_v1", 1);
+    if (rc) return rc;
+    if (!gpu_of(&st, device) || !get || !get->nameSpace) return NVML_ERROR_INVALID_ARGUMENT;
+    get->softLimit = 0;
+    get->hardLimit = ~0ULL;
+    get->currentUsed = 0;
+    for (i = 0; i < nlimits; i++)
+        if (limits[i].index == device->index && !strcmp(limits[i].path, get->nameSpace)) {
+            get->softLimit = limits[i].soft;
+            get->hardLimit = limits[i].hard;
+        }
     return NVML_SUCCESS;
 }

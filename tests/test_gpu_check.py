@@ -1,0 +1,383 @@
+"""bench/gpu_check.py, the hardware check: its restated contract equals gpufrac's, its ctypes layouts equal NVIDIA's
+own (nvidia-ml-py), its PTX is well formed, its judgements decide right, and its plumbing (the daemons it starts
+and stops, the "pod" namespaces, the table, the report, the exit status) works against the fakes."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+
+from bench import gpu_check as gc
+from gpufrac.agent import capabilities
+from gpufrac.agent.agent import AgentConfig
+from gpufrac.agent.model import GpuInfo, Inventory
+from gpufrac.agent.mps_config import daemon_spec, render_config
+from gpufrac.core.annotations import DEFAULT_MPS_ROOT, CanonicalField, ComputeMode, LimitEnv, format_pinned_mem_limit
+from gpufrac.webhook.fractions import ContainerFraction, Memory, PodFractions
+from gpufrac.webhook.mutation import canonical_annotations, injected_env, injected_mount, injected_volume
+from gpufrac.webhook.policy import Policy
+from tests.fakes.build import MPS_CONTROL, fake_nvml_library
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "bench" / "gpu_check.py"
+WRAPPER = ROOT / "bench" / "gpu_check.sh"
+FAKE_NODE = ROOT / "tests" / "fakes" / "gpu_check_node.json"
+CUDA_ROWS = ("2a", "2b", "4a", "4b", "4c", "6a", "6b")
+
+# ---- the restated contract equals gpufrac's own ----
+
+
+def test_modes_paths_and_env_names_are_gpufracs() -> None:
+    assert gc.MODES == tuple(str(m) for m in ComputeMode)
+    assert (gc.TIME_SLICING, gc.SM_SHARING) == (ComputeMode.TIME_SLICING, ComputeMode.SM_SHARING)
+    config = AgentConfig(node="n")
+    assert gc.GPUFRAC_MPS_ROOT == DEFAULT_MPS_ROOT == str(config.mps_root)
+    assert gc.GPUFRAC_MPS_LOG_ROOT == str(config.mps_log_root)
+    assert gc.GPUFRAC_MPS_CONFIG_DIR == str(config.mps_config_dir)
+    assert gc.ENV_PIPE_DIRECTORY == LimitEnv.PIPE_DIRECTORY
+    assert gc.ENV_PINNED_MEM_LIMIT == LimitEnv.PINNED_MEM_LIMIT
+    assert gc.ENV_MEMORY_REQUEST == LimitEnv.MEMORY_REQUEST
+    assert gc.ENV_MEMORY_LIMIT == LimitEnv.MEMORY_LIMIT
+    assert gc.MIN_DRIVER_MAJOR == capabilities.MIN_DRIVER_MAJOR
+    assert gc.MIN_CUDA_DRIVER_VERSION == capabilities.MIN_CUDA_DRIVER_VERSION
+
+
+@pytest.mark.parametrize("mode", list(ComputeMode))
+@pytest.mark.parametrize("mps_v3", [True, False])
+def test_daemon_layout_argv_env_and_config_are_the_agents(tmp_path: Path, mode: ComputeMode, mps_v3: bool) -> None:
+    base = {"PATH": "/usr/bin", "HOME": "/root"}
+    spec = daemon_spec(mode, mps_v3=mps_v3, binary="/usr/bin/nvidia-cuda-mps-control", mps_root=tmp_path / "mps",
+                       log_root=tmp_path / "log", config_dir=tmp_path / "config", base_env=base)
+    layout = gc.daemon_layout(str(tmp_path), str(mode))
+    assert layout.pipe_dir == str(spec.pipe_dir)
+    assert layout.log_dir == str(spec.log_dir)
+    assert layout.control_socket == str(spec.control_socket)
+    assert gc.daemon_argv("/usr/bin/nvidia-cuda-mps-control", str(mode), mps_v3, layout.config_path) == spec.argv
+    assert gc.daemon_env(base, layout) == spec.env
+    if mps_v3:
+        assert layout.config_path == str(spec.config_path)
+        assert gc.render_config(str(mode)) == spec.config_text == render_config(mode)
+        assert gc.render_config(str(mode), audit_log=False) == render_config(mode, audit_log=False)
+    else:
+        assert spec.config_path is None
+
+
+@pytest.mark.parametrize(("limit_mib", "devices"), [(954, 1), (61440, 2), (1, 8)])
+def test_limit_values_are_formatted_as_the_webhook_writes_them(limit_mib: int, devices: int) -> None:
+    assert gc.format_pinned_mem_limit(limit_mib, devices) == format_pinned_mem_limit(limit_mib, devices)
+    fraction = ContainerFraction("app", ComputeMode.SM_SHARING, devices, Memory(limit_mib // 2 or 1, limit_mib),
+                                 None, ())
+    written = canonical_annotations(PodFractions({"app": fraction}, {}))
+    env = {e["name"]: e for e in injected_env("app", ComputeMode.SM_SHARING, Policy())}
+
+    def annotation_behind(name: str) -> str:  # the env var's value is the annotation its fieldRef names
+        path = env[name]["valueFrom"]["fieldRef"]["fieldPath"]
+        return written[re.fullmatch(r"metadata\.annotations\['(.+)'\]", path)[1]]
+
+    assert annotation_behind(gc.ENV_MEMORY_REQUEST) == gc.memory_env_value(limit_mib // 2 or 1)
+    assert annotation_behind(gc.ENV_MEMORY_LIMIT) == gc.memory_env_value(limit_mib)
+    assert annotation_behind(gc.ENV_PINNED_MEM_LIMIT) == gc.format_pinned_mem_limit(limit_mib, devices)
+    assert any(k.endswith(str(CanonicalField.MPS_PINNED_MEM_LIMIT)) for k in written)
+
+
+def test_pods_get_the_pipe_directory_at_its_host_path_as_the_webhook_mounts_it(tmp_path: Path) -> None:
+    policy = Policy()
+    for mode in ComputeMode:  # the pod emulation binds the pipe directory at the same path, like the webhook
+        assert injected_volume(mode, policy)["hostPath"]["path"] == injected_mount(mode, policy)["mountPath"]
+        assert injected_env("c", mode, policy)[-1] == {"name": gc.ENV_PIPE_DIRECTORY, "value": policy.mps_dirs[mode]}
+    run = gc.Run(gc.parse_args(["--workdir", str(tmp_path)]))
+    run.mps_control = "/bin/true"
+    spec = run.pod_spec(shm_delivered=True)
+    assert spec["deliver"] == [{"source": spec["pipe_dir"], "target": spec["pipe_dir"]}]
+    assert str(tmp_path) in spec["hide"]
+
+
+@pytest.mark.parametrize(("driver", "cuda"), [("615.20", 13040), ("615.20", 13030), ("614.99", 13040),
+                                              ("580.95.05", 13000), ("620.1", 13050), ("garbage", 13040)])
+def test_driver_limits_and_served_modes_decide_as_the_agent(driver: str, cuda: int) -> None:
+    inventory = Inventory(driver, cuda, (GpuInfo(0, "GPU-a", "H200", 1 << 30),))
+    expected = capabilities.has_driver_memory_limits(inventory)
+    assert gc.has_driver_memory_limits(driver, cuda) == expected
+    assert gc.modes_to_serve(expected) == tuple(
+        str(m) for m in capabilities.modes_to_serve(inventory, tuple(ComputeMode)))
+
+
+# ---- the ctypes layouts equal NVIDIA's own nvidia-ml-py ----
+
+
+@pytest.mark.parametrize(("ours", "theirs"), [
+    (gc.NvmlMemory, pynvml.c_nvmlMemory_t),
+    (gc.NvmlProcessInfo, pynvml.c_nvmlProcessInfo_v3_t),  # what ..._GetComputeRunningProcesses_v3 fills
+    (gc.NvmlProcessUtilizationSample, pynvml.c_nvmlProcessUtilizationSample_t),
+    (gc.NvmlSetMemoryLimits, pynvml.c_nvmlSetMemoryLimits_v1_t),
+    (gc.NvmlGetMemoryLimits, pynvml.c_nvmlGetMemoryLimits_v1_t),
+])
+def test_nvml_structs_match_nvidia_ml_py(ours: type[ctypes.Structure], theirs: type[ctypes.Structure]) -> None:
+    assert [(n, ctypes.sizeof(t)) for n, t in ours._fields_] == [(n, ctypes.sizeof(t)) for n, t in theirs._fields_]
+    assert ctypes.sizeof(ours) == ctypes.sizeof(theirs)
+    for name, _ in ours._fields_:
+        assert getattr(ours, name).offset == getattr(theirs, name).offset
+
+
+def test_nvml_struct_sizes_on_x86_64() -> None:
+    sizes = {gc.NvmlMemory: 24, gc.NvmlProcessInfo: 24, gc.NvmlProcessUtilizationSample: 32,
+             gc.NvmlSetMemoryLimits: 24, gc.NvmlGetMemoryLimits: 32}
+    assert {s: ctypes.sizeof(s) for s in sizes} == sizes
+    assert gc.NVML_DEVICE_MEMORY_LIMIT_MAX == pynvml.NVML_DEVICE_MEMORY_LIMIT_MAX
+    assert gc.COMPUTE_MODES[3] == "Exclusive_Process" and pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS == 3
+
+
+def test_nvml_wrapper_reads_the_fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = tmp_path / "nvml.json"
+    state.write_text(json.dumps({"driver_version": "615.20", "cuda_driver_version": 13040, "gpus": [
+        {"uuid": "GPU-a", "name": "NVIDIA H200", "memory_total_mib": 1000, "compute_mode": 3,
+         "processes": [{"pid": 11, "used_memory_mib": 300, "sm_util": 40}, {"pid": 12, "used_memory_mib": 5}]}]}))
+    monkeypatch.setenv("GPUFRAC_FAKE_NVML", str(state))
+    nvml = gc.Nvml(str(fake_nvml_library()))
+    nvml.init()
+    handle = nvml.handle(0)
+    assert (nvml.driver_version(), nvml.cuda_driver_version(), nvml.device_count()) == ("615.20", 13040, 1)
+    assert (nvml.uuid(handle), nvml.name(handle), nvml.memory(handle).total) == ("GPU-a", "NVIDIA H200", 1000 * gc.MIB)
+    assert nvml.compute_mode(handle) == "Exclusive_Process"
+    assert nvml.processes(handle) == {11: 300 * gc.MIB, 12: 5 * gc.MIB}
+    assert [(pid, sm) for pid, _, sm in nvml.utilization(handle, 0)] == [(11, 40)]
+    assert nvml.utilization(handle, int(time.time() * 1e6) + 10**9) == []  # nothing newer: NOT_FOUND
+    nvml.set_memory_limits(handle, "/sys/fs/cgroup/x", 1 * gc.MIB, 2 * gc.MIB)
+    assert nvml.get_memory_limits(handle, "/sys/fs/cgroup/x") == {"soft": gc.MIB, "hard": 2 * gc.MIB, "used": 0}
+    assert nvml.mig_enabled(handle) is None  # the fake has no nvmlDeviceGetMigMode: optional, not a crash
+    nvml.shutdown()
+
+
+# ---- the PTX kernel is well formed ----
+
+PTX_OPCODES = {"ld.param.u64", "cvta.to.global.u64", "mov.u64", "mov.f32", "mov.u32", "setp.eq.u64", "setp.lt.u64",
+               "setp.ne.u32", "bra", "fma.rn.f32", "add.u64", "mad.lo.u32", "mul.wide.u32", "st.global.f32",
+               "or.b32", "st.global.u64", "ret"}
+
+
+def check_ptx(text: str) -> None:
+    lines = [line.split("//")[0].strip() for line in text.splitlines()]
+    lines = [line for line in lines if line]
+    version, target, address = lines[:3]
+    assert re.fullmatch(r"\.version \d+\.\d+", version)
+    assert re.fullmatch(r"\.target sm_\d+", target)
+    assert address == ".address_size 64"
+    assert float(version.split()[1]) >= 3.1  # %globaltimer needs PTX ISA 3.1
+    assert text.count("{") == text.count("}") == 1  # one body: the template's {{ }} came out single
+    entry = re.search(r"\.visible \.entry (\w+)\(\s*(.*?)\)\s*\{(.*)\}", text, re.S)
+    assert entry and entry[1] == gc.KERNEL_NAME
+    params = re.findall(r"\.param \.u64 (\w+)", entry[2])
+    assert params == ["gpufrac_spin_out", "gpufrac_spin_iterations"]  # (out pointer, iterations): kernelParams
+    body = [line for line in entry[3].splitlines() if line.strip()]
+    declared = {m[1]: int(m[2]) for m in re.finditer(r"\.reg \.\w+\s+%(\w+)<(\d+)>;", entry[3])}
+    labels = {line.strip()[:-1] for line in body if line.strip().endswith(":")}
+    for line in body:
+        line = line.strip()
+        if line.startswith(".reg") or line.endswith(":"):
+            continue
+        assert line.endswith(";"), line
+        instruction = re.sub(r"^@%\w+\s+", "", line[:-1])
+        opcode, _, operands = instruction.partition("\t") if "\t" in instruction else instruction.partition(" ")
+        assert opcode.strip() in PTX_OPCODES, opcode
+        for name, number in re.findall(r"%([a-z]+)(\d+)", line):
+            assert name in declared and int(number) < declared[name], f"{name}{number} undeclared in {line}"
+        for param in re.findall(r"\[(\w+)\]", operands):
+            assert param in params
+        if opcode.strip() == "bra":
+            assert operands.strip() in labels
+    specials = set(re.findall(r"%(globaltimer|tid\.x|ctaid\.x|ntid\.x)\b", entry[3]))
+    assert specials == {"globaltimer", "tid.x", "ctaid.x", "ntid.x"}
+
+
+@pytest.mark.parametrize(("cc", "first"), [((9, 0), ("sm_90", "7.8")), ((8, 0), ("sm_80", "7.0")),
+                                           ((12, 0), ("sm_120", "8.7")), ((7, 5), ("sm_75", "6.3")),
+                                           ((11, 9), ("sm_75", "6.3"))])
+def test_ptx_for_each_candidate_target_is_well_formed(cc: tuple[int, int], first: tuple[str, str]) -> None:
+    candidates = gc.ptx_candidates(*cc)
+    assert candidates[0] == first
+    assert candidates[-1] == ("sm_50", "4.0") and len(set(candidates)) == len(candidates)
+    for target, isa in candidates:
+        check_ptx(gc.ptx_source(target, isa))
+
+
+def test_ptx_check_catches_a_broken_kernel() -> None:
+    good = gc.ptx_source("sm_90", "7.8")
+    for broken in (good.replace("%rd8+16", "%rd9+16"), good.replace("$L_loop;", "$L_nowhere;"),
+                   good.replace("ret;", "ret"), good.replace(".address_size 64", ".address_size 32")):
+        with pytest.raises(AssertionError):
+            check_ptx(broken)
+
+
+# ---- the judgements ----
+
+
+@pytest.mark.parametrize(("probe", "status"), [
+    ({"allocated_mib": 1900, "stopped_by": "oom"}, gc.PASS),
+    ({"allocated_mib": 1100, "stopped_by": "oom"}, gc.PASS),
+    ({"allocated_mib": 900, "stopped_by": "oom"}, gc.FAIL),  # less than half: not "up to the limit"
+    ({"allocated_mib": 2100, "stopped_by": "oom"}, gc.FAIL),  # past the limit
+    ({"allocated_mib": 3328, "stopped_by": "max"}, gc.FAIL),  # never failed: no limit at all
+    ({"allocated_mib": 1900, "stopped_by": "error", "error_name": "CUDA_ERROR_MPS_CLIENT_TERMINATED"}, gc.FAIL),
+])
+def test_judge_probe(probe: dict[str, Any], status: str) -> None:
+    assert gc.judge_probe(2048, probe)[0] == status
+
+
+@pytest.mark.parametrize(("expect", "span", "status"), [
+    ("together", 3.1, gc.PASS), ("together", 4.5, gc.FAIL), ("turns", 6.0, gc.PASS), ("turns", 4.5, gc.FAIL),
+    ("turns", 3.2, gc.FAIL)])
+def test_judge_compute(expect: str, span: float, status: str) -> None:
+    assert gc.judge_compute(expect, 3.0, span)[0] == status
+
+
+def test_judge_pod() -> None:
+    host = {"ipc": "ipc:[1]", "mnt": "mnt:[2]", "pid": "pid:[3]"}
+    good = {"pid": 1, "ns": {"ipc": "ipc:[9]", "mnt": "mnt:[8]", "pid": "pid:[7]"}, "control_socket": True,
+            "hidden": {"/x/log": True}, "shm_marker_visible": True, "control_probe": {"rc": 0, "output": ""}}
+    assert gc.judge_pod(good, host, shm_delivered=True) == []
+    assert gc.judge_pod(good, host, shm_delivered=False) == ["sees the daemon's /dev/shm"]
+    bad = {**good, "pid": 4242, "ns": {**good["ns"], "ipc": "ipc:[1]"}, "hidden": {"/x/log": False},
+           "control_probe": {"rc": 1, "output": "Cannot find MPS control daemon process"}}
+    problems = gc.judge_pod(bad, host, shm_delivered=True)
+    assert len(problems) == 4 and any("Cannot find MPS control" in p for p in problems)
+
+
+# ---- the plumbing, against the fakes ----
+
+
+def run_check(tmp_path: Path, *extra: str, env: dict[str, str] | None = None, state: Path = FAKE_NODE,
+              wrapper: bool = False) -> subprocess.CompletedProcess[str]:
+    command = ["bash", str(WRAPPER)] if wrapper else [sys.executable, str(SCRIPT)]
+    full_env = {**os.environ, "GPUFRAC_FAKE_NVML": str(state), "PYTHON": sys.executable, **(env or {})}
+    return subprocess.run([*command, "--nvml", str(fake_nvml_library()), "--mps-control", str(MPS_CONTROL),
+                           "--cuda", str(tmp_path / "no-libcuda.so.1"), "--workdir", str(tmp_path / "work"),
+                           "--out", str(tmp_path / "report.json"), *extra],
+                          capture_output=True, text=True, env=full_env, timeout=120, check=False)
+
+
+def records(tmp_path: Path, mode: str) -> list[dict[str, Any]]:
+    path = tmp_path / "work" / "log" / mode / "fake-mps-record.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def unshare_works() -> bool:
+    return subprocess.run(["unshare", "--mount", "--ipc", "--pid", "--fork", "--mount-proc", "true"],
+                          capture_output=True, check=False).returncode == 0
+
+
+def test_against_the_fakes_the_table_has_every_check_and_the_daemons_start_and_quit(tmp_path: Path) -> None:
+    result = run_check(tmp_path, wrapper=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    status = {c["id"]: c["status"] for c in report["checks"]}
+    assert set(status) == {"1", "2a", "2b", "3a", "3b", "3c", "4a", "4b", "4c", "5a", "5b", "6a", "6b", "7"}
+    assert status["1"] == status["7"] == gc.PASS
+    details = {c["id"]: c["details"] for c in report["checks"]}
+    for row in CUDA_ROWS:
+        assert status[row] == gc.SKIPPED and "no CUDA" in details[row], (row, details[row])
+    assert all(status[r] == gc.SKIPPED for r in ("3a", "3b", "3c", "5a", "5b"))
+    assert "615.20" in details["1"] and "CUDA 13.4 memory limits: yes" in details["1"]
+    # it ends with the table, which is also the .txt next to the report
+    table = (tmp_path / "report.txt").read_text()
+    assert table == report["table"] and table in result.stdout
+    assert result.stdout.rstrip().splitlines()[-2].startswith("2 passed, 0 failed, 12 skipped")
+    # each mode's daemon: started with the agent's argv in the agent's layout, told quit, exited 0, gone
+    for mode in ComputeMode:
+        spec = daemon_spec(mode, mps_v3=True, binary=str(MPS_CONTROL), mps_root=tmp_path / "work" / "mps",
+                           log_root=tmp_path / "work" / "log", config_dir=tmp_path / "work" / "config")
+        events = records(tmp_path, str(mode))
+        start = next(e for e in events if e["event"] == "start")
+        assert start["argv"][1:] == list(spec.argv[1:]) and start["pipe_dir"] == str(spec.pipe_dir)
+        assert start["config"] == spec.config_text
+        assert [e["command"] for e in events if e["event"] == "command" and e["command"] == "quit"] == ["quit"]
+        assert [e["code"] for e in events if e["event"] == "exit"] == [0]
+        assert not alive(start["pid"])
+        assert not (spec.pipe_dir / "control").exists()
+
+
+@pytest.mark.skipif(not unshare_works(), reason="unshare --mount --ipc --pid is not permitted here")
+def test_against_the_fakes_pods_reach_the_daemon_only_through_the_delivered_pipe_directory(tmp_path: Path) -> None:
+    result = run_check(tmp_path, "--only", "5")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    pods = {c["id"]: c for c in report["checks"] if c["id"] in ("5a", "5b")}
+    assert "namespaces checked" in pods["5a"]["details"] and "namespaces checked" in pods["5b"]["details"]
+    facts = pods["5a"]["numbers"]["pods"] + pods["5b"]["numbers"]["pods"]
+    assert [f["pid"] for f in facts] == [1, 1, 1]
+    assert [f["shm_marker_visible"] for f in facts] == [True, True, False]
+    assert all(all(f["hidden"].values()) and f["control_socket"] for f in facts)
+    host_ipc = os.readlink("/proc/self/ns/ipc")
+    assert len({f["ns"]["ipc"] for f in facts[:2]} - {host_ipc}) == 2  # two pods at once: two IPC namespaces
+    probes = [e for e in records(tmp_path, "sm-sharing") if e.get("command") == "get_server_list"]
+    assert [e["via"] for e in probes] == ["socket"] * 3  # each pod reached the sm-sharing daemon
+    assert not any(e.get("command") == "get_server_list" for e in records(tmp_path, "time-slicing"))
+
+
+def test_a_failing_check_exits_non_zero_with_the_table(tmp_path: Path) -> None:
+    state = tmp_path / "lost.json"
+    state.write_text(json.dumps({**json.loads(FAKE_NODE.read_text()), "error": 15}))  # every NVML call: GPU lost
+    result = run_check(tmp_path, state=state)
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    inventory = next(c for c in report["checks"] if c["id"] == "1")
+    assert inventory["status"] == gc.FAIL and "GPU is lost" in inventory["details"]
+    assert report["failed"] is True and "0 passed, 1 failed" in result.stdout
+
+
+def test_a_daemon_that_ignores_quit_is_killed_and_the_check_fails(tmp_path: Path) -> None:
+    result = run_check(tmp_path, "--only", "none", "--quit-timeout", "0.5", env={"FAKE_MPS_IGNORE_QUIT": "1"})
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    daemons = next(c for c in report["checks"] if c["id"] == "7")
+    assert daemons["status"] == gc.FAIL and "killed (ignored quit)" in daemons["details"]
+    for mode in ComputeMode:
+        events = records(tmp_path, str(mode))
+        assert {e["via"] for e in events if e.get("command") == "quit"} == {"socket", "stdin"}
+        assert not alive(next(e for e in events if e["event"] == "start")["pid"])
+
+
+def test_sigterm_stops_the_daemons_and_exits_non_zero(tmp_path: Path) -> None:
+    env = {**os.environ, "GPUFRAC_FAKE_NVML": str(FAKE_NODE)}
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--nvml", str(fake_nvml_library()), "--mps-control",
+                             str(MPS_CONTROL), "--cuda", "none", "--workdir", str(tmp_path / "work"), "--out",
+                             str(tmp_path / "report.json"), "--linger", "60"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        record = tmp_path / "work" / "log" / "sm-sharing" / "fake-mps-record.jsonl"
+        while not (record.exists() and '"start"' in record.read_text()):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, output
+    assert "interrupted by SIGTERM" in output
+    for mode in ComputeMode:
+        events = records(tmp_path, str(mode))
+        assert any(e.get("command") == "quit" for e in events)
+        assert [e["code"] for e in events if e["event"] == "exit"] == [0]
+        assert not alive(next(e for e in events if e["event"] == "start")["pid"])
+    assert json.loads((tmp_path / "report.json").read_text())["interrupted"] == "SIGTERM"
