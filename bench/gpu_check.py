@@ -51,10 +51,10 @@ MIB = 1024 * 1024
 
 TIME_SLICING, SM_SHARING = "time-slicing", "sm-sharing"
 MODES = (TIME_SLICING, SM_SHARING)  # gpufrac.core.annotations.ComputeMode
-GPUFRAC_MPS_ROOT = "/run/gpufrac/mps"  # DEFAULT_MPS_ROOT: the agent's pipe directories, <root>/<mode>
+GPUFRAC_MPS_ROOT = "/run/gpufrac/mps"  # contract.DEFAULT_MPS_ROOT: pipe directories <root>/<mode> (mps_pipe_dir)
 GPUFRAC_MPS_LOG_ROOT = "/var/log/gpufrac/mps"  # AgentConfig.mps_log_root: <log root>/<mode>
 GPUFRAC_MPS_CONFIG_DIR = "/run/gpufrac/mps-config"  # AgentConfig.mps_config_dir: <dir>/<mode>.toml
-ENV_PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
+ENV_PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"  # contract.LimitEnv
 ENV_LOG_DIRECTORY = "CUDA_MPS_LOG_DIRECTORY"
 ENV_PINNED_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 ENV_MEMORY_REQUEST = "NVIDIA_GPU_MEMORY_REQUEST"
@@ -65,7 +65,8 @@ MIN_CUDA_DRIVER_VERSION = 13040
 
 
 def format_pinned_mem_limit(limit_mib: int, num_devices: int) -> str:
-    """CUDA_MPS_PINNED_DEVICE_MEM_LIMIT as the webhook writes it: `0=<limit>M,1=<limit>M,...`."""
+    """CUDA_MPS_PINNED_DEVICE_MEM_LIMIT as the webhook writes it (contract.format_pinned_mem_limit):
+    `0=<limit>M,1=<limit>M,...`."""
     return ",".join(f"{index}={limit_mib}M" for index in range(num_devices))
 
 

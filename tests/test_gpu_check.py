@@ -23,7 +23,9 @@ from gpufrac.agent import capabilities
 from gpufrac.agent.agent import AgentConfig
 from gpufrac.agent.model import GpuInfo, Inventory
 from gpufrac.agent.mps_config import daemon_spec, render_config
-from gpufrac.core.annotations import DEFAULT_MPS_ROOT, CanonicalField, ComputeMode, LimitEnv, format_pinned_mem_limit
+from gpufrac.core import contract
+from gpufrac.core.annotations import CanonicalField, ComputeMode
+from gpufrac.core.contract import DEFAULT_MPS_ROOT, LimitEnv
 from gpufrac.webhook.fractions import ContainerFraction, Memory, PodFractions
 from gpufrac.webhook.mutation import canonical_annotations, injected_env, injected_mount, injected_volume
 from gpufrac.webhook.policy import Policy
@@ -51,6 +53,27 @@ def test_modes_paths_and_env_names_are_gpufracs() -> None:
     assert gc.ENV_MEMORY_LIMIT == LimitEnv.MEMORY_LIMIT
     assert gc.MIN_DRIVER_MAJOR == capabilities.MIN_DRIVER_MAJOR
     assert gc.MIN_CUDA_DRIVER_VERSION == capabilities.MIN_CUDA_DRIVER_VERSION
+    assert gc.MIB == contract.MIB
+    for mode in ComputeMode:  # the pipe directory and its control socket
+        layout = gc.daemon_layout("/r", str(mode))
+        assert layout.pipe_dir == contract.mps_pipe_dir("/r/mps", mode)
+        assert os.path.basename(layout.control_socket) == contract.MPS_CONTROL_SOCKET
+
+
+def test_clients_and_daemons_start_from_an_env_without_the_callers_limits(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in LimitEnv:
+        monkeypatch.setenv(name, "0=1M")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    run = gc.Run(gc.parse_args(["--cuda", "none", "--workdir", str(tmp_path)]))
+    base = run.base_env()
+    assert not [k for k in base if k.startswith(contract.LIMIT_ENV_PREFIXES) or k == "CUDA_VISIBLE_DEVICES"]
+    assert base["PATH"] == os.environ["PATH"]
+    run.gpu_uuid = "GPU-x"
+    env = run.client_env("/p", {gc.ENV_PINNED_MEM_LIMIT: "0=2M"})
+    assert (env[gc.ENV_PIPE_DIRECTORY], env["CUDA_VISIBLE_DEVICES"], env[gc.ENV_PINNED_MEM_LIMIT]) == (
+        "/p", "GPU-x", "0=2M")
+    assert gc.ENV_MEMORY_LIMIT not in env
 
 
 @pytest.mark.parametrize("mode", list(ComputeMode))
@@ -75,7 +98,10 @@ def test_daemon_layout_argv_env_and_config_are_the_agents(tmp_path: Path, mode: 
 
 @pytest.mark.parametrize(("limit_mib", "devices"), [(954, 1), (61440, 2), (1, 8)])
 def test_limit_values_are_formatted_as_the_webhook_writes_them(limit_mib: int, devices: int) -> None:
-    assert gc.format_pinned_mem_limit(limit_mib, devices) == format_pinned_mem_limit(limit_mib, devices)
+    assert gc.format_pinned_mem_limit(limit_mib, devices) == contract.format_pinned_mem_limit(
+        contract.pinned_limits(limit_mib, devices))
+    assert contract.parse_pinned_mem_limit(gc.format_pinned_mem_limit(limit_mib, devices)) == dict.fromkeys(
+        range(devices), limit_mib)
     fraction = ContainerFraction("app", ComputeMode.SM_SHARING, devices, Memory(limit_mib // 2 or 1, limit_mib),
                                  None, ())
     written = canonical_annotations(PodFractions({"app": fraction}, {}))
