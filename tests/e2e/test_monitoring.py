@@ -1,0 +1,227 @@
+"""Every series the chart's dashboard and alerts read exists: both real metrics endpoints are scraped — the
+webhook process's plain-HTTP metrics port after real reviews, and `gpufrac agent` on the GPU fakes against the
+control plane — and each metric name in the rendered PrometheusRule and in dashboards/gpufrac.json must be among
+the scraped series (or be one of the few kube-state-metrics and kube-apiserver series named below), with the
+labels the queries filter and group by."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from e2e.cluster import CHART_DIR, REPO_ROOT, RELEASE_NAMESPACE
+from e2e.testing import unique
+from gpufrac.certs.generate import issue_ca, issue_serving_cert, write_serving_files
+from tests.fakes.agent_world import GPU_UUIDS, AgentWorld, wait_until
+from tests.webhook.builders import pod, review_body
+
+pytestmark = pytest.mark.e2e
+
+# Series from elsewhere that the rules read, by who exports them. Anything else must come from gpufrac.
+EXTERNAL = {
+    "kube_deployment_status_replicas_available": "kube-state-metrics",
+    "kube_daemonset_status_desired_number_scheduled": "kube-state-metrics",
+    "kube_daemonset_status_number_available": "kube-state-metrics",
+    "kube_job_status_failed": "kube-state-metrics",
+    "apiserver_admission_webhook_rejection_count": "kube-apiserver",
+}
+# Labels Prometheus adds to every series of a target scraped through the chart's ServiceMonitor/PodMonitor
+# (`node` by their relabeling), and `le` of histogram buckets.
+TARGET_LABELS = {"namespace", "pod", "container", "service", "endpoint", "job", "instance", "node", "le"}
+
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
+                "offset", "inf", "nan"}
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def selectors(expr: str) -> list[tuple[str, set[str]]]:
+    """(metric name, label names it uses) for each series a PromQL expression reads: names in selectors, with the
+    labels of their matchers and of the by/without/on clauses of the expression."""
+    expr = re.sub(r"\[[^\]]*\]", "", expr)  # range and subquery durations, $__rate_interval
+    grouping: set[str] = set()
+    for clause in re.findall(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)", expr):
+        grouping |= {label.strip() for label in clause.split(",") if label.strip()}
+    expr = re.sub(r"\b(?:by|without|on|ignoring)\s*\([^)]*\)", " ", expr)
+    found = []
+    for match in re.finditer(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*(\{[^}]*\})?\s*(\()?", expr):
+        name, matchers, call = match.groups()
+        if call or name.lower() in PROMQL_WORDS or expr[max(0, match.start() - 1)] in "$\"'":
+            continue
+        labels = set(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)", matchers or ""))
+        found.append((name, labels | grouping))
+    return found
+
+
+def test_selectors_parse_what_the_queries_say():
+    assert selectors('sum by (le, endpoint) (rate(a_bucket{namespace="x", result!="y"}[5m])) > 1') == [
+        ("a_bucket", {"le", "endpoint", "namespace", "result"})]
+    assert selectors("min by (certificate) (b) - time() < 3") == [("b", {"certificate"})]
+    assert selectors('c == 0 and on (node) d{mode=~"a|b"}') == [("c", {"node"}), ("d", {"node", "mode"})]
+
+
+def rendered_rules() -> list[str]:
+    argv = [str(Path(os.environ.get("GPUFRAC_TOOLS_CACHE", Path.home() / ".cache/gpufrac/tools")) / "bin/helm"),
+            "template", "gpufrac", str(CHART_DIR), "--namespace", RELEASE_NAMESPACE,
+            "--set", "monitoring.prometheusRule.enabled=true",
+            "--api-versions", "monitoring.coreos.com/v1/PrometheusRule"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
+    (rule,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "PrometheusRule"]
+    return [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+
+
+def dashboard_queries() -> list[str]:
+    dashboard = json.loads((CHART_DIR / "dashboards" / "gpufrac.json").read_text())
+    queries = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "query":  # Grafana's label_values(metric, label): the label of that metric
+            metric, label = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)", variable["query"]["query"]).groups()
+            queries.append(f'{metric}{{{label}!=""}}')
+    return queries
+
+
+class WebhookProcess:
+    """`gpufrac webhook` with its plain-HTTP metrics port, as the chart runs it."""
+
+    def __init__(self, workdir: Path) -> None:
+        certs = workdir / "certs"
+        ca = issue_ca("monitoring-test-ca")
+        write_serving_files(certs, ca, issue_serving_cert(ca, days=30))
+        self.certs, self.port, self.metrics_port = certs, _free_port(), _free_port()
+        self._log = open(workdir / "webhook.log", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpufrac", "webhook", "--certs", str(certs), "--bind", f"127.0.0.1:{self.port}",
+             "--metrics-bind", f"127.0.0.1:{self.metrics_port}", "--workers", "2", "--threads", "2"],
+            cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_until(self._up, 60, "the webhook's metrics port")
+
+    def _up(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the webhook exited with {self.proc.returncode}")
+        with contextlib.suppress(OSError):
+            return bool(self.metrics())
+        return False
+
+    def post(self, path: str, body: bytes) -> int:
+        import http.client
+        import ssl
+        context = ssl.create_default_context(cafile=str(self.certs / "ca.crt"))
+        conn = http.client.HTTPSConnection("localhost", self.port, context=context, timeout=10)
+        try:
+            conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            response.read()
+            return response.status
+        finally:
+            conn.close()
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
+            return resp.read().decode()
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self._log.close()
+
+
+def scraped_with(scrape, fragment: str) -> str | None:
+    text = scrape()
+    return text if fragment in text else None
+
+
+def series(text: str) -> dict[str, set[str]]:
+    """Sample name -> the label names it carries."""
+    out: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, set()).update(sample.labels)
+    return out
+
+
+@pytest.fixture(scope="module")
+def webhook_series(tmp_path_factory) -> dict[str, set[str]]:
+    server = WebhookProcess(tmp_path_factory.mktemp("webhook-metrics"))
+    try:
+        allowed = review_body(pod({"gpu-fraction": "0.5"}), operation="CREATE")
+        denied = review_body(pod({"gpu-fraction": "1.5"}), operation="CREATE")
+        assert server.post("/mutate", json.dumps(allowed).encode()) == 200
+        assert server.post("/mutate", json.dumps(denied).encode()) == 200
+        assert server.post("/validate", json.dumps(denied).encode()) == 200
+        assert server.post("/validate", b"not json") == 400
+        text = wait_until(lambda: scraped_with(server.metrics, 'result="error"'), 30, "all results")
+    finally:
+        server.stop()
+    found = series(text)
+    assert 'reason="annotation gpu-fraction"' in text
+    assert "_created" not in text
+    return found
+
+
+@pytest.fixture(scope="module")
+def agent_series(cluster, tmp_path_factory) -> dict[str, set[str]]:
+    world = AgentWorld(cluster, tmp_path_factory.mktemp("agent-metrics"))
+    world.start_agent()
+    try:
+        fp = world.create_pod(unique("monitoring-fraction"), gpu_uuid=GPU_UUIDS[0], limit_mib=8000)
+        world.start_process(fp, used_mib=1000, sm_util=30)
+        text = wait_until(lambda: scraped_with(world.metrics, f'pod="{fp.name}"'), 60, "usage series")
+    finally:
+        try:
+            world.stop_agent()
+        finally:
+            world.delete_pods(*world.created)
+    assert "_created" not in text
+    return series(text)
+
+
+def test_webhook_metrics_port_serves_what_operators_need(webhook_series):
+    for name in ("gpufrac_admission_reviews_total", "gpufrac_admission_review_duration_seconds_bucket",
+                 "gpufrac_admission_denials_total", "gpufrac_certificate_expiration_timestamp_seconds",
+                 "gpufrac_build_info"):
+        assert name in webhook_series, name
+    assert webhook_series["gpufrac_admission_denials_total"] == {"endpoint", "reason"}
+
+
+def test_agent_usage_series_join_with_dcgm_exporter(agent_series):
+    labels = agent_series["gpufrac_container_gpu_sm_utilization_ratio"]
+    assert {"UUID", "Hostname", "namespace", "pod", "container"} <= labels
+    assert not [n for n in agent_series if n.endswith("_percent")]
+
+
+@pytest.mark.parametrize("source", ["rules", "dashboard"])
+def test_every_series_the_chart_queries_is_exported(webhook_series, agent_series, source):
+    exported = {**webhook_series, **agent_series}
+    queries = rendered_rules() if source == "rules" else dashboard_queries()
+    assert queries
+    used = [s for q in queries for s in selectors(q)]
+    assert used, queries
+    for name, labels in used:
+        if name in EXTERNAL:
+            continue
+        assert name.startswith("gpufrac_"), f"{name}: neither gpufrac's nor a known external series"
+        assert name in exported, f"{source} read {name}, which neither endpoint exports"
+        unknown = labels - exported[name] - TARGET_LABELS
+        assert not unknown, f"{source} filter or group {name} by {sorted(unknown)}, which it does not carry"
