@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.cluster import CHART_DIR, REPO_ROOT, RELEASE_NAMESPACE
+from e2e.cluster import CHART_DIR, RELEASE_NAMESPACE, REPO_ROOT
 from e2e.testing import unique
 from gpufrac.certs.generate import issue_ca, issue_serving_cert, write_serving_files
 from tests.fakes.agent_world import GPU_UUIDS, AgentWorld, wait_until
