@@ -17,8 +17,6 @@ from gpufrac.certs.rotation import (
     KINDS,
     TLS_CRT,
     CertState,
-    ConflictError,
-    NotFoundError,
     Plan,
     Settings,
     add_rotate_arguments,
@@ -28,6 +26,7 @@ from gpufrac.certs.rotation import (
     run_rotate,
     service_dns_names,
 )
+from gpufrac.kube.errors import ConflictError, NotFoundError
 
 T0 = dt.datetime(2027, 1, 1, tzinfo=dt.UTC)
 DNS = service_dns_names("gpufrac-webhook", "gpufrac-system")

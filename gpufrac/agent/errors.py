@@ -19,13 +19,5 @@ class MpsStartError(AgentError):
     """An MPS control daemon could not be started (binary missing, directory not writable)."""
 
 
-class MpsBudgetExhaustedError(AgentError):
-    """An MPS control daemon kept crashing until its restart budget ran out."""
-
-
-class KubeApiError(AgentError):
-    """A Kubernetes API call failed in a way the caller has to report (not a transient watch disconnect)."""
-
-
 class ConfigError(AgentError):
     """The agent's own flags are inconsistent or unusable."""

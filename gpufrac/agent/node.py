@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from gpufrac.agent.capabilities import CONDITION_TYPE
-from gpufrac.agent.errors import KubeApiError
 from gpufrac.agent.model import NodeCondition
+from gpufrac.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class NodePublisher:
         self._condition_at: dt.datetime | None = None
 
     def publish(self, labels: dict[str, str], condition: NodeCondition) -> None:
-        """Raises KubeApiError; what failed is retried on the next call."""
+        """Raises KubeError; what failed is retried on the next call."""
         if labels != self._labels:
             self._sink.patch_node_labels(self._node, labels)
             log.info("node %s labels: %s", self._node, labels)
@@ -77,7 +77,7 @@ class NodePublisher:
     def try_publish(self, labels: dict[str, str], condition: NodeCondition) -> bool:
         try:
             self.publish(labels, condition)
-        except KubeApiError as err:
+        except KubeError as err:
             log.warning("publishing node state: %s", err)
             return False
         return True

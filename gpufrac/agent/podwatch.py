@@ -8,8 +8,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from gpufrac.agent.errors import KubeApiError
-from gpufrac.agent.kube import GoneError
+from gpufrac.kube.errors import GoneError, KubeError
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +94,7 @@ class PodCache:
                 log.info("pod watch expired (410 Gone), relisting")
                 resource_version = None
                 reconnecting = True
-            except (KubeApiError, OSError, ValueError) as err:
+            except (KubeError, OSError, ValueError) as err:
                 log.warning("pod watch interrupted: %s; retrying in %.0fs", err, self._retry_delay)
                 reconnecting = True
                 self._stop.wait(self._retry_delay)

@@ -27,13 +27,14 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
 from gpufrac.certs.generate import KeyPair, issue_ca, issue_serving_cert
+from gpufrac.kube.errors import ConflictError, KubeError, NotFoundError
 
 log = logging.getLogger("gpufrac.certs.rotation")
 
@@ -267,14 +268,6 @@ def execute(
 # The cluster side
 
 
-class NotFoundError(Exception):
-    pass
-
-
-class ConflictError(Exception):
-    pass
-
-
 class Cluster(Protocol):
     def read_secret(self, namespace: str, name: str) -> tuple[dict[str, str], str] | None:
         """(data, resourceVersion), or None when the Secret does not exist."""
@@ -295,7 +288,7 @@ KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 
 
 @dataclass
-class Outcome:
+class RotationOutcome:
     secret_written: bool = False
     patched: list[str] = field(default_factory=list)
     reasons: tuple[str, ...] = ()
@@ -304,13 +297,13 @@ class Outcome:
 def reconcile(
     cluster: Cluster, namespace: str, secret: str, dns_names: Sequence[str], webhook_configs: Sequence[str],
     settings: Settings, now: dt.datetime | None = None, ignore_missing_configs: bool = False,
-) -> Outcome:
+) -> RotationOutcome:
     now = now or dt.datetime.now(dt.UTC)
     current = cluster.read_secret(namespace, secret)
     state = CertState.from_secret_data(current[0] if current else None)
     plan = decide(state, now, dns_names, settings)
     new_state = execute(state, plan, now, dns_names, settings) if plan.changes_secret else state
-    outcome = Outcome(reasons=plan.reasons)
+    outcome = RotationOutcome(reasons=plan.reasons)
     ca_bundle = base64.b64encode(new_state.bundle or b"").decode()
 
     # Read every configuration first, so a missing one fails the run before anything is written.
@@ -341,79 +334,6 @@ def reconcile(
             cluster.replace_secret(namespace, secret, data, current[1])
         outcome.secret_written = True
     return outcome
-
-
-class KubeCluster:
-    """`Cluster` over the official kubernetes client."""
-
-    def __init__(self) -> None:
-        from kubernetes import client, config
-
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        self._client = client
-        self._core = client.CoreV1Api()
-        self._admission = client.AdmissionregistrationV1Api()
-
-    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            return fn(*args, **kwargs)
-        except ApiException as e:
-            if e.status == 404:
-                raise NotFoundError(str(e.reason)) from e
-            if e.status == 409:
-                raise ConflictError(str(e.reason)) from e
-            raise
-
-    def read_secret(self, namespace: str, name: str) -> tuple[dict[str, str], str] | None:
-        try:
-            s = self._call(self._core.read_namespaced_secret, name, namespace)
-        except NotFoundError:
-            return None
-        return dict(s.data or {}), s.metadata.resource_version
-
-    def _secret(self, name: str, data: dict[str, str], resource_version: str | None = None) -> Any:
-        c = self._client
-        return c.V1Secret(
-            metadata=c.V1ObjectMeta(
-                name=name, resource_version=resource_version,
-                labels={"app.kubernetes.io/part-of": "gpufrac", "app.kubernetes.io/component": "certs"},
-            ),
-            type="kubernetes.io/tls", data=data,
-        )
-
-    def create_secret(self, namespace: str, name: str, data: dict[str, str]) -> None:
-        self._call(self._core.create_namespaced_secret, namespace, self._secret(name, data))
-
-    def replace_secret(self, namespace: str, name: str, data: dict[str, str], resource_version: str) -> None:
-        # Read-modify-write under resourceVersion: a concurrent run gets a 409 and starts over.
-        body = self._call(self._core.read_namespaced_secret, name, namespace)
-        if body.metadata.resource_version != resource_version:
-            raise ConflictError("secret changed during the run")
-        body.data = data
-        self._call(self._core.replace_namespaced_secret, name, namespace, body)
-
-    def read_webhooks(self, kind: str, name: str) -> list[tuple[str, str]]:
-        read = (self._admission.read_mutating_webhook_configuration if kind == KINDS[0]
-                else self._admission.read_validating_webhook_configuration)
-        obj = self._call(read, name)
-        return [
-            (w.name, (w.client_config.ca_bundle or "") if w.client_config else "") for w in obj.webhooks or []
-        ]
-
-    def set_ca_bundle(self, kind: str, name: str, index: int, webhook: str, ca_bundle: str) -> None:
-        patch = (self._admission.patch_mutating_webhook_configuration if kind == KINDS[0]
-                 else self._admission.patch_validating_webhook_configuration)
-        # JSON patch; `test` makes sure the index still names the same webhook.
-        body = [
-            {"op": "test", "path": f"/webhooks/{index}/name", "value": webhook},
-            {"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": ca_bundle},
-        ]
-        self._call(patch, name, body)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -472,7 +392,9 @@ def run_rotate(
         return 2
     dns_names = service_dns_names(args.service, args.namespace, args.cluster_domain)
     try:
-        cluster = cluster or KubeCluster()
+        if cluster is None:
+            from gpufrac.certs.kube import KubeCluster  # the kubernetes client only where a real cluster is used
+            cluster = KubeCluster()
     except Exception as e:  # no kubeconfig / in-cluster config
         log.error("cannot reach the cluster: %s", e)
         return 1
@@ -486,7 +408,7 @@ def run_rotate(
             log.warning("conflict (attempt %d): %s; starting over", attempt, e)
             time.sleep(min(2 ** attempt, 10) / 10)
             continue
-        except NotFoundError as e:
+        except KubeError as e:  # a configuration that is not there, the API server refusing or unreachable
             log.error("%s", e)
             return 1
         for reason in outcome.reasons:

@@ -10,13 +10,14 @@ import pytest
 
 from gpufrac.agent.capabilities import CONDITION_TYPE
 from gpufrac.agent.cli import add_arguments, config_from_args
-from gpufrac.agent.errors import ConfigError, KubeApiError
-from gpufrac.agent.kube import GoneError, pod_selectors
+from gpufrac.agent.errors import ConfigError
+from gpufrac.agent.kube import pod_selectors
 from gpufrac.agent.model import ConditionStatus, NodeCondition
 from gpufrac.agent.node import NodePublisher
 from gpufrac.agent.podwatch import PodCache, apply_event
 from gpufrac.agent.serve import parse_bind
 from gpufrac.core.annotations import ComputeMode
+from gpufrac.kube.errors import ApiError, GoneError
 
 
 def obj(uid: str, rv: str, name: str | None = None) -> dict:
@@ -90,7 +91,7 @@ def test_watch_resumes_from_the_last_version_after_a_disconnect():
 def test_gone_relists_and_replaces_the_cache():
     source = ScriptedSource(
         lists=[[obj("a", "1"), obj("b", "1")], [obj("c", "20")]],
-        watches=[([], GoneError("too old")), ([], KubeApiError("500"))])
+        watches=[([], GoneError("too old")), ([], ApiError("500", 500))])
     cache, reconnects = run_cache(source)
     assert source.list_calls == 2
     assert source.watch_versions[:2] == ["list-1", "list-2"]
@@ -107,7 +108,7 @@ class Sink:
 
     def patch_node_labels(self, node, labels):
         if self.fail:
-            raise KubeApiError("boom")
+            raise ApiError("boom", 500)
         self.labels.append(labels)
 
     def patch_node_condition(self, node, condition):
