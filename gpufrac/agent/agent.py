@@ -6,12 +6,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from gpufrac.agent import capabilities
-from gpufrac.agent.audit import attribute, audit, usage
+from gpufrac.agent.audit import Findings, Snapshot, decide, in_fractional_container
 from gpufrac.agent.errors import MpsStartError, NvmlError, ProcReadError
 from gpufrac.agent.events import EventSink, ViolationRecorder
 from gpufrac.agent.metrics import AgentMetrics
@@ -235,34 +235,39 @@ class Agent:
         )
 
     def _audit(self, inventory: Inventory) -> None:
+        """Observe (one snapshot), decide (pure), act."""
+        observed = self._observe(inventory)
+        if observed is None:
+            self.metrics.set_usage(())  # the processes are not known: no stale series
+            return
+        snapshot, pods = observed
+        self._act(decide(snapshot), pods)
+
+    def _observe(self, inventory: Inventory) -> tuple[Snapshot, list[dict[str, Any]]] | None:
+        """What the audit reads: NVML's processes, the pods, and /proc of the processes. None: NVML failed."""
         try:
             processes = self.gpus.processes()
         except NvmlError as err:
             log.warning("%s", err)
-            self.metrics.set_usage(())
-            return
+            return None
         pods = self.pods.snapshot()
         index = index_by_container_id(pods)
         self.metrics.unreadable_canonical.set(index.unreadable)
-        containers = index.by_id
-        cgroups = {}
+        cgroups: dict[int, str] = {}
+        environs: dict[int, dict[str, str]] = {}
         for process in processes:
             try:
                 cgroups[process.pid] = read_cgroup(self.config.proc_root, process.pid)
-            except ProcReadError as err:
+                if in_fractional_container(cgroups[process.pid], index.by_id):
+                    environs[process.pid] = read_environ(self.config.proc_root, process.pid)
+            except ProcReadError as err:  # it exited meanwhile: what was read still counts
                 log.debug("%s", err)
-        matched = attribute(processes, containers, cgroups, {})
-        attributed = []
-        for item in matched:
-            try:
-                environ: dict[str, str] | None = read_environ(self.config.proc_root, item.process.pid)
-            except ProcReadError as err:
-                log.debug("%s", err)
-                environ = None
-            attributed.append(replace(item, environ=environ))
-        gpus = inventory.by_uuid()
-        self.violations = audit(attributed, gpus)
-        self.metrics.set_usage(usage(attributed, containers.values(), gpus))
+        return Snapshot(processes, index.by_id, cgroups, environs, inventory.by_uuid()), pods
+
+    def _act(self, findings: Findings, pods: list[dict[str, Any]]) -> None:
+        """Publish what the audit found: metrics, events (once per violation), evictions when asked."""
+        self.violations = findings.violations
+        self.metrics.set_usage(findings.usage)
         try:
             new = self.recorder.record(self.violations)
         except Exception as err:

@@ -1,7 +1,8 @@
 """Does each GPU process of a fractional container carry its limits and stay within them? Pure.
 
-Inputs are the NVML process list, each process' container (found through its cgroup) and environment; the
-output is the list of violations, one per (kind, container, GPU).
+Inputs are one `Snapshot` of what the agent read: the NVML process list, this node's fractional containers, each
+process' cgroup (which names its container) and environment; `decide` turns it into the violations (one per kind,
+container and GPU) and the usage series. The agent's loop reads the snapshot and acts on the result.
 """
 
 from __future__ import annotations
@@ -20,6 +21,33 @@ from gpufrac.core.contract import (
     parse_pinned_mem_limit,
     pipe_dir_mode,
 )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one audit reads, taken at once (the agent's observe step)."""
+
+    processes: Sequence[GpuProcess]
+    containers: Mapping[str, FractionalContainer]  # by container ID
+    cgroups: Mapping[int, str]  # pid -> /proc/<pid>/cgroup; missing: unreadable
+    environs: Mapping[int, Mapping[str, str]]  # pid -> environment, of processes in fractional containers
+    gpus: Mapping[str, GpuInfo]  # by UUID
+
+
+@dataclass(frozen=True)
+class Findings:
+    violations: list[Violation]
+    usage: list[UsageSample]
+
+
+def in_fractional_container(cgroup: str, containers: Mapping[str, FractionalContainer]) -> bool:
+    """Whether a process' cgroup names one of the fractional containers (only those get their environ read)."""
+    return any(c in containers for c in container_ids_in_cgroup(cgroup))
+
+
+def decide(snapshot: Snapshot) -> Findings:
+    attributed = attribute(snapshot.processes, snapshot.containers, snapshot.cgroups, snapshot.environs)
+    return Findings(audit(attributed, snapshot.gpus), usage(attributed, snapshot.containers.values(), snapshot.gpus))
 
 
 @dataclass(frozen=True)
@@ -221,9 +249,9 @@ def usage(
         used = sum(p.used_bytes or 0 for p in processes)
         util = min(100.0, float(sum(p.sm_util or 0 for p in processes)))
         spec = container.spec
-        gpu = gpus.get(gpu_uuid)
+        device = gpus.get(gpu_uuid)
         share_mib = spec.request_mib if spec.request_mib is not None else spec.limit_mib
-        fraction = share_mib / gpu.memory_total_mib if gpu and share_mib and gpu.memory_total_mib else 1.0
+        fraction = share_mib / device.memory_total_mib if device and share_mib and device.memory_total_mib else 1.0
         samples.append(
             UsageSample(
                 namespace=container.namespace,

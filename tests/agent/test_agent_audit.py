@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufrac.agent.audit import AttributedProcess, attribute, audit, device_assigned, usage
+from gpufrac.agent.audit import AttributedProcess, Snapshot, attribute, audit, decide, device_assigned, usage
 from gpufrac.agent.errors import ProcReadError
 from gpufrac.agent.model import GpuProcess, ViolationKind
 from gpufrac.agent.pods import fractional_containers, index_by_container_id
@@ -210,3 +210,21 @@ def test_a_container_whose_canonical_values_do_not_parse_is_counted_not_dropped_
                                    pod("q", uid="u2", containers={"app": cid(2)}, annotations=broken)])
     assert set(index.by_id) == {cid(1)}
     assert index.unreadable == 1
+
+
+def test_decide_is_one_pure_step_from_a_snapshot_to_violations_and_usage():
+    ok, over = container("ok", uid="u1", container_id=cid(1)), container("over", uid="u2", container_id=cid(2))
+    def cgroup(container_id: str) -> str:
+        return CGROUP_FORMS["v2-containerd-systemd"].format(uid="u", id=container_id)
+
+    snapshot = Snapshot(
+        processes=[proc(100, used_mib=1024), proc(200, used_mib=5000), proc(300, used_mib=1)],
+        containers={ok.container_id: ok, over.container_id: over},
+        cgroups={100: cgroup(cid(1)), 200: cgroup(cid(2)), 300: cgroup(cid(9))},
+        environs={100: injected_env(ok), 200: injected_env(over)},
+        gpus=GPUS,
+    )
+    findings = decide(snapshot)
+    assert [(str(v.kind), v.container.container) for v in findings.violations] == [("memory-over-limit", "over")]
+    assert {(s.container, s.used_bytes) for s in findings.usage} == {("ok", 1024 * MIB), ("over", 5000 * MIB)}
+    assert decide(snapshot) == findings
