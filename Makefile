@@ -10,15 +10,20 @@ export GPUFRAC_TOOLS_CACHE := $(TOOLS_CACHE)
 
 .PHONY: venv run certs test unit lint tools clean
 
+# Two stamps: `make run` installs what the programs need; `make test` and `make lint` add the test tools.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-venv: $(VENV)/.installed
+venv: $(VENV)/.installed-test
 
-certs: venv
+certs: $(VENV)/.installed
 	$(PY) -m gpufrac certs --out $(CERTS) --dns gpufrac-webhook.gpufrac-system.svc
 
 run: certs
@@ -27,8 +32,11 @@ run: certs
 tools:
 	bash e2e/build-tools.sh
 
+# ruff (with C901 at 15), the layering contracts (.importlinter) and the types (mypy, strict: pyproject.toml).
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 unit: venv
 	$(PY) -m pytest -q -m 'not e2e'

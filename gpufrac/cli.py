@@ -7,13 +7,17 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gpufrac.core.contract import DEFAULT_MPS_ROOT, DEFAULT_SCHEDULER_USER
+
+if TYPE_CHECKING:
+    from gpufrac.webhook.policy import Policy
 
 DEFAULT_DNS = ("gpufrac-webhook", "gpufrac-webhook.gpufrac-system", "gpufrac-webhook.gpufrac-system.svc")
 
 
-def _policy(args: argparse.Namespace):  # -> webhook.policy.Policy, imported lazily to keep `agent` light
+def _policy(args: argparse.Namespace) -> Policy:  # imported lazily: `gpufrac agent` stays light
     from gpufrac.webhook.policy import Policy
     return Policy(
         scheduler_users=frozenset(args.scheduler_user or (DEFAULT_SCHEDULER_USER,)),
@@ -56,7 +60,7 @@ def _webhook(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_yaml(path: str):
+def _load_yaml(path: str) -> Any:
     import yaml
     with open(path, encoding="utf-8") as handle:
         return yaml.safe_load(handle)

@@ -20,7 +20,7 @@ from gpufrac.core.buildinfo import build_info
 USAGE_LABELS = ("namespace", "pod", "container", "UUID", "Hostname")
 
 # Counters answer with their `_total` alone: `_created` doubles the series and nothing here reads it.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 class _UsageCollector(Collector):

@@ -102,7 +102,7 @@ def _programs(pid_dir: Path) -> set[str]:
 def mps_processes(proc_root: Path, pipe_dir: Path) -> list[int]:
     """PIDs of MPS control daemons and servers of this pipe directory (their environment names it): what a
     killed daemon or a killed agent left behind. Those of other pipe directories are not ours: left alone."""
-    found = []
+    found: list[int] = []
     try:
         entries = list(proc_root.iterdir())
     except OSError:

@@ -64,7 +64,7 @@ def next_restart(
 
 def remove_stale(pipe_dir: Path) -> list[Path]:
     """Remove a previous daemon's control socket and pipes (they make the next start fail). Returns them."""
-    removed = []
+    removed: list[Path] = []
     if not pipe_dir.is_dir():
         return removed
     for entry in pipe_dir.iterdir():

@@ -28,7 +28,7 @@ from gpufrac.core.buildinfo import build_info
 from gpufrac.core.contract import FRACTIONAL_LABEL
 from gpufrac.webhook.errors import Violation
 
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 REVIEWS = Counter("gpufrac_admission_reviews_total", "AdmissionReviews answered, by endpoint and result",
                   ["endpoint", "result"])
@@ -103,7 +103,7 @@ def render(extra: Iterable[Collector] = ()) -> bytes:
     """All workers' metrics, aggregated, in the text format, with `extra` collectors of this process."""
     registry = CollectorRegistry()
     try:
-        multiprocess.MultiProcessCollector(registry)
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     except ValueError:  # not under gunicorn (tests, `gpufrac review`): this process's own values
         registry = REGISTRY
     collectors = [BuildInfoCollector(), *extra]

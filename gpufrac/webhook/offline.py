@@ -27,7 +27,9 @@ class OfflineResult:
 
 
 def _request(obj: dict[str, Any], old: dict[str, Any] | None, user: UserInfo) -> ReviewRequest:
-    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, dict):
+        metadata = {}
     return ReviewRequest(
         uid="offline", operation="UPDATE" if old is not None else "CREATE", kind="Pod", resource="pods",
         sub_resource="", namespace=str(metadata.get("namespace", "")), name=str(metadata.get("name", "")),

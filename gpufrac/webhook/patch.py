@@ -18,7 +18,7 @@ _CONTAINER_LISTS = ("env", "volumeMounts")
 def _copied(parent: dict[str, Any], key: str, kind: type) -> None:
     value = parent.get(key)
     if isinstance(value, kind):
-        parent[key] = kind(value)  # type: ignore[call-arg]
+        parent[key] = kind(value)
 
 
 def working_copy(obj: dict[str, Any]) -> dict[str, Any]:

@@ -2,9 +2,10 @@
 
 The API server only sends well-formed pods, but the webhook must answer anything with a clear 400 rather than a
 500: every read that could meet a wrong type goes through here and raises BadReviewError.
-"""
 
-from __future__ import annotations
+No `from __future__ import annotations` here: it would make the name `annotations` (the reader below) the
+compiler feature for the type checker.
+"""
 
 from collections.abc import Iterator
 from dataclasses import dataclass

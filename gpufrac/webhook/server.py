@@ -86,7 +86,7 @@ class DeadlineSSLSocket(ssl.SSLSocket):
     def recv_into(self, buffer: Any, nbytes: int | None = None, flags: int = 0) -> int:
         self._before_read()
         try:
-            return super().recv_into(buffer, nbytes, flags)  # type: ignore[arg-type]
+            return super().recv_into(buffer, nbytes, flags)
         except TimeoutError:
             raise self._cut_off("request") from None
 
@@ -187,7 +187,7 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
 
         def child_exit(_server: Any, worker: Any) -> None:
             from prometheus_client import multiprocess
-            multiprocess.mark_process_dead(worker.pid, metrics_dir)
+            multiprocess.mark_process_dead(worker.pid, metrics_dir)  # type: ignore[no-untyped-call]
 
         settings = {
             "bind": [o.bind],

@@ -186,17 +186,23 @@ def _boundaries(obj: dict[str, Any], fractions: PodFractions, policy: Policy) ->
         if escalating:
             out.append(Violation(where, f"adds {', '.join(escalating)}, which grants SYS_ADMIN and lets it leave the "
                                         "GPU fraction of its pod; remove it"))
-        if fraction is not None:
-            continue
-        for entry in podview.env(ref):
-            name = entry["name"]
-            if name == LimitEnv.VISIBLE_DEVICES and entry.get("value") not in NO_GPU_VALUES:
-                out.append(Violation(where, f"sets {LimitEnv.VISIBLE_DEVICES} in a pod with GPU fractions; only "
-                                            f"{' or '.join(NO_GPU_VALUES)} is allowed outside the fractional "
-                                            f"containers ({', '.join(sorted(fractions.names()))})",))
-            elif name.startswith(LIMIT_ENV_PREFIXES):
-                out.append(Violation(where, f"sets {name}, which only the fractional containers carry, as gpufrac "
-                                            "injects it"))
+        if fraction is None:
+            out += _limit_env_outside_fractions(where, ref, fractions)
+    return out
+
+
+def _limit_env_outside_fractions(where: str, ref: podview.ContainerRef, fractions: PodFractions) -> list[Violation]:
+    """A container beside the fractions may not see a GPU nor carry the limits' env."""
+    out: list[Violation] = []
+    for entry in podview.env(ref):
+        name = entry["name"]
+        if name == LimitEnv.VISIBLE_DEVICES and entry.get("value") not in NO_GPU_VALUES:
+            out.append(Violation(where, f"sets {LimitEnv.VISIBLE_DEVICES} in a pod with GPU fractions; only "
+                                        f"{' or '.join(NO_GPU_VALUES)} is allowed outside the fractional "
+                                        f"containers ({', '.join(sorted(fractions.names()))})",))
+        elif name.startswith(LIMIT_ENV_PREFIXES):
+            out.append(Violation(where, f"sets {name}, which only the fractional containers carry, as gpufrac "
+                                        "injects it"))
     return out
 
 
