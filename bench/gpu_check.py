@@ -37,6 +37,7 @@ import tempfile
 import textwrap
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1140,8 +1141,7 @@ class Run:
     # ---- helpers ----
 
     def log(self, message: str) -> None:
-        sys.stdout.write(f"[{time.monotonic() - self.began:6.1f}s] {message}\n")
-        sys.stdout.flush()
+        say(f"[{time.monotonic() - self.began:6.1f}s] {message}\n")
 
     def add(self, row: Row) -> None:
         self.rows.append(row)
@@ -1675,11 +1675,22 @@ class Run:
 
     # ---- the whole run ----
 
+    def guarded(self, row_id: str, step: Any) -> None:
+        """Runs one check: a bug, or an answer shaped as nobody expected, fails that check, not the whole run."""
+        try:
+            step()
+        except (InterruptedRun, KeyboardInterrupt):
+            raise
+        except Exception as err:
+            self.raw.setdefault("internal_errors", []).append(traceback.format_exc())
+            self.add(Row(row_id, f"check {row_id}", FAIL, f"internal error: {type(err).__name__}: {err} "
+                                                          "(traceback in the report's raw.internal_errors)"))
+
     def run(self) -> None:
-        self.inventory()
+        self.guarded("1", self.inventory)
         if self.nvml is None or self.handle is None:
             return
-        self.cuda_setup()
+        self.guarded("1c", self.cuda_setup)
         self.start_daemons()
         if self.args.linger:
             self.log(f"daemons up; lingering {self.args.linger}s (--linger)")
@@ -1702,7 +1713,7 @@ class Run:
             if self.left() < 20:
                 self.add(Row(check, f"check {check}", SKIPPED, "the time budget (--budget) is used up"))
                 continue
-            step()
+            self.guarded(check, step)
 
     def cleanup(self) -> None:
         for client in self.clients:
@@ -1717,6 +1728,15 @@ class Run:
             pass
         if self.nvml is not None:
             self.nvml.shutdown()
+
+
+def say(text: str) -> None:
+    """Progress on stdout; a closed stdout (a pipe to `head`, a dropped ssh) must not stop the check or its cleanup."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError:
+        pass
 
 
 def write_quietly(path: str, text: str) -> None:
@@ -1876,8 +1896,7 @@ def main(argv: list[str] | None = None) -> int:
         written = f"could not write the report to {args.out}: {err}"
     if not args.keep_workdir and not args.workdir:
         shutil.rmtree(run.root, ignore_errors=True)
-    sys.stdout.write("\n" + table + written + "\n")
-    sys.stdout.flush()
+    say("\n" + table + written + "\n")
     if interrupted:
         return 130
     return 1 if any(r.status == FAIL for r in run.rows) else 0

@@ -29,7 +29,7 @@ from gpufrac.core.contract import DEFAULT_MPS_ROOT, LimitEnv
 from gpufrac.webhook.fractions import ContainerFraction, Memory, PodFractions
 from gpufrac.webhook.mutation import canonical_annotations, injected_env, injected_mount, injected_volume
 from gpufrac.webhook.policy import Policy
-from tests.fakes.build import MPS_CONTROL, fake_nvml_library
+from tests.fakes.build import MPS_CONTROL, fake_cuda_library, fake_nvml_library
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "gpu_check.py"
@@ -283,13 +283,26 @@ def test_judge_pod() -> None:
 
 
 def run_check(tmp_path: Path, *extra: str, env: dict[str, str] | None = None, state: Path = FAKE_NODE,
-              wrapper: bool = False) -> subprocess.CompletedProcess[str]:
+              wrapper: bool = False, cuda: bool = False) -> subprocess.CompletedProcess[str]:
+    """The check against the fake NVML and MPS control; with `cuda`, the fake libcuda.so.1 too (and the fake NVML
+    lists its clients' processes), else a libcuda that does not exist."""
     command = ["bash", str(WRAPPER)] if wrapper else [sys.executable, str(SCRIPT)]
     full_env = {**os.environ, "GPUFRAC_FAKE_NVML": str(state), "PYTHON": sys.executable, **(env or {})}
+    library = str(tmp_path / "no-libcuda.so.1")
+    if cuda:
+        (tmp_path / "processes").mkdir()
+        full_env.update(GPUFRAC_FAKE_GPU_PROCESSES=str(tmp_path / "processes"),
+                        GPUFRAC_FAKE_CUDA_LOCK=str(tmp_path / "gpu.lock"), GPUFRAC_FAKE_CUDA_RATE="2e8")
+        library = str(fake_cuda_library())
+        extra = ("--spin-seconds", "0.5", *extra)
     return subprocess.run([*command, "--nvml", str(fake_nvml_library()), "--mps-control", str(MPS_CONTROL),
-                           "--cuda", str(tmp_path / "no-libcuda.so.1"), "--workdir", str(tmp_path / "work"),
+                           "--cuda", library, "--workdir", str(tmp_path / "work"),
                            "--out", str(tmp_path / "report.json"), *extra],
-                          capture_output=True, text=True, env=full_env, timeout=120, check=False)
+                          capture_output=True, text=True, env=full_env, timeout=240, check=False)
+
+
+def checks(tmp_path: Path) -> dict[str, dict[str, Any]]:
+    return {c["id"]: c for c in json.loads((tmp_path / "report.json").read_text())["checks"]}
 
 
 def records(tmp_path: Path, mode: str) -> list[dict[str, Any]]:
@@ -407,3 +420,70 @@ def test_sigterm_stops_the_daemons_and_exits_non_zero(tmp_path: Path) -> None:
         assert [e["code"] for e in events if e["event"] == "exit"] == [0]
         assert not alive(next(e for e in events if e["event"] == "start")["pid"])
     assert json.loads((tmp_path / "report.json").read_text())["interrupted"] == "SIGTERM"
+
+
+# ---- the CUDA clients, against the fake libcuda.so.1 (tests/fakes/fake_cuda.c) ----
+
+
+def test_with_fake_cuda_every_client_path_runs_and_passes(tmp_path: Path) -> None:
+    # the fake refuses sm_90 PTX: the client falls back to the next target; check 3 needs cgroup v2, left out
+    result = run_check(tmp_path, "--only", "2,4,5,6", cuda=True, env={"GPUFRAC_FAKE_CUDA_REJECT_TARGET": "sm_90"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = checks(tmp_path)
+    pods = unshare_works()
+    expected = {"1", "2a", "2b", "4a", "4b", "4c", "5a", "5b", "6a", "6b", "7"}
+    assert set(rows) == expected
+    assert {r for r, c in rows.items() if c["status"] != gc.PASS} == (set() if pods else {"5a", "5b"})
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["raw"]["cuda"]["device"]["ptx_target"] == "sm_75 (PTX ISA 6.3)"
+    assert report["raw"]["cuda"]["device"]["sm_count"] == 132
+    solo = report["raw"]["cuda"]["calibration"]["solo_s"]
+    assert 0.4 < solo < 0.8  # calibrated to --spin-seconds 0.5
+    for row in ("2a", "2b"):  # each client got exactly its pinned limit (the fake has no context overhead)
+        got = [(c["limit_mib"], c["probe"]["allocated_mib"], c["probe"]["stopped_by"])
+               for c in rows[row]["numbers"]["clients"]]
+        assert got == [(2048, 2048, "oom"), (4096, 4096, "oom")]
+    assert rows["4a"]["numbers"]["span_s"] < 1.35 * solo <= 1.65 * solo < rows["4b"]["numbers"]["span_s"]
+    assert rows["4c"]["numbers"]["span_s"] > 1.65 * solo
+    attribution = rows["6a"]["numbers"]
+    assert sorted(attribution["memory_mib"][str(p)] for p in attribution["client_pids"]) == [1024, 1024]
+    assert all(attribution["sm_util"][str(p)] == 95 for p in attribution["client_pids"])
+    if pods:
+        assert "is NOT needed" in rows["5b"]["details"] and rows["5b"]["numbers"]["shm_needed"] is False
+        assert [c["probe"]["allocated_mib"] for c in rows["5a"]["numbers"]["clients"]] == [2048, 4096]
+    assert not list((tmp_path / "processes").glob("*.json"))  # every client released its context
+
+
+@pytest.mark.skipif(not unshare_works(), reason="unshare --mount --ipc --pid is not permitted here")
+def test_with_fake_cuda_a_pod_that_needs_the_daemons_shm_says_so(tmp_path: Path) -> None:
+    marker = Path(f"/dev/shm/gpufrac-test-{os.getpid()}")
+    marker.write_text("the fake MPS needs this\n")
+    try:
+        result = run_check(tmp_path, "--only", "5", cuda=True, env={"GPUFRAC_FAKE_CUDA_NEEDS_SHM": str(marker)})
+    finally:
+        marker.unlink()
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = checks(tmp_path)
+    assert rows["5a"]["status"] == gc.PASS
+    assert rows["5b"]["status"] == gc.PASS and rows["5b"]["numbers"]["shm_needed"] is True
+    assert "IS needed" in rows["5b"]["details"] and "CUDA_ERROR_MPS_CONNECTION_FAILED" in rows["5b"]["details"]
+
+
+def test_with_fake_cuda_a_limit_that_does_not_hold_fails_the_check(tmp_path: Path) -> None:
+    result = run_check(tmp_path, "--only", "2", cuda=True, env={"GPUFRAC_FAKE_CUDA_IGNORE_PINNED_LIMIT": "1"})
+    assert result.returncode == 1, result.stdout + result.stderr
+    rows = checks(tmp_path)
+    for row in ("2a", "2b"):
+        assert rows[row]["status"] == gc.FAIL and "not held" in rows[row]["details"]
+        probes = [c["probe"] for c in rows[row]["numbers"]["clients"]]
+        assert [(p["stopped_by"], p["allocated_mib"]) for p in probes] == [
+            ("max", gc.probe_max_mib(2048) // 4 * 4), ("max", gc.probe_max_mib(4096) // 4 * 4)]
+    assert "2 failed" in result.stdout
+
+
+def test_a_check_that_raises_fails_alone_and_the_run_goes_on(tmp_path: Path) -> None:
+    run = gc.Run(gc.parse_args(["--cuda", "none", "--workdir", str(tmp_path)]))
+    run.guarded("4", lambda: {}["missing"])
+    run.guarded("5", lambda: run.add(gc.Row("5", "next", gc.PASS, "ran")))
+    assert [(r.id, r.status) for r in run.rows] == [("4", gc.FAIL), ("5", gc.PASS)]
+    assert "internal error: KeyError" in run.rows[0].details and "KeyError" in run.raw["internal_errors"][0]

@@ -1,6 +1,7 @@
-"""Builds the fake libnvidia-ml.so.1 from fake_nvml.c, cached by source hash under tests/fakes/build/.
+"""Builds the fake libnvidia-ml.so.1 from fake_nvml.c (and the fake libcuda.so.1 from fake_cuda.c, which only
+bench/gpu_check.py's tests use), cached by source hash under tests/fakes/build/.
 
-python -m tests.fakes.build        # prints the directory to put on LD_LIBRARY_PATH
+python -m tests.fakes.build        # prints the directory to put on LD_LIBRARY_PATH (the fake NVML's)
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ FAKES = Path(__file__).resolve().parent
 SOURCE = FAKES / "fake_nvml.c"
 BUILD_ROOT = FAKES / "build"
 LIBRARY = "libnvidia-ml.so.1"
+CUDA_SOURCE = FAKES / "fake_cuda.c"
+CUDA_LIBRARY = "libcuda.so.1"
 MPS_CONTROL = FAKES / "nvidia-cuda-mps-control"
 
 
@@ -26,9 +29,18 @@ class FakeBuildError(RuntimeError):
 
 def fake_nvml_dir() -> Path:
     """The directory holding a freshly built (or cached) fake libnvidia-ml.so.1."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    return _built(SOURCE, LIBRARY)
+
+
+def fake_cuda_library() -> Path:
+    """A freshly built (or cached) fake libcuda.so.1."""
+    return _built(CUDA_SOURCE, CUDA_LIBRARY) / CUDA_LIBRARY
+
+
+def _built(source: Path, name: str) -> Path:
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
     out_dir = BUILD_ROOT / digest
-    library = out_dir / LIBRARY
+    library = out_dir / name
     if library.exists():
         return out_dir
     BUILD_ROOT.mkdir(parents=True, exist_ok=True)
@@ -38,9 +50,9 @@ def fake_nvml_dir() -> Path:
             return out_dir
         compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
         if compiler is None:
-            raise FakeBuildError("no C compiler (cc) found to build the fake NVML library")
+            raise FakeBuildError(f"no C compiler (cc) found to build the fake {name}")
         out_dir.mkdir(parents=True, exist_ok=True)
-        partial = out_dir / f".{LIBRARY}.{os.getpid()}"
+        partial = out_dir / f".{name}.{os.getpid()}"
         result = subprocess.run(
             [
                 compiler,
@@ -49,17 +61,17 @@ def fake_nvml_dir() -> Path:
                 "-O1",
                 "-Wall",
                 "-Werror",
-                f"-Wl,-soname,{LIBRARY}",
+                f"-Wl,-soname,{name}",
                 "-o",
                 str(partial),
-                str(SOURCE),
+                str(source),
             ],
             capture_output=True,
             text=True,
             check=False,
         )
         if result.returncode != 0:
-            raise FakeBuildError(f"building {SOURCE.name} failed:\n{result.stderr}")
+            raise FakeBuildError(f"building {source.name} failed:\n{result.stderr}")
         partial.rename(library)
     return out_dir
 

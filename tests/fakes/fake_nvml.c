@@ -11,11 +11,17 @@
  *    "error": 15}                                   // every call fails with that NVML code, or
  *    "error": {"function": "nvmlDeviceGetComputeRunningProcesses_v3", "code": 15}   // only that one
  *
+ * With $GPUFRAC_FAKE_GPU_PROCESSES set, the live processes described by <dir>/<pid>.json (written by the fake
+ * libcuda.so.1, tests/fakes/fake_cuda.c: {"pid": .., "used_memory_mib": .., "sm_util": ..}) are GPU 0's too.
+ *
  * A missing file -> NVML_ERROR_DRIVER_NOT_LOADED, an unparsable one -> NVML_ERROR_UNKNOWN; never a crash.
  * Only the calls the gpufrac agent (through pynvml) and bench/gpu_check.py make are implemented. The CUDA 13.4
  * memory-limit calls (nvmlDeviceSetMemoryLimits_v1 / GetMemoryLimits_v1) keep what was set in this process.
  */
 #include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -241,6 +247,33 @@ static void read_error(reader *r, fake_state *st) {
     }
 }
 
+/* GPU 0's processes from the fake libcuda's files (see the top): live PIDs only. */
+static void read_process_dir(fake_state *st) {
+    static char buf[4096];
+    const char *dir = getenv("GPUFRAC_FAKE_GPU_PROCESSES");
+    char path[1024];
+    struct dirent *entry;
+    DIR *d;
+    if (!dir || !*dir || st->ngpus == 0 || !(d = opendir(dir))) return;
+    while ((entry = readdir(d))) {
+        size_t n = strlen(entry->d_name);
+        fake_proc proc;
+        reader r;
+        FILE *f;
+        if (entry->d_name[0] == '.' || n < 6 || strcmp(entry->d_name + n - 5, ".json")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, entry->d_name);
+        if (!(f = fopen(path, "rb"))) continue;
+        n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        r.p = buf; r.end = buf + n; r.ok = 1;
+        memset(&proc, 0, sizeof proc);
+        read_process(&r, &proc);
+        if (!r.ok || proc.pid == 0 || (kill((pid_t)proc.pid, 0) != 0 && errno == ESRCH)) continue;
+        if (st->gpus[0].nprocs < MAX_PROCS) st->gpus[0].procs[st->gpus[0].nprocs++] = proc;
+    }
+    closedir(d);
+}
+
 /* Loads the state file; returns an NVML code. */
 static int load_state(fake_state *st) {
     static char buf[MAX_FILE];
@@ -273,6 +306,7 @@ static int load_state(fake_state *st) {
     }
     skip_ws(&r);
     if (!r.ok || r.p != r.end) return NVML_ERROR_UNKNOWN;
+    read_process_dir(st);
     return NVML_SUCCESS;
 }
 
