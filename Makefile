@@ -29,8 +29,10 @@ certs: $(VENV)/.installed
 run: certs
 	$(PY) -m gpufrac webhook --certs $(CERTS) --bind $(BIND)
 
+# The control plane (kube-apiserver, etcd, helm) and the real node (kubelet, kube-controller-manager,
+# kube-scheduler, kube-proxy), built once from the Go module proxy into $(TOOLS_CACHE).
 tools:
-	bash e2e/build-tools.sh
+	bash e2e/build-tools.sh node
 
 # ruff (with C901 at 15), the layering contracts (.importlinter) and the types (mypy, strict: pyproject.toml).
 lint: venv

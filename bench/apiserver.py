@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from bench.reviews import INFERENCE, NOTEBOOK
+from e2e.toolkit.wait import wait_until
 
 NAMESPACE = "team-a"
 IMAGE = "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"
@@ -120,11 +121,8 @@ def _unregister(cp, admission_api, api, names: list[tuple[str, str]], timeout: f
             admission_api.delete_mutating_webhook_configuration(name)
         else:
             admission_api.delete_validating_webhook_configuration(name)
-    deadline = time.monotonic() + timeout
-    while _mutated_on_dry_run(api):  # the API server drops webhooks from an informer: wait until it has
-        if time.monotonic() > deadline:
-            raise RuntimeError("webhook configurations deleted but pods are still mutated")
-        time.sleep(0.2)
+    # The API server drops webhooks from an informer: wait until it has.
+    wait_until(lambda: not _mutated_on_dry_run(api), timeout, "pods to be no longer mutated", interval=0.2)
 
 
 def run(*, concurrencies: tuple[int, ...], duration: float, rounds: int, workdir: Path) -> ApiResult | str:

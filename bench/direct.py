@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.chart import ROOT, ChartWebhook
-from bench.procs import Server, free_port
 from bench.reviews import SeedReview
+from e2e.toolkit.procs import Proc, free_port
+from e2e.toolkit.server import start_server
+from e2e.toolkit.web import answers_200
 from gpufrac.certs.generate import write_dev_certs
 
 LUA = r"""
@@ -135,7 +137,7 @@ _BENCH_LINE = re.compile(r"^BENCH (.*)$", re.M)
 
 
 def _wrk(wrk: str, script: Path, url: str, concurrency: int, threads: int, seconds: float,
-         client_cpus: str | None, server: Server) -> Run:
+         client_cpus: str | None, server: Proc) -> Run:
     argv = [wrk, "-s", str(script), "--latency", "-c", str(concurrency), "-t", str(threads),
             "-d", f"{seconds:g}s", "--timeout", "5s", url]
     if client_cpus is not None:
@@ -204,14 +206,15 @@ def run(reviews: list[SeedReview], chart: ChartWebhook, *, concurrencies: tuple[
                              "files": ", ".join(json.dumps(str(f)) for f in files)})
     names = {(r.path.strip("/"), r.body["request"]["operation"]): r.name for r in reviews}
 
-    servers: dict[str, Server] = {}
+    servers: dict[str, Proc] = {}
+    ports: dict[str, int] = {}
     try:
         for name, module_args in (
             ("gpufrac", ["-m", "gpufrac", "webhook", *chart.args()]),
             ("do-nothing", ["-m", "bench.noop_app", "--workers", str(chart.workers),
                             "--threads", str(chart.threads)]),
         ):
-            port = free_port()
+            port = ports[name] = free_port()
             run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-run-", dir=workdir))
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_RUNTIME_DIR": str(run_dir),
                    "PROMETHEUS_MULTIPROC_DIR": str(workdir / f"{name}-prometheus"),
@@ -219,16 +222,18 @@ def run(reviews: list[SeedReview], chart: ChartWebhook, *, concurrencies: tuple[
             argv = [sys.executable, *module_args, "--certs", str(certs), "--bind", f"127.0.0.1:{port}"]
             if server_cpus is not None:
                 argv = ["taskset", "-c", server_cpus, *argv]
-            servers[name] = Server(name, argv, workdir / f"{name}.log", env, ROOT, port)
+            servers[name] = start_server(name, argv, workdir / f"{name}.log",
+                                         lambda port=port: answers_200(f"https://127.0.0.1:{port}/readyz"),
+                                         env=env, cwd=ROOT, die_with_parent_signal=None)
 
         cells: dict[tuple[str, int], Cell] = {}
         handler: dict[tuple[int, str], list[float]] = defaultdict(list)
         wrk_threads: dict[int, int] = {}
         log_offset = 0
         # Warm both (imports, first TLS contexts, lazy paths) before anything is recorded.
-        for server in servers.values():
-            _wrk(wrk, script, f"https://127.0.0.1:{server.port}", 8, 1, 1, client_cpus, server)
-        log_offset = servers["gpufrac"].log_path.stat().st_size
+        for name, server in servers.items():
+            _wrk(wrk, script, f"https://127.0.0.1:{ports[name]}", 8, 1, 1, client_cpus, server)
+        log_offset = Path(servers["gpufrac"].log).stat().st_size
         for concurrency in concurrencies:
             threads = 1 if client_cpus is not None else min(2, concurrency)
             wrk_threads[concurrency] = threads
@@ -236,10 +241,10 @@ def run(reviews: list[SeedReview], chart: ChartWebhook, *, concurrencies: tuple[
                 for name in ("gpufrac", "do-nothing"):
                     server = servers[name]
                     cell = cells.setdefault((name, concurrency), Cell(name, concurrency))
-                    cell.runs.append(_wrk(wrk, script, f"https://127.0.0.1:{server.port}", concurrency, threads,
+                    cell.runs.append(_wrk(wrk, script, f"https://127.0.0.1:{ports[name]}", concurrency, threads,
                                           duration, client_cpus, server))
                     if name == "gpufrac":
-                        found, log_offset = _handler_ms(server.log_path, log_offset, names)
+                        found, log_offset = _handler_ms(Path(server.log), log_offset, names)
                         for review, values in found.items():
                             handler[(concurrency, review)].extend(values)
                     print(f"[bench] https {name:10s} c={concurrency:<3d} {cell.runs[-1].rps:8.0f} req/s "
@@ -248,4 +253,4 @@ def run(reviews: list[SeedReview], chart: ChartWebhook, *, concurrencies: tuple[
                           f"gunicorn gthread, {chart.workers} workers x {chart.threads} threads, TLS, keep-alive")
     finally:
         for server in servers.values():
-            server.stop()
+            server.stop(timeout=30)

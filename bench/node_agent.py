@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.procs import rss_mib
+from e2e.toolkit.wait import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUS = 8
@@ -158,14 +159,11 @@ def child(pods: int, ticks: int) -> dict[str, Any]:
     try:
         if not agent.pods.synced.wait(10):
             raise RuntimeError("the pod cache did not sync")
-        deadline = time.monotonic() + 20
-        while True:  # until both fake MPS daemons are up
+        def daemons_up() -> bool:
             agent.tick()
-            if agent.supervisors and all(s.status().up for s in agent.supervisors.values()):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"MPS daemons not up: {agent.daemon_statuses()}")
-            time.sleep(0.05)
+            return bool(agent.supervisors) and all(s.status().up for s in agent.supervisors.values())
+
+        wait_until(daemons_up, 20, "both fake MPS daemons")
         for _ in range(3):
             agent.tick()
         attributed = sum(1 for line in generate_latest(metrics.registry).decode().splitlines()
@@ -180,11 +178,9 @@ def child(pods: int, ticks: int) -> dict[str, Any]:
             # a pod change: a MODIFIED event for one pod through the watch (a new label, as a status or label
             # update would bring)
             kube.events.put({"type": "MODIFIED", "object": _pod(t % pods, rv=100 + t)})
-            wait_until = time.monotonic() + 5
-            while not any(p["metadata"]["resourceVersion"] == str(100 + t) for p in agent.pods.snapshot()):
-                if time.monotonic() > wait_until:
-                    raise RuntimeError("the watch event did not reach the pod cache")
-                time.sleep(0.001)
+            wait_until(lambda rv=str(100 + t): any(p["metadata"]["resourceVersion"] == rv
+                                                   for p in agent.pods.snapshot()),
+                       5, "the watch event to reach the pod cache", interval=0.001)
             t0 = time.perf_counter()
             agent.tick()
             changed.append(time.perf_counter() - t0)

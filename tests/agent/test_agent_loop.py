@@ -3,15 +3,13 @@ a fake /proc, and an in-memory Kubernetes API. Metrics are checked by scraping t
 
 from __future__ import annotations
 
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
+from e2e.toolkit.wait import wait_until
 from gpufrac.agent.agent import Agent
 from gpufrac.agent.metrics import AgentMetrics
 from gpufrac.agent.nvml import NvmlSource
@@ -19,26 +17,7 @@ from gpufrac.agent.serve import AgentHttpServer
 from gpufrac.agent.supervisor import RestartPolicy
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import MIB
-from tests.agent.helpers import UUID_A, UUID_B, cid, two_pod_node
-
-
-def scrape(metrics: AgentMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    values = {}
-    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
-        for sample in family.samples:
-            values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return values
-
-
-def value(metrics: AgentMetrics, name: str, **labels: str) -> float | None:
-    return scrape(metrics).get((name, tuple(sorted(labels.items()))))
-
-
-def wait_for(predicate, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
+from tests.agent.helpers import UUID_A, UUID_B, cid, env_for, scrape, two_pod_node, value
 
 
 @pytest.fixture
@@ -66,16 +45,10 @@ def world(tmp_path: Path, fake_gpus, mps_binary):
         agent.shutdown()
 
 
-def env_for(mode: str, limit: int, request: int, devices: str) -> dict[str, str]:
-    return {"NVIDIA_GPU_MEMORY_LIMIT": str(limit), "NVIDIA_GPU_MEMORY_REQUEST": str(request),
-            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={limit}M", "CUDA_MPS_PIPE_DIRECTORY": f"/run/gpufrac/mps/{mode}",
-            "NVIDIA_VISIBLE_DEVICES": devices}
-
-
 def test_labels_condition_and_daemons(world):
     agent = world.make_agent()
     agent.tick()
-    wait_for(lambda: all(s.up for s in agent.daemon_statuses().values()) and len(agent.daemon_statuses()) == 2)
+    wait_until(lambda: all(s.up for s in agent.daemon_statuses().values()) and len(agent.daemon_statuses()) == 2)
     agent.tick()
     assert world.kube.labels == {
         "gpufrac.io/driver-version.major": "615", "gpufrac.io/gpu-count": "2",
@@ -101,7 +74,7 @@ def test_old_driver_labels_and_only_the_sm_sharing_daemon(world):
     stale.write_text("")
     agent = world.make_agent()
     agent.tick()
-    wait_for(lambda: agent.daemon_statuses()[ComputeMode.SM_SHARING].up)
+    wait_until(lambda: agent.daemon_statuses()[ComputeMode.SM_SHARING].up)
     agent.tick()
     assert set(agent.daemon_statuses()) == {ComputeMode.SM_SHARING}
     assert world.kube.labels["gpufrac.io/enforcement.time-slicing"] == "none"
@@ -212,12 +185,12 @@ def test_killed_daemon_is_restarted_and_counted(world):
     agent = world.make_agent()
     agent.tick()
     sup = agent.supervisors[ComputeMode.SM_SHARING]
-    wait_for(lambda: sup.status().up)
+    wait_until(lambda: sup.status().up)
     flag = sup.spec.log_dir / "fake-crash"
     flag.write_text("")
-    wait_for(lambda: sup.status().restarts >= 1)
+    wait_until(lambda: sup.status().restarts >= 1)
     flag.unlink()
-    wait_for(lambda: sup.status().up)
+    wait_until(lambda: sup.status().up)
     agent.tick()
     assert value(agent.metrics, "gpufrac_mps_daemon_restarts_total", mode="sm-sharing") == sup.status().restarts
     assert value(agent.metrics, "gpufrac_mps_daemon_restarts_total", mode="time-slicing") == 0
@@ -229,7 +202,7 @@ def test_exhausted_daemon_makes_the_node_not_ready(world):
     (world.tmp / "log" / "sm-sharing" / "fake-crash").write_text("")
     agent.tick()
     sup = agent.supervisors[ComputeMode.SM_SHARING]
-    wait_for(lambda: str(sup.status().state) == "failed")
+    wait_until(lambda: str(sup.status().state) == "failed")
     agent.tick()
     last = world.kube.conditions[-1]
     assert (last["status"], last["reason"]) == ("False", "MpsDaemonFailed")
@@ -258,7 +231,7 @@ def test_memory_budget_check(world):
     (world.tmp / "memory.max").write_text(str(128 * MIB))
     agent = world.make_agent()
     agent.tick()
-    wait_for(lambda: all(s.up for s in agent.daemon_statuses().values()))
+    wait_until(lambda: all(s.up for s in agent.daemon_statuses().values()))
     agent.tick()
     last = world.kube.conditions[-1]
     assert (last["status"], last["reason"]) == ("False", "MpsMemoryBudgetTooSmall")
@@ -268,7 +241,7 @@ def test_memory_budget_check(world):
 def test_shutdown_quits_daemons_and_marks_the_node_unknown(world):
     agent = world.make_agent()
     agent.tick()
-    wait_for(lambda: all(s.up for s in agent.daemon_statuses().values()))
+    wait_until(lambda: all(s.up for s in agent.daemon_statuses().values()))
     sups = list(agent.supervisors.values())
     agent.shutdown()
     for sup in sups:
@@ -291,7 +264,7 @@ def test_http_endpoints(world):
             urllib.request.urlopen(f"{base}/readyz", timeout=5)
         assert err.value.code == 503 and b"NVML" in err.value.read()
         agent.tick()
-        wait_for(lambda: all(s.up for s in agent.daemon_statuses().values()))
+        wait_until(lambda: all(s.up for s in agent.daemon_statuses().values()))
         agent.tick()
         with urllib.request.urlopen(f"{base}/readyz", timeout=5) as resp:
             assert resp.read() == b"ok\n"

@@ -4,26 +4,17 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from e2e.toolkit.wait import wait_until
 from gpufrac.agent.model import DaemonState
 from gpufrac.agent.mps_config import daemon_spec, render_config
 from gpufrac.agent.supervisor import MpsSupervisor, RestartPolicy, initial_budget, next_restart, remove_stale
 from gpufrac.core.annotations import ComputeMode
 
 TS, SM = ComputeMode.TIME_SLICING, ComputeMode.SM_SHARING
-
-
-def wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:
-    """Polls until `predicate()` holds; the timeout only guards against a hang, nothing asserts on time."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def records(log_dir: Path) -> list[dict]:
@@ -113,7 +104,7 @@ def test_starts_over_a_stale_socket_and_quits_gracefully(tmp_path, mps_binary):
     pipe.mkdir(parents=True)
     (pipe / "control").write_text("left by a crashed daemon")  # the fake refuses to start over it
     sup.start()
-    wait_for(lambda: sup.status().up, what="daemon up")
+    wait_until(lambda: sup.status().up, what="daemon up")
     log_dir = sup.spec.log_dir
     start = records(log_dir)[0]
     assert start["argv"][1:] == ["-p", "3", "-m", "-f", "-a", str(sup.spec.config_path)]
@@ -134,7 +125,7 @@ def test_crash_loop_backs_off_then_gives_up_with_a_reason(tmp_path, mps_binary):
     sup.spec.log_dir.mkdir(parents=True)
     (sup.spec.log_dir / "fake-crash").write_text("")
     sup.start()
-    wait_for(lambda: sup.status().state is DaemonState.FAILED, what="budget exhausted")
+    wait_until(lambda: sup.status().state is DaemonState.FAILED, what="budget exhausted")
     status = sup.status()
     assert sup.restart_delays == [0.01, 0.02, 0.04, 0.04]
     assert status.restarts == 4 and not status.up
@@ -150,12 +141,12 @@ def test_crash_loop_backs_off_then_gives_up_with_a_reason(tmp_path, mps_binary):
 def test_crash_is_restarted_and_comes_back_up(tmp_path, mps_binary):
     sup = make(tmp_path, mps_binary)
     sup.start()
-    wait_for(lambda: sup.status().up, what="daemon up")
+    wait_until(lambda: sup.status().up, what="daemon up")
     first_pid = sup.pid
     (sup.spec.log_dir / "fake-crash").write_text("")
-    wait_for(lambda: sup.status().restarts >= 1, what="a restart")
+    wait_until(lambda: sup.status().restarts >= 1, what="a restart")
     (sup.spec.log_dir / "fake-crash").unlink()
-    wait_for(lambda: sup.status().up and sup.pid != first_pid, what="daemon back up")
+    wait_until(lambda: sup.status().up and sup.pid != first_pid, what="daemon back up")
     sup.stop()
 
 
@@ -172,7 +163,7 @@ def test_budget_resets_after_stable_uptime(tmp_path, mps_binary):
     sup.spec.log_dir.mkdir(parents=True)
     (sup.spec.log_dir / "fake-crash").write_text("")
     sup.start()
-    wait_for(lambda: sup.status().restarts >= 5, what="five restarts")
+    wait_until(lambda: sup.status().restarts >= 5, what="five restarts")
     sup.stop()
     assert sup.status().state is DaemonState.STOPPED  # never FAILED, though max_restarts is 2
     assert set(sup.restart_delays) == {0.01}  # and the backoff started over every time
@@ -183,7 +174,7 @@ def test_quit_then_kill_when_the_daemon_ignores_quit(tmp_path, mps_binary):
     sup.spec.log_dir.mkdir(parents=True)
     (sup.spec.log_dir / "fake-ignore-quit").write_text("")
     sup.start()
-    wait_for(lambda: sup.status().up, what="daemon up")
+    wait_until(lambda: sup.status().up, what="daemon up")
     pid = sup.pid
     sup.stop()
     assert sup.killed
@@ -197,7 +188,7 @@ def test_quit_then_kill_when_the_daemon_ignores_quit(tmp_path, mps_binary):
 def test_missing_binary_counts_as_a_crash(tmp_path):
     sup = make(tmp_path, str(tmp_path / "no-such-binary"), policy=RestartPolicy(0.01, 0.01, 2, 300.0))
     sup.start()
-    wait_for(lambda: sup.status().state is DaemonState.FAILED, what="failed")
+    wait_until(lambda: sup.status().state is DaemonState.FAILED, what="failed")
     assert "could not be started" in sup.status().failure
     sup.stop()
 
@@ -207,7 +198,7 @@ def test_control_socket_answers_commands(tmp_path, mps_binary, mode):
     import subprocess
     sup = make(tmp_path, mps_binary, mode=mode)
     sup.start()
-    wait_for(lambda: sup.status().up, what="daemon up")
+    wait_until(lambda: sup.status().up, what="daemon up")
     out = subprocess.run([mps_binary], input="get_server_list\n", env=sup.spec.env, capture_output=True,
                          text=True, timeout=10, check=True)
     assert out.returncode == 0
@@ -233,7 +224,7 @@ def test_strays_of_this_pipe_dir_are_killed_before_a_start(tmp_path, mps_binary)
             (d / "environ").write_bytes(f"CUDA_MPS_PIPE_DIRECTORY={pipe}\0".encode())
         (proc_root / "1").mkdir()  # something else, unreadable
         sup.start()
-        wait_for(lambda: sup.status().up, what="daemon up")
+        wait_until(lambda: sup.status().up, what="daemon up")
         assert server.wait(10) == -9 and daemon.wait(10) == -9
         assert other.poll() is None
         sup.stop()

@@ -10,7 +10,8 @@ import signal
 import pytest
 
 from e2e.testing import unique
-from tests.fakes.agent_world import GPU_UUIDS, AgentWorld, metric_value, wait_until
+from e2e.toolkit.wait import wait_until
+from tests.fakes.agent_world import GPU_UUIDS, AgentWorld, metric_value
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,8 @@ import time
 import pytest
 
 from e2e.testing import unique
-from tests.fakes.agent_world import GPU_UUIDS, AgentWorld, metric_value, wait_until
+from e2e.toolkit.wait import wait_until
+from tests.fakes.agent_world import GPU_UUIDS, AgentWorld, metric_value
 from tests.fakes.build import MPS_CONTROL
 
 pytestmark = pytest.mark.e2e
@@ -55,7 +56,7 @@ def used(w: AgentWorld, pod: str, gpu: str | None = None) -> float | None:
 
 
 def assert_agent_up(w: AgentWorld) -> None:
-    assert w.agent is not None and w.agent.poll() is None, w.agent_log()
+    assert w.agent is not None and w.agent.alive(), w.agent_log()
     assert w.healthz() == (200, "ok\n")
     assert "gpufrac_nvml_up" in w.metrics()
 

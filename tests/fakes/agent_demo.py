@@ -13,7 +13,8 @@ import sys
 import time
 
 from e2e.cluster import DEFAULT_WORKDIR, ClusterError, ControlPlane
-from tests.fakes.agent_world import GPU_UUIDS, AgentWorld, metric_value, wait_until
+from e2e.toolkit.wait import wait_until
+from tests.fakes.agent_world import GPU_UUIDS, AgentWorld, metric_value
 
 
 def main() -> int:

@@ -6,15 +6,10 @@ Used by tests/e2e/test_agent_e2e.py and `make agent-demo`.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -22,35 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from e2e.cluster import NODE_NAME, REPO_ROOT, USER_NAMESPACE, ControlPlane
+from e2e.toolkit.procs import Proc, free_port
+from e2e.toolkit.server import start_server
 from tests.fakes.build import MPS_CONTROL, fake_nvml_dir
 from tests.fakes.state import FakeGpuState, ProcRoot
 
 IMAGE = "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"
 GPU_UUIDS = ("GPU-e2e00000-0000-0000-0000-000000000000", "GPU-e2e11111-1111-1111-1111-111111111111")
-
-
-def _term_with_parent() -> None:
-    """preexec_fn: the kernel sends the agent SIGTERM (so it still quits its daemons) if the test process dies."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout: float = 30.0, what: str = "condition", interval: float = 0.1):
-    """Poll until predicate() returns something truthy, and return it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 @dataclass
@@ -76,8 +49,8 @@ class AgentWorld:
         self.proc = ProcRoot(workdir / "proc")
         self.mps_root = workdir / "mps"
         self.log_root = workdir / "mps-log"
-        self.port = _free_port()
-        self.agent: subprocess.Popen[bytes] | None = None
+        self.port = free_port()
+        self.agent: Proc | None = None
         self._next_pid = 40000
         self._next_cid = 1
         self.created: list[str] = []  # pod names, for cleanup
@@ -102,17 +75,11 @@ class AgentWorld:
             "--metrics-bind", f"127.0.0.1:{self.port}", "--interval", "0.5",
             "--restart-backoff", "0.2", "--quit-timeout", "10", *extra,
         ]
-        log = open(self.workdir / "agent.log", "ab")
-        try:
-            self.agent = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                                          preexec_fn=_term_with_parent)
-        finally:
-            log.close()
-        wait_until(self._serving, 60, "the agent's /healthz")
+        # In our session: SIGTERM goes to the agent alone, which quits its MPS daemons itself.
+        self.agent = start_server("agent", argv, self.workdir / "agent.log", self._serving, timeout=60, env=env,
+                                  cwd=REPO_ROOT, die_with_parent_signal=signal.SIGTERM, own_session=False)
 
     def _serving(self) -> bool:
-        if self.agent is not None and self.agent.poll() is not None:
-            raise RuntimeError(f"the agent exited with {self.agent.returncode}:\n{self.agent_log()}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as resp:
                 return resp.status == 200
@@ -122,23 +89,16 @@ class AgentWorld:
     def stop_agent(self, timeout: float = 30.0) -> int:
         if self.agent is None:
             return 0
-        if self.agent.poll() is None:
-            self.agent.send_signal(signal.SIGTERM)
-            try:
-                self.agent.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.agent.kill()
-                self.agent.wait()
+        self.agent.stop(timeout)
         rc = self.agent.returncode
         self.agent = None
-        return rc
+        return rc if rc is not None else 0
 
     def kill_agent(self) -> int:
         """SIGKILL the agent (an OOM kill, a node hiccup): no `quit` for its daemons, no AgentStopped."""
         assert self.agent is not None
         pid = self.agent.pid
         self.agent.kill()
-        self.agent.wait()
         self.agent = None
         return pid
 

@@ -7,16 +7,11 @@ Loopback only; every loop is bounded by a count and a deadline.
 from __future__ import annotations
 
 import base64
-import contextlib
 import http.client
 import json
 import os
 import re
-import signal
 import socket
-import ssl
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -24,16 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e2e.toolkit.webhook import WebhookProcess
 from gpufrac.certs.generate import KeyPair, issue_ca, issue_serving_cert, write_serving_files
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD_LOG = re.compile(r"Traceback|Worker \(pid:\d+\) was sent|WORKER TIMEOUT|unexpected error|Exception in worker")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def check_http_answer(body: bytes, status: int, data: bytes) -> dict[str, Any]:
@@ -56,77 +46,14 @@ def check_http_answer(body: bytes, status: int, data: bytes) -> dict[str, Any]:
     return answer
 
 
-def children(pid: int) -> list[int]:
-    found: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError):
-                found += [int(p) for p in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
-    return sorted(found)
-
-
-def rss_kib(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-    return total
-
-
-class Server:
-    """`python -m gpufrac webhook` in its own session, with its CA at certs/ca.crt and its log in a file."""
+class Server(WebhookProcess):
+    """The webhook with a CA of its own (so the tests can rotate its serving certificate) under `base`."""
 
     def __init__(self, base: Path, *, workers: int = 2, threads: int = 4) -> None:
         self.base = base
-        self.certs = base / "certs"
         self.ca = issue_ca("hardening-ca")
-        write_serving_files(self.certs, self.ca, issue_serving_cert(self.ca))
-        self.port = free_port()
-        self.workers = workers
-        self.log_path = base / "webhook.log"
-        self._log = open(self.log_path, "wb")  # closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gpufrac", "webhook", "--certs", str(self.certs), "--bind",
-             f"127.0.0.1:{self.port}", "--workers", str(workers), "--threads", str(threads)],
-            cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                if self.get("/readyz")[0] == 200 and len(self.worker_pids()) == workers:
-                    return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"webhook did not start:\n{self.log_path.read_text()[-3000:]}")
-
-    def context(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cafile=str(self.certs / "ca.crt"))
-
-    def connection(self, timeout: float = 10) -> http.client.HTTPSConnection:
-        return http.client.HTTPSConnection("localhost", self.port, context=self.context(), timeout=timeout)
-
-    def get(self, path: str) -> tuple[int, bytes]:
-        conn = self.connection()
-        try:
-            conn.request("GET", path)
-            response = conn.getresponse()
-            return response.status, response.read()
-        finally:
-            conn.close()
-
-    def post(self, path: str, body: bytes, conn: http.client.HTTPSConnection) -> tuple[int, bytes]:
-        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
-        return response.status, response.read()
-
-    def worker_pids(self) -> list[int]:
-        return children(self.proc.pid)
-
-    def rss_kib(self) -> int:
-        return rss_kib([self.proc.pid, *self.worker_pids()])
+        write_serving_files(base / "certs", self.ca, issue_serving_cert(self.ca))
+        super().__init__(base / "certs", base / "webhook.log", workers=workers, threads=threads)
 
     def rotate(self) -> KeyPair:
         """A new serving certificate from the same CA, written as a Secret update would (rename into place)."""
@@ -136,18 +63,6 @@ class Server:
 
     def log_problems(self) -> list[str]:
         return [line for line in self.log_path.read_text(errors="replace").splitlines() if BAD_LOG.search(line)]
-
-    def stop(self, timeout: float = 30) -> int | None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        self._log.close()
-        return self.proc.returncode
 
 
 @dataclass
@@ -229,7 +144,7 @@ class Load:
             if conn is None or done % self.reconnect_every == 0:
                 if conn is not None:
                     conn.close()
-                conn = self.server.connection(self.timeout)
+                conn = self.server.connection(timeout=self.timeout)
                 with self._lock:
                     self.result.connections += 1
             done += 1

@@ -34,12 +34,6 @@ def examples(default: int, fuzz_share: float = 1.0) -> settings:
                     suppress_health_check=list(HealthCheck))
 
 
-# Known webhook bugs: a property that meets one of these exceptions skips the example instead of failing at random
-# (test_regressions.py pins each bug found so far down deterministically; all are fixed). GPUFRAC_FUZZ_STRICT=1 skips
-# nothing.
-STRICT = bool(os.environ.get("GPUFRAC_FUZZ_STRICT"))
-KNOWN_BUG_EXCEPTIONS: tuple[type[BaseException], ...] = ()
-
 # --- names -----------------------------------------------------------------------------------------------------
 
 MAX_NAME = ann.max_container_name_length()
@@ -343,21 +337,3 @@ def raw_bodies() -> st.SearchStrategy[bytes]:
         st.recursive(st.none() | st.booleans() | st.floats(allow_nan=False) | st.text(max_size=10), _nest,
                      max_leaves=20).map(lambda v: json.dumps(v).encode()),
     )
-
-
-def known_bug_in(raw: bytes) -> bool:
-    """Whether a body meets one of KNOWN_BUG_EXCEPTIONS in process (so the HTTP fuzz skips it rather than 500)."""
-    from gpufrac.webhook import admission
-    from gpufrac.webhook.errors import BadReviewError
-    from gpufrac.webhook.policy import Policy
-    from gpufrac.webhook.review import parse_review
-
-    try:
-        body = json.loads(raw)
-        for decision in (admission.mutate, admission.validate):
-            decision(parse_review(copy.deepcopy(body)), Policy())
-    except KNOWN_BUG_EXCEPTIONS:
-        return True
-    except (BadReviewError, ValueError, RecursionError):
-        return False
-    return False

@@ -62,9 +62,9 @@ def test_sigterm_under_load_finishes_every_review_sent_before_it_and_exits_0(ser
                 stop_on_refused=True).start()
     time.sleep(min(LOAD_SECONDS / 3, 2.0))
     signalled = time.monotonic()
-    os.kill(server.proc.pid, signal.SIGTERM)  # the kubelet signals the container's main process only
+    os.kill(server.popen.pid, signal.SIGTERM)  # the kubelet signals the container's main process only
     try:
-        code = server.proc.wait(timeout=GRACEFUL_TIMEOUT + 5)
+        code = server.popen.wait(timeout=GRACEFUL_TIMEOUT + 5)
     except subprocess.TimeoutExpired:
         pytest.fail(f"the webhook did not exit within graceful_timeout ({GRACEFUL_TIMEOUT} s) after SIGTERM")
     exited = time.monotonic() - signalled

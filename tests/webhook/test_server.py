@@ -2,79 +2,28 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import signal
 import socket
 import ssl
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from e2e.toolkit.webhook import WebhookProcess
 from gpufrac.certs.generate import issue_ca, issue_serving_cert, write_dev_certs, write_serving_files
 from tests.webhook.builders import INFERENCE, pod, review_body
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, certs: Path, port: int, log: Path) -> None:
-        self.certs, self.port, self.log_path = certs, port, log
-        self.log = open(log, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gpufrac", "webhook", "--certs", str(certs), "--bind", f"127.0.0.1:{port}",
-             "--workers", "2", "--threads", "4"],
-            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                status, _ = self.request("GET", "/readyz")
-                if status == 200:
-                    return
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"webhook did not start:\n{log.read_text()[-2000:]}")
-
-    def context(self, ca: Path | None = None) -> ssl.SSLContext:
-        return ssl.create_default_context(cafile=str(ca or self.certs / "ca.crt"))
-
-    def connection(self, ca: Path | None = None) -> http.client.HTTPSConnection:
-        return http.client.HTTPSConnection("localhost", self.port, context=self.context(ca), timeout=10)
-
-    def request(self, method: str, path: str, body: bytes | None = None, conn=None) -> tuple[int, bytes]:
-        own = conn is None
-        conn = conn or self.connection()
-        try:
-            conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
-            response = conn.getresponse()
-            return response.status, response.read()
-        finally:
-            if own:
-                conn.close()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        self.log.close()
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     base = tmp_path_factory.mktemp("webhook")
     write_dev_certs(base / "certs")
-    srv = Server(base / "certs", free_port(), base / "webhook.log")
+    srv = WebhookProcess(base / "certs", base / "webhook.log")
     yield srv
     srv.stop()
 
@@ -184,7 +133,7 @@ def test_one_json_log_line_per_review(server):
 def test_a_rotated_certificate_is_served_to_new_connections_without_restart(tmp_path):
     certs = tmp_path / "certs"
     write_dev_certs(certs)
-    srv = Server(certs, free_port(), tmp_path / "webhook.log")
+    srv = WebhookProcess(certs, tmp_path / "webhook.log")
     try:
         old_ca = tmp_path / "old-ca.crt"
         old_ca.write_bytes((certs / "ca.crt").read_bytes())
@@ -198,14 +147,14 @@ def test_a_rotated_certificate_is_served_to_new_connections_without_restart(tmp_
             srv.request("GET", "/healthz", conn=srv.connection(old_ca))
         assert srv.request("GET", "/healthz", conn=kept)[0] == 200  # an open connection keeps working
         kept.close()
-        assert srv.proc.poll() is None
+        assert srv.popen.poll() is None
     finally:
         srv.stop()
 
 
 def test_sigterm_stops_the_server_cleanly(tmp_path):
     write_dev_certs(tmp_path / "certs")
-    srv = Server(tmp_path / "certs", free_port(), tmp_path / "webhook.log")
-    os.killpg(srv.proc.pid, signal.SIGTERM)
-    assert srv.proc.wait(timeout=30) == 0
+    srv = WebhookProcess(tmp_path / "certs", tmp_path / "webhook.log")
+    os.killpg(srv.popen.pid, signal.SIGTERM)
+    assert srv.popen.wait(timeout=30) == 0
     srv.stop()

