@@ -11,7 +11,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e.cluster import ClusterError, tools_cache
+from e2e.toolkit.errors import ClusterError
+from e2e.toolkit.tools import tools_cache
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import pynvml
 import pytest
 
 from bench import gpu_check as gc
+from e2e.toolkit.wait import wait_until
 from gpufrac.agent import capabilities
 from gpufrac.agent.agent import AgentConfig
 from gpufrac.agent.model import GpuInfo, Inventory
@@ -401,11 +402,13 @@ def test_sigterm_stops_the_daemons_and_exits_non_zero(tmp_path: Path) -> None:
                              str(tmp_path / "report.json"), "--linger", "60"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 30
         record = tmp_path / "work" / "log" / "sm-sharing" / "fake-mps-record.jsonl"
-        while not (record.exists() and '"start"' in record.read_text()):
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.05)
+
+        def started() -> bool:
+            assert proc.poll() is None, "the check exited before its daemons started"
+            return record.exists() and '"start"' in record.read_text()
+
+        wait_until(started, 30, "the check's sm-sharing daemon")
         time.sleep(0.3)
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=60)
