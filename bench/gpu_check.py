@@ -1108,7 +1108,7 @@ class Run:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.began = time.monotonic()
-        self.deadline = self.began + args.budget
+        self.deadline: float = self.began + float(args.budget)
         self.rows: list[Row] = []
         self.raw: dict[str, Any] = {}
         self.clients: list[Client] = []
@@ -1266,6 +1266,9 @@ class Run:
                    f"checking GPU {args.gpu} ({gpu['uuid']})"]
         if gpu["mig"]:
             details.append("MIG is enabled (memory limits do not apply to MIG)")
+        if gpu["compute_mode"] == "Exclusive_Process" and len(self.served) > 1:
+            details.append("WARNING: EXCLUSIVE_PROCESS lets one MPS server at a time use the GPU: the second "
+                           "daemon's checks may fail for that reason alone")
         if isinstance(gpu["processes"], str):
             details.append(f"NVML process list unavailable: {gpu['processes']}")
         elif gpu["processes"]:
@@ -1449,7 +1452,8 @@ class Run:
         assert self.nvml is not None and self.handle is not None
         pipe = self.daemons[mode].layout.pipe_dir if mode else self.no_mps_dir
         a, b = self.limits()
-        clients, numbers = [], {"cgroups": []}
+        clients: list[Client] = []
+        numbers: dict[str, Any] = {"cgroups": []}
         try:
             parent = self.cgroup_parent()
             for label, limit in (("a", a), ("b", b)):
@@ -1762,7 +1766,7 @@ def attribution_memory_row(row_id: str, name: str, pids: list[int], servers: lis
                            memory: dict[int, int | None], alloc_mib: int, numbers: dict[str, Any]) -> Row:
     missing = [p for p in pids if p not in memory]
     short = [p for p in pids if p in memory and (memory[p] or 0) < alloc_mib * MIB * 0.9]
-    seen = ", ".join(f"{p}: {'n/a' if memory.get(p) is None else memory[p] // MIB} MiB" for p in pids if p in memory)
+    seen = ", ".join(f"{p}: {mib_text(memory[p])}" for p in pids if p in memory)
     on_server = ", ".join(f"server {p}: {(memory.get(p) or 0) // MIB} MiB" for p in servers if p in memory)
     text = f"clients {seen or 'none listed'}" + (f"; {on_server}" if on_server else "")
     if missing:
@@ -1771,6 +1775,10 @@ def attribution_memory_row(row_id: str, name: str, pids: list[int], servers: lis
         return Row(row_id, name, FAIL, f"client(s) {short} listed with less than the {alloc_mib} MiB they hold; "
                                        f"{text}", numbers)
     return Row(row_id, name, PASS, f"each client listed with its {alloc_mib} MiB: {text}", numbers)
+
+
+def mib_text(used: int | None) -> str:
+    return "n/a" if used is None else f"{used // MIB} MiB"
 
 
 def attribution_util_row(row_id: str, name: str, pids: list[int], servers: list[int], util: dict[int, int],
