@@ -490,3 +490,43 @@ def test_a_check_that_raises_fails_alone_and_the_run_goes_on(tmp_path: Path) -> 
     run.guarded("5", lambda: run.add(gc.Row("5", "next", gc.PASS, "ran")))
     assert [(r.id, r.status) for r in run.rows] == [("4", gc.FAIL), ("5", gc.PASS)]
     assert "internal error: KeyError" in run.rows[0].details and "KeyError" in run.raw["internal_errors"][0]
+
+
+def cgroup2_mountable() -> bool:
+    return subprocess.run(["unshare", "--mount", "sh", "-c", "mount -t cgroup2 none /sys/fs/cgroup"],
+                          capture_output=True, check=False).returncode == 0
+
+
+def cgroup2_entries() -> list[str]:
+    listing = subprocess.run(["unshare", "--mount", "sh", "-c", "mount -t cgroup2 none /sys/fs/cgroup && "
+                              "ls /sys/fs/cgroup"], capture_output=True, text=True, check=True)
+    return listing.stdout.split()
+
+
+@pytest.mark.skipif(not cgroup2_mountable(), reason="cannot mount cgroup2 in a private mount namespace here")
+def test_with_fake_cuda_the_cuda_13_4_limits_hold_clients_in_their_cgroups(tmp_path: Path) -> None:
+    # the whole check in a mount namespace whose /sys/fs/cgroup is the (real, kernel) cgroup v2 hierarchy
+    before = set(cgroup2_entries())
+    env = {**os.environ, "GPUFRAC_FAKE_NVML": str(FAKE_NODE), "GPUFRAC_FAKE_GPU_PROCESSES": str(tmp_path),
+           "GPUFRAC_FAKE_CUDA_LOCK": str(tmp_path / "gpu.lock"), "GPUFRAC_FAKE_CUDA_RATE": "2e8"}
+    command = (f"mount -t cgroup2 none /sys/fs/cgroup && exec {sys.executable} {SCRIPT} --nvml {fake_nvml_library()}"
+               f" --cuda {fake_cuda_library()} --mps-control {MPS_CONTROL} --workdir {tmp_path / 'work'}"
+               f" --out {tmp_path / 'report.json'} --spin-seconds 0.5 --only 3")
+    result = subprocess.run(["unshare", "--mount", "sh", "-c", command], capture_output=True, text=True, env=env,
+                            timeout=240, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = checks(tmp_path)
+    for row in ("3a", "3b", "3c"):
+        assert rows[row]["status"] == gc.PASS, rows[row]
+        cgroups = rows[row]["numbers"]["cgroups"]
+        assert [c["env"] for c in cgroups] == [{gc.ENV_MEMORY_REQUEST: "1024", gc.ENV_MEMORY_LIMIT: "2048"},
+                                               {gc.ENV_MEMORY_REQUEST: "2048", gc.ENV_MEMORY_LIMIT: "4096"}]
+        assert [(c["read_back"]["soft"], c["read_back"]["hard"]) for c in cgroups] == [
+            (1024 * gc.MIB, 2048 * gc.MIB), (2048 * gc.MIB, 4096 * gc.MIB)]
+        assert [c["probe"]["allocated_mib"] for c in rows[row]["numbers"]["clients"]] == [2048, 4096]
+    # afterwards: every leaf's limit cleared (soft 0, hard max) before its cgroup was removed, and none is left
+    limits = (tmp_path / "memory-limits").read_text().splitlines()
+    leaves = {line.split()[2] for line in limits}
+    assert len(leaves) == 6 and all(f"{gc.NVML_DEVICE_MEMORY_LIMIT_MAX} 0 {leaf}" in limits for leaf in leaves)
+    assert "could not remove cgroup" not in result.stdout
+    assert set(cgroup2_entries()) == before

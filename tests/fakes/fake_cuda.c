@@ -10,7 +10,8 @@
  * - Memory: allocations over 1 MiB are bookkeeping only (no host memory); small ones are real, for the kernel's
  *   output buffer. Exceeding the limit (or the total) returns CUDA_ERROR_OUT_OF_MEMORY.
  * - NVML: with $GPUFRAC_FAKE_GPU_PROCESSES set, each client writes <dir>/<pid>.json (used memory, SM utilization
- *   while a kernel runs) for the fake NVML to list.
+ *   while a kernel runs) for the fake NVML to list, and is held to the CUDA 13.4 hard limit the fake NVML set on
+ *   its cgroup v2 (/proc/self/cgroup `0::<path>`, limits in <dir>/memory-limits), MPS client or not.
  * - $GPUFRAC_FAKE_CUDA_NEEDS_SHM=<path>: an MPS client fails to connect (CUDA_ERROR_MPS_CONNECTION_FAILED) when
  *   <path> is not visible, as if MPS needed the daemon's /dev/shm.
  * - $GPUFRAC_FAKE_CUDA_REJECT_TARGET=<sm_XY>: cuModuleLoadData refuses PTX for that target (CUDA_ERROR_INVALID_PTX).
@@ -100,17 +101,41 @@ static int read_context_share(const char *dir) {
     return strncmp(buf, "false", 5) != 0;
 }
 
+/* The hard limit set (through the fake NVML) on this process's cgroup v2, or 0 when there is none. */
+static unsigned long long cgroup_limit(void) {
+    const char *dir = getenv("GPUFRAC_FAKE_GPU_PROCESSES");
+    char line[1024], mine[1100] = "", path[1024];
+    unsigned long long hard, soft, found = 0;
+    FILE *f;
+    if (!dir || !*dir || !(f = fopen("/proc/self/cgroup", "r"))) return 0;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "0::", 3)) {
+            line[strcspn(line, "\n")] = 0;
+            snprintf(mine, sizeof mine, "/sys/fs/cgroup%.1000s", line + 3);
+        }
+    fclose(f);
+    snprintf(path, sizeof path, "%s/memory-limits", dir);
+    if (!mine[0] || !(f = fopen(path, "r"))) return 0;
+    while (fgets(line, sizeof line, f)) {
+        char where[1100];
+        if (sscanf(line, "%llu %llu %1099s", &hard, &soft, where) == 3 && !strcmp(where, mine)) found = hard;
+    }
+    fclose(f);
+    return found;
+}
+
 CUresult cuInit(unsigned int flags) {
     const char *pipe = getenv("CUDA_MPS_PIPE_DIRECTORY"), *v;
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     total_bytes = (unsigned long long)((v = getenv("GPUFRAC_FAKE_CUDA_TOTAL_MIB")) ? atoll(v) : 143771) * MIB;
     if ((v = getenv("GPUFRAC_FAKE_CUDA_RATE"))) rate = atof(v);
     limit_bytes = total_bytes;
+    if (cgroup_limit() && cgroup_limit() < limit_bytes) limit_bytes = cgroup_limit();
     mps = pipe && file_is(pipe, "control", 1);
     if (mps) {
         context_share = read_context_share(pipe);
         if ((v = getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")) && !strncmp(v, "0=", 2) &&
-            !getenv("GPUFRAC_FAKE_CUDA_IGNORE_PINNED_LIMIT"))
+            !getenv("GPUFRAC_FAKE_CUDA_IGNORE_PINNED_LIMIT") && (unsigned long long)atoll(v + 2) * MIB < limit_bytes)
             limit_bytes = (unsigned long long)atoll(v + 2) * MIB;
     }
     initialized = 1;

@@ -16,7 +16,8 @@
  *
  * A missing file -> NVML_ERROR_DRIVER_NOT_LOADED, an unparsable one -> NVML_ERROR_UNKNOWN; never a crash.
  * Only the calls the gpufrac agent (through pynvml) and bench/gpu_check.py make are implemented. The CUDA 13.4
- * memory-limit calls (nvmlDeviceSetMemoryLimits_v1 / GetMemoryLimits_v1) keep what was set in this process.
+ * memory-limit calls (nvmlDeviceSetMemoryLimits_v1 / GetMemoryLimits_v1) keep what was set in this process (and
+ * share it with the fake libcuda.so.1 through $GPUFRAC_FAKE_GPU_PROCESSES/memory-limits).
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -540,6 +541,19 @@ int nvmlDeviceGetComputeMode(fake_device *device, int *mode) {
 static struct { unsigned int index; char path[512]; unsigned long long soft, hard; } limits[MAX_LIMITS];
 static int nlimits;
 
+/* For the fake libcuda.so.1: "<hard> <soft> <cgroup path>" lines in $GPUFRAC_FAKE_GPU_PROCESSES/memory-limits
+ * (the last line of a path wins), so its clients are held to their cgroup's limit as the driver would. */
+static void share_limit(const nvmlSetMemoryLimits_v1_t *set) {
+    const char *dir = getenv("GPUFRAC_FAKE_GPU_PROCESSES");
+    char path[1024];
+    FILE *f;
+    if (!dir || !*dir) return;
+    snprintf(path, sizeof path, "%s/memory-limits", dir);
+    if (!(f = fopen(path, "a"))) return;
+    fprintf(f, "%llu %llu %s\n", set->hardLimit, set->softLimit, set->nameSpace);
+    fclose(f);
+}
+
 int nvmlDeviceSetMemoryLimits_v1(fake_device *device, nvmlSetMemoryLimits_v1_t *set) {
     fake_state st;
     int i, rc = enter(&st, "nvmlDeviceSetMemoryLimits_v1", 1);
@@ -556,6 +570,7 @@ int nvmlDeviceSetMemoryLimits_v1(fake_device *device, nvmlSetMemoryLimits_v1_t *
     }
     limits[i].soft = set->softLimit;
     limits[i].hard = set->hardLimit;
+    share_limit(set);
     return NVML_SUCCESS;
 }
 
