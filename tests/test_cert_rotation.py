@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime as dt
+import json
 
 import pytest
 from cryptography import x509
@@ -410,3 +411,11 @@ def test_cli_retries_conflicts_and_fails_on_missing_config(clock: Clock) -> None
     assert cluster.calls.count("replace_secret") == 2
     assert run_rotate(_args(), cluster=FakeCluster({})) == 1
     assert run_rotate(_args("--ca-validity-days", "10", "--ca-renew-before-days", "20"), cluster=cluster) == 2
+
+
+def test_the_rotation_job_logs_json_lines_like_the_other_programs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_rotate(_args(), cluster=two_configs()) == 0
+    assert run_rotate(_args(), cluster=FakeCluster({})) == 1
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert lines and all({"time", "level", "logger", "message"} <= set(line) for line in lines)
+    assert lines[-1]["level"] == "error" and "no Mutating/ValidatingWebhookConfiguration" in lines[-1]["message"]

@@ -1,4 +1,5 @@
-"""`gpufrac agent`: flags, and the process around the Agent (signals, HTTP server)."""
+"""`gpufrac agent`: its flags, and the process around the Agent (signals, HTTP server). The one entry point is
+`gpufrac agent` (gpufrac/cli.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import argparse
 import logging
 import os
 import signal
-import sys
 import threading
 from pathlib import Path
 
@@ -16,7 +16,9 @@ from gpufrac.agent.metrics import AgentMetrics
 from gpufrac.agent.serve import AgentHttpServer
 from gpufrac.agent.supervisor import RestartPolicy
 from gpufrac.core.annotations import ComputeMode
-from gpufrac.core.contract import DEFAULT_MPS_ROOT
+from gpufrac.core.jsonlog import LEVELS, setup_logging
+
+DEFAULT_METRICS_BIND = ":9475"  # not 9400: DCGM exporter's port
 
 log = logging.getLogger("gpufrac.agent")
 
@@ -30,87 +32,48 @@ def _modes(text: str) -> tuple[ComputeMode, ...]:
         ) from err
 
 
+_DEFAULTS = AgentConfig(node="")  # every default is written once, in AgentConfig and RestartPolicy
+_RESTART = _DEFAULTS.restart_policy
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--node",
-        default=os.environ.get("NODE_NAME"),
-        help="this node's name (default: $NODE_NAME, from the downward API)",
-    )
-    parser.add_argument(
-        "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster config, then $KUBECONFIG)"
-    )
-    parser.add_argument(
-        "--modes",
-        type=_modes,
-        default=tuple(ComputeMode),
-        help="compute modes to serve (default: time-slicing,sm-sharing)",
-    )
-    parser.add_argument(
-        "--mps-binary", default="nvidia-cuda-mps-control", help="the MPS control daemon executable"
-    )
-    parser.add_argument(
-        "--mps-root",
-        type=Path,
-        default=Path(DEFAULT_MPS_ROOT),
-        help="host directory holding one pipe directory per mode (what the webhook mounts)",
-    )
-    parser.add_argument(
-        "--mps-log-root",
-        type=Path,
-        default=Path("/var/log/gpufrac/mps"),
-        help="directory holding one MPS log directory per mode",
-    )
-    parser.add_argument(
-        "--mps-config-dir",
-        type=Path,
-        default=Path("/run/gpufrac/mps-config"),
-        help="where the MPS v3 TOML config of each daemon is written",
-    )
-    parser.add_argument(
-        "--proc-root", type=Path, default=Path("/proc"), help="the host's /proc (the agent needs hostPID)"
-    )
-    parser.add_argument(
-        "--memory-limit-file",
-        type=Path,
-        default=Path("/sys/fs/cgroup/memory.max"),
-        help="the agent container's cgroup memory limit, checked against the MPS budget",
-    )
-    parser.add_argument(
-        "--metrics-bind", default=":9475",
-        help="HOST:PORT serving /metrics, /healthz and /readyz; no host: every address of the pod's IP family"
-    )
-    parser.add_argument("--interval", type=float, default=10.0, help="seconds between audits")
-    parser.add_argument(
-        "--evict-on-violation",
-        action="store_true",
-        help="evict a pod whose GPU processes break its limits (once per pod)",
-    )
-    parser.add_argument(
-        "--restart-backoff",
-        type=float,
-        default=5.0,
-        help="first delay before restarting a crashed MPS daemon; doubles per crash",
-    )
-    parser.add_argument("--restart-backoff-max", type=float, default=60.0, help="cap of that delay")
-    parser.add_argument(
-        "--max-restarts",
-        type=int,
-        default=5,
-        help="crashes in a row before giving up on a daemon (0: never give up)",
-    )
-    parser.add_argument(
-        "--stable-after",
-        type=float,
-        default=300.0,
-        help="uptime after which a daemon's restart budget starts over",
-    )
-    parser.add_argument(
-        "--quit-timeout",
-        type=float,
-        default=60.0,
-        help="seconds a daemon gets to exit after `quit` before it is killed",
-    )
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    parser.add_argument("--node", default=os.environ.get("NODE_NAME"),
+                        help="this node's name (default: $NODE_NAME, from the downward API)")
+    parser.add_argument("--kubeconfig", default=None,
+                        help="kubeconfig file (default: the in-cluster service account, then $KUBECONFIG)")
+    parser.add_argument("--modes", type=_modes, default=",".join(_DEFAULTS.modes), metavar="MODE,…",
+                        help=f"compute modes to serve, a comma list of {', '.join(ComputeMode)}")
+    parser.add_argument("--mps-binary", default=_DEFAULTS.mps_binary, help="the MPS control daemon executable")
+    parser.add_argument("--mps-root", type=Path, default=_DEFAULTS.mps_root, metavar="PATH",
+                        help="host directory holding one pipe directory per mode, <PATH>/<mode> (the webhook's "
+                             "--mps-root)")
+    parser.add_argument("--mps-log-root", type=Path, default=_DEFAULTS.mps_log_root, metavar="PATH",
+                        help="directory holding one MPS log directory per mode")
+    parser.add_argument("--mps-config-dir", type=Path, default=_DEFAULTS.mps_config_dir, metavar="PATH",
+                        help="where the MPS v3 TOML config of each daemon is written")
+    parser.add_argument("--proc-root", type=Path, default=_DEFAULTS.proc_root, metavar="PATH",
+                        help="the host's /proc (the agent needs hostPID)")
+    parser.add_argument("--memory-limit-file", type=Path, default=_DEFAULTS.memory_limit_file, metavar="PATH",
+                        help="the agent container's cgroup memory limit, checked against the MPS budget")
+    parser.add_argument("--metrics-bind", default=DEFAULT_METRICS_BIND, metavar="HOST:PORT",
+                        help="serves /metrics, /healthz and /readyz; no host: every address of the pod's IP family")
+    parser.add_argument("--interval", type=float, default=_DEFAULTS.interval, metavar="SECONDS",
+                        help="time between audits")
+    parser.add_argument("--evict-on-violation", action=argparse.BooleanOptionalAction,
+                        default=_DEFAULTS.evict_on_violation,
+                        help="evict a pod whose GPU processes break its limits (once per pod)")
+    parser.add_argument("--restart-backoff", type=float, default=_RESTART.initial_backoff, metavar="SECONDS",
+                        help="first delay before restarting a crashed MPS daemon; doubles per crash")
+    parser.add_argument("--restart-backoff-max", type=float, default=_RESTART.max_backoff, metavar="SECONDS",
+                        help="cap of that delay")
+    parser.add_argument("--max-restarts", type=int, default=_RESTART.max_restarts, metavar="N",
+                        help="crashes in a row before giving up on a daemon (0: never give up)")
+    parser.add_argument("--stable-after", type=float, default=_RESTART.stable_after, metavar="SECONDS",
+                        help="uptime after which a daemon's restart budget starts over")
+    parser.add_argument("--quit-timeout", type=float, default=_DEFAULTS.quit_timeout, metavar="SECONDS",
+                        help="time a daemon gets to exit after `quit` before it is killed")
+    parser.add_argument("--log-level", default="info", choices=LEVELS, type=str.lower,
+                        help="the least severe log lines written (JSON, on stderr)")
 
 
 def config_from_args(args: argparse.Namespace) -> AgentConfig:
@@ -140,14 +103,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # the kubernetes client and urllib3 are chatty at INFO
-    logging.getLogger("kubernetes").setLevel(logging.WARNING)
-    logging.getLogger("urllib3").setLevel(logging.WARNING)
+    setup_logging(args.log_level)
     from gpufrac.agent.kube import KubeClient
     from gpufrac.agent.nvml import NvmlSource
 
@@ -177,13 +133,3 @@ def run(args: argparse.Namespace) -> int:
         return agent.run(stop)
     finally:
         server.stop()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpufrac agent", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -34,6 +34,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
 from gpufrac.certs.generate import KeyPair, issue_ca, issue_serving_cert
+from gpufrac.core.jsonlog import LEVELS, setup_logging
 from gpufrac.kube.errors import ConflictError, KubeError, NotFoundError
 
 log = logging.getLogger("gpufrac.certs.rotation")
@@ -355,11 +356,13 @@ def add_rotate_arguments(parser: argparse.ArgumentParser) -> None:
         "--webhook-config", dest="webhook_configs", action="extend", nargs="+", default=[], metavar="NAME",
         help="Mutating/ValidatingWebhookConfiguration whose webhooks' caBundle is kept in sync (repeatable)",
     )
-    parser.add_argument("--cluster-domain", default="cluster.local")
-    parser.add_argument("--ca-validity-days", type=_positive_int, default=3650)
+    parser.add_argument("--cluster-domain", default="cluster.local",
+                        help="the cluster's DNS domain, in the serving certificate's names")
+    parser.add_argument("--ca-validity-days", type=_positive_int, default=3650, help="validity of a new CA")
     parser.add_argument("--ca-renew-before-days", type=_positive_int, default=365,
                         help="start a new CA when the current one has less than this left")
-    parser.add_argument("--cert-validity-days", type=_positive_int, default=365)
+    parser.add_argument("--cert-validity-days", type=_positive_int, default=365,
+                        help="validity of a new serving certificate")
     parser.add_argument("--renew-before-days", type=_positive_int, default=30,
                         help="renew the serving certificate when less than this is left")
     parser.add_argument("--overlap-minutes", type=_positive_int, default=60,
@@ -367,6 +370,8 @@ def add_rotate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ignore-missing-webhook-configs", action="store_true",
                         help="skip configurations that do not exist yet (pre-install)")
     parser.add_argument("--attempts", type=_positive_int, default=5, help="tries on write conflicts")
+    parser.add_argument("--log-level", default="info", choices=LEVELS, type=str.lower,
+                        help="the least severe log lines written (JSON, on stderr)")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -382,7 +387,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def run_rotate(
     args: argparse.Namespace, cluster: Cluster | None = None, now: dt.datetime | None = None
 ) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    setup_logging(args.log_level)
     settings = settings_from_args(args)
     if settings.ca_validity_days <= settings.ca_renew_before.days:
         log.error("--ca-validity-days must be greater than --ca-renew-before-days")

@@ -1,22 +1,72 @@
-"""One JSON object per log line, with the `extra` fields a call passes (stdlib only)."""
+"""The one log format of every gpufrac program: one JSON object per line (stdlib only).
+
+Schema: `time` (UTC, milliseconds, `2026-12-01T09:00:00.123Z`), `level`, `logger`, `message`, then the fields of
+the current `log_context` (the webhook's admission `uid`), then the `extra` fields the call passes, then
+`exception` when there is one.
+"""
 
 from __future__ import annotations
 
+import contextvars
+import datetime as dt
 import json
 import logging
+import logging.config
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from types import MappingProxyType
+from typing import Any
 
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+LEVELS = ("debug", "info", "warning", "error")  # what --log-level accepts
+# Libraries that are chatty at INFO: they log at WARNING and above whatever the program's level.
+QUIET_LOGGERS = ("kubernetes", "urllib3")
+
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
+_context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "gpufrac_log_context", default=MappingProxyType({}))
+
+
+def timestamp(created: float) -> str:
+    moment = dt.datetime.fromtimestamp(created, dt.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+        entry: dict[str, Any] = {
+            "time": timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
         }
+        entry.update(_context.get())
         entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")})
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
+
+
+@contextmanager
+def log_context(**fields: Any) -> Iterator[None]:
+    """Fields every line logged inside the block carries (in this thread or task)."""
+    token = _context.set({**_context.get(), **fields})
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+def log_config(level: str, stream: str = "ext://sys.stderr") -> dict[str, Any]:
+    """A logging.config.dictConfig for this format (gunicorn takes it as its logconfig_dict)."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": f"{__name__}.JsonFormatter"}},
+        "handlers": {"json": {"class": "logging.StreamHandler", "formatter": "json", "stream": stream}},
+        "root": {"level": level.upper(), "handlers": ["json"]},
+        "loggers": {name: {"level": "WARNING"} for name in QUIET_LOGGERS},
+    }
+
+
+def setup_logging(level: str, stream: str = "ext://sys.stderr") -> None:
+    logging.config.dictConfig(log_config(level, stream))
