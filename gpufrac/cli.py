@@ -1,20 +1,88 @@
-"""The `gpufrac` command: certs, webhook, review, agent."""
+"""The `gpufrac` command: certs, webhook, review, agent.
+
+Every flag can also be set from the environment, as `GPUFRAC_<FLAG>` (`--log-level` is `GPUFRAC_LOG_LEVEL`); a
+flag on the command line wins. `--help` of each command lists every flag with its default and its variable.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import socket
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpufrac.core.buildinfo import version
 from gpufrac.core.contract import DEFAULT_MPS_ROOT, DEFAULT_SCHEDULER_USER
+from gpufrac.core.jsonlog import LEVELS
 
 if TYPE_CHECKING:
     from gpufrac.webhook.policy import Policy
 
 DEFAULT_DNS = ("gpufrac-webhook", "gpufrac-webhook.gpufrac-system", "gpufrac-webhook.gpufrac-system.svc")
+DEFAULT_CERTS_OUT = "certs/dev"
+ENV_PREFIX = "GPUFRAC_"
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+# ---- every flag: its default and its variable in --help, its value from the environment ----
+
+
+def env_name(action: argparse.Action) -> str | None:
+    """`--log-level` -> GPUFRAC_LOG_LEVEL; None for positionals and --help/--version."""
+    longs = [o for o in action.option_strings if o.startswith("--")]
+    if not longs or isinstance(action, argparse._HelpAction | argparse._VersionAction):
+        return None
+    return ENV_PREFIX + longs[0][2:].replace("-", "_").upper()
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        variable = env_name(action)
+        if variable is None:
+            return text
+        if "(default" not in text and action.default not in (None, False, [], "", argparse.SUPPRESS):
+            text += " (default: %(default)s)"
+        many = isinstance(action, argparse._AppendAction | argparse._ExtendAction)
+        return text + f" [${variable}{', comma-separated' if many else ''}]"
+
+
+def _from_environment(action: argparse.Action, value: str, variable: str) -> None:
+    """Make an environment value the flag's default; argparse converts and checks it like a typed-in value."""
+    if isinstance(action, argparse.BooleanOptionalAction | argparse._StoreTrueAction | argparse._StoreFalseAction):
+        if value.strip().lower() not in _TRUE + _FALSE:
+            raise SystemExit(f"gpufrac: ${variable}={value!r}: expected true or false")
+        action.default = value.strip().lower() in _TRUE
+    elif isinstance(action, argparse._AppendAction | argparse._ExtendAction):
+        convert: Callable[[str], Any] = action.type if callable(action.type) else str
+        action.default = [convert(v.strip()) for v in value.split(",") if v.strip()]
+    else:
+        action.default = value
+    action.required = False
+
+
+def _parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                yield from _parsers(sub)
+
+
+def apply_environment(parser: argparse.ArgumentParser, environ: dict[str, str] | os._Environ[str]) -> None:
+    for each in _parsers(parser):
+        for action in each._actions:
+            variable = env_name(action)
+            if variable is not None and variable in environ:
+                _from_environment(action, environ[variable], variable)
+
+
+# ---- the commands ----
 
 
 def _policy(args: argparse.Namespace) -> Policy:  # imported lazily: `gpufrac agent` stays light
@@ -31,7 +99,8 @@ def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduler-user", action="append", metavar="NAME",
                         help="identity allowed to write bind-time values (repeatable; default "
                              f"{DEFAULT_SCHEDULER_USER})")
-    parser.add_argument("--scheduler-group", action="append", metavar="GROUP", help="group with the same right")
+    parser.add_argument("--scheduler-group", action="append", metavar="GROUP",
+                        help="group whose members may write bind-time values (repeatable)")
     parser.add_argument("--mps-root", default=DEFAULT_MPS_ROOT, metavar="PATH",
                         help="host directory holding one MPS pipe directory per mode, <PATH>/<mode>: the agent's "
                              "--mps-root")
@@ -41,10 +110,25 @@ def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _certs(args: argparse.Namespace) -> int:
     from gpufrac.certs.generate import write_dev_certs
-    out = Path(args.out)
+    out = Path(args.out or DEFAULT_CERTS_OUT).resolve()
     write_dev_certs(out, args.dns or list(DEFAULT_DNS), days=args.days)
-    print(f"wrote {out}/ca.crt, {out}/tls.crt, {out}/tls.key")
+    print(f"wrote {out}/ca.crt, {out}/tls.crt, {out}/tls.key" +
+          ("" if args.out else f" (no --out: the default, {DEFAULT_CERTS_OUT} in the current directory)"))
     return 0
+
+
+def port_in_use(bind: str) -> bool:
+    """Whether another process listens on HOST:PORT already (gunicorn would retry, then fail with a traceback)."""
+    from gpufrac.core.bind import split_bind
+    host, port = split_bind(bind)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds
+        try:
+            probe.bind((host, int(port)))
+        except OSError as err:
+            return err.errno == errno.EADDRINUSE
+    return False
 
 
 def _webhook(args: argparse.Namespace) -> int:
@@ -54,6 +138,11 @@ def _webhook(args: argparse.Namespace) -> int:
     def bind(text: str) -> str:  # no host: every address of the pod's IP family
         return resolve_bind(text, os.environ.get("POD_IP"), host_has_ipv6()) if text else ""
 
+    for flag, address in (("--bind", bind(args.bind)), ("--metrics-bind", bind(args.metrics_bind))):
+        if address and port_in_use(address):
+            print(f"gpufrac webhook: {address} is already in use (another webhook running?); choose another "
+                  f"with {flag} HOST:PORT (make run: BIND=127.0.0.1:8444)", file=sys.stderr)
+            return 2
     serve(_policy(args), ServeOptions(Path(args.certs), bind(args.bind), args.workers, args.threads,
                                       log_level=args.log_level, metrics_bind=bind(args.metrics_bind)),
           args.metrics_dir)
@@ -85,62 +174,78 @@ def _agent(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpufrac", description=__doc__)
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be at least 1")
+    return value
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with `command`, only that subcommand gets its arguments: `gpufrac webhook` then
+    imports neither the agent nor the Kubernetes client (tens of MiB in each worker)."""
+    parser = argparse.ArgumentParser(prog="gpufrac", description=__doc__, formatter_class=_HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"gpufrac {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    certs = commands.add_parser("certs", help="write a CA and a serving certificate (ca.crt, tls.crt, tls.key)")
-    certs_sub = certs.add_subparsers(dest="certs_command")
-    certs.add_argument("--out", default="certs/dev", help="directory to write to")
-    certs.add_argument("--dns", action="append", metavar="NAME", help="a DNS name or IP to include (repeatable)")
-    certs.add_argument("--days", type=int, default=365, help="validity of the serving certificate")
+    def subcommand(name: str, help_text: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help_text, description=help_text, formatter_class=_HelpFormatter)
+
+    certs = subcommand("certs", "write a CA and a serving certificate (ca.crt, tls.crt, tls.key) for development")
+    certs.add_argument("--out", metavar="DIR",
+                       help=f"directory to write to (default: {DEFAULT_CERTS_OUT} in the current directory)")
+    certs.add_argument("--dns", action="append", metavar="NAME",
+                       help=f"a DNS name or IP the serving certificate names (repeatable; default "
+                            f"{', '.join(DEFAULT_DNS)})")
+    certs.add_argument("--days", type=_positive_int, default=365, help="validity of the serving certificate")
     certs.set_defaults(func=_certs)
-    try:
+    if command in (None, "certs"):
         from gpufrac.certs.rotation import add_rotate_arguments, run_rotate
-    except ImportError:
-        pass
-    else:
-        rotate = certs_sub.add_parser("rotate", help="keep the chart's certificate Secret and caBundles current")
+        rotate = certs.add_subparsers(dest="certs_command").add_parser(
+            "rotate", help="keep the chart's certificate Secret and caBundles current",
+            formatter_class=_HelpFormatter)
         add_rotate_arguments(rotate)
         rotate.set_defaults(func=run_rotate)
 
-    webhook = commands.add_parser("webhook", help="serve the admission webhook over HTTPS")
-    webhook.add_argument("--certs", required=True, help="directory with tls.crt and tls.key (re-read on rotation)")
+    webhook = subcommand("webhook", "serve the admission webhook over HTTPS")
+    webhook.add_argument("--certs", required=True, metavar="DIR",
+                         help="directory with tls.crt and tls.key (re-read when they change)")
     webhook.add_argument("--bind", default="0.0.0.0:8443", metavar="HOST:PORT",
                          help="admission port (HTTPS); no host (:8443): every address of the pod's IP family")
     webhook.add_argument("--metrics-bind", default="", metavar="HOST:PORT",
                          help="plain-HTTP port serving /metrics (default: none; /metrics is on --bind too)")
-    webhook.add_argument("--workers", type=int, default=2)
-    webhook.add_argument("--threads", type=int, default=8)
-    webhook.add_argument("--log-level", default="info")
+    webhook.add_argument("--workers", type=_positive_int, default=2, metavar="N", help="worker processes")
+    webhook.add_argument("--threads", type=_positive_int, default=8, metavar="N",
+                         help="reviews each worker answers at once")
+    webhook.add_argument("--log-level", default="info", choices=LEVELS, type=str.lower,
+                         help="the least severe log lines written (JSON, on stdout)")
     _add_policy_arguments(webhook)
     webhook.set_defaults(func=_webhook)
 
-    review = commands.add_parser("review", help="run a pod through mutation and validation offline")
+    review = subcommand("review", "run a pod through mutation and validation offline, as the API server would")
     review.add_argument("pod", help="Pod manifest (YAML or JSON)")
-    review.add_argument("--old", help="the pod before an UPDATE")
+    review.add_argument("--old", metavar="FILE", help="the pod before an UPDATE (default: none, a CREATE)")
     review.add_argument("--user", default="alice", help="username of the requester")
     review.add_argument("--group", action="append", help="group of the requester (repeatable)")
     _add_policy_arguments(review)
     review.set_defaults(func=_review)
 
-    agent = commands.add_parser("agent", help="run the node agent")
-    try:
+    agent = subcommand("agent", "run the node agent (one per GPU node)")
+    if command in (None, "agent"):
         from gpufrac.agent.cli import add_arguments
-    except ImportError:
-        pass
-    else:
         add_arguments(agent)
     agent.set_defaults(func=_agent)
+    apply_environment(parser, os.environ)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     metrics_dir = None
-    if argv[:1] == ["webhook"]:
+    command = argv[0] if argv and not argv[0].startswith("-") else None
+    if command == "webhook":
         from gpufrac.webhook.server import prepare_metrics_dir
         metrics_dir = prepare_metrics_dir()  # before the parser imports anything that imports prometheus_client
-    args = build_parser().parse_args(argv)
+    args = build_parser(command).parse_args(argv)
     args.metrics_dir = metrics_dir
     return int(args.func(args) or 0)
