@@ -22,8 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster import CHART_DIR, RELEASE_NAMESPACE, REPO_ROOT
 from e2e.testing import unique
+from e2e.toolkit.wait import wait_until
 from gpufrac.certs.generate import issue_ca, issue_serving_cert, write_serving_files
-from tests.fakes.agent_world import GPU_UUIDS, AgentWorld, wait_until
+from tests.fakes.agent_world import GPU_UUIDS, AgentWorld
 from tests.webhook.builders import pod, review_body
 
 pytestmark = pytest.mark.e2e
