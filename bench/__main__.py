@@ -13,19 +13,23 @@ from pathlib import Path
 from bench import apiserver, direct, handler_profile, inprocess, machine, node_agent
 from bench.chart import ROOT, chart_webhook
 from bench.report import Report
-from bench.reviews import seed_reviews
+from bench.reviews import maximum_size_reviews, seed_reviews
+from gpufrac.webhook.app import MAX_BODY_BYTES
 
 SECTIONS = ("http", "apiserver", "inprocess", "agent")
 
 MODES = {
     # concurrencies, seconds per run, rounds (a,b per round) ...
-    "full": {"http_c": (1, 8, 32, 64), "http_s": 5.0, "http_rounds": 2,
+    "full": {"http_c": (1, 8, 32, 64), "http_s": 5.0, "http_rounds": 2, "review_c": (1, 8), "review_s": 4.0,
+             "maximum_s": 4.0,
              "api_c": (1, 4, 16), "api_s": 6.0, "api_rounds": 2, "quick_inprocess": False,
              "agent_sizes": (1, 50, 200), "agent_ticks": 20, "handler_rounds": 1000},
-    "quick": {"http_c": (1, 8, 32, 64), "http_s": 2.0, "http_rounds": 2,
+    "quick": {"http_c": (1, 8, 32, 64), "http_s": 2.0, "http_rounds": 2, "review_c": (1, 8), "review_s": 2.0,
+              "maximum_s": 2.0,
               "api_c": (1, 4, 16), "api_s": 2.0, "api_rounds": 1, "quick_inprocess": True,
               "agent_sizes": (1, 50, 200), "agent_ticks": 5, "handler_rounds": 200},
-    "smoke": {"http_c": (1, 8), "http_s": 1.0, "http_rounds": 1,
+    "smoke": {"http_c": (1, 8), "http_s": 1.0, "http_rounds": 1, "review_c": (1,), "review_s": 1.0,
+              "maximum_s": 1.0,
               "api_c": (1, 4), "api_s": 1.0, "api_rounds": 1, "quick_inprocess": True,
               "agent_sizes": (1,), "agent_ticks": 2, "handler_rounds": 20},
 }
@@ -77,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         if "http" not in args.skip:
             report.http = section("http", lambda: direct.run(
                 reviews, chart, concurrencies=m["http_c"], duration=m["http_s"], rounds=m["http_rounds"],
-                pin=args.pin, workdir=workdir / "https", install=not args.no_install))
+                pin=args.pin, workdir=workdir / "https", install=not args.no_install, per_review_c=m["review_c"],
+                per_review_s=m["review_s"], maximum=maximum_size_reviews(MAX_BODY_BYTES, policy),
+                maximum_s=m["maximum_s"]))
         if "apiserver" not in args.skip:
             report.api = section("apiserver", lambda: apiserver.run(
                 concurrencies=m["api_c"], duration=m["api_s"], rounds=m["api_rounds"], workdir=ROOT / ".e2e" / "bench"))

@@ -23,6 +23,7 @@ class ChartWebhook:
     scheduler_groups: tuple[str, ...]
     require_enforcing_node: bool
     mps_root: str
+    memory_limit: str = "none"  # resources.limits.memory of the webhook container
 
     def args(self) -> list[str]:
         """`gpufrac webhook` arguments as templates/webhook/deployment.yaml renders them (less --certs/--bind)."""
@@ -55,4 +56,5 @@ def chart_webhook(values: Path = VALUES) -> ChartWebhook:
         scheduler_groups=tuple(webhook.get("schedulerGroups") or ()),
         require_enforcing_node=bool(webhook.get("requireEnforcingNode", False)),
         mps_root=str((data.get("mps") or {}).get("root", DEFAULT_MPS_ROOT)),
+        memory_limit=str(((webhook.get("resources") or {}).get("limits") or {}).get("memory", "none")),
     )

@@ -3,6 +3,7 @@ do-nothing webhook on the same gunicorn settings, alternating a, b, a, b in each
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -11,11 +12,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
+from math import nan
 from pathlib import Path
 
 from bench.chart import ROOT, ChartWebhook
+from bench.procs import group_pids, pss_mib
 from bench.reviews import SeedReview
 from e2e.toolkit.procs import Proc, free_port
 from e2e.toolkit.server import start_server
@@ -97,6 +101,7 @@ class Run:
     errors: int  # socket errors + non-2xx + replies that were not `allowed: true`
     client_cpu: float  # wrk CPU seconds / wall seconds (1.0 = one core busy)
     server_cpu: float
+    pss_mib: float = float("nan")  # the server's PSS (master and workers together), highest sample during the run
 
     @property
     def rps(self) -> float:
@@ -125,6 +130,12 @@ class Cell:
 @dataclass
 class HttpResult:
     cells: dict[tuple[str, int], Cell]
+    # (review, concurrency, server) -> runs with that one review only
+    per_review: dict[tuple[str, int, str], Cell]
+    idle_pss_mib: dict[str, float]  # server -> PSS after warming, before the load
+    # (maximum-size review, server) -> runs at workers x threads concurrency
+    maximum: dict[tuple[str, str], Cell]
+    memory_limit: str  # the chart's container memory limit
     handler_ms: dict[tuple[int, str], list[float]]  # (concurrency, review) -> in-handler ms from gpufrac's log
     pinned: str
     wrk_threads: dict[int, int]
@@ -136,17 +147,87 @@ class HttpResult:
 _BENCH_LINE = re.compile(r"^BENCH (.*)$", re.M)
 
 
+@dataclass
+class Server:
+    """A server the bench started: its process group and its HTTPS port."""
+
+    proc: Proc
+    port: int
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.proc.log)
+
+    def cpu_seconds(self) -> float:
+        return self.proc.cpu_seconds()
+
+    def pss_mib(self) -> float:
+        """PSS of the master and its workers together."""
+        return pss_mib(group_pids(self.proc.pid))
+
+    def stop(self) -> None:
+        self.proc.stop(timeout=30)
+
+
+def start(name: str, argv: list[str], log: Path, env: dict[str, str], port: int) -> Server:
+    """`argv` serving HTTPS on `port` in its own session, once GET /readyz answers 200."""
+    proc = start_server(name, argv, log, lambda: answers_200(f"https://127.0.0.1:{port}/readyz"), env=env, cwd=ROOT,
+                        die_with_parent_signal=None)
+    return Server(proc, port)
+
+
+class _PssSampler:
+    """The server's PSS every `interval` seconds while a run lasts; `peak` is the highest."""
+
+    def __init__(self, server: Server, interval: float = 0.25) -> None:
+        self.server, self.interval, self.peak = server, interval, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.server.pss_mib())
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> _PssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.server.pss_mib())
+
+
+def _script(workdir: Path, name: str, reviews: list[SeedReview]) -> Path:
+    """A wrk script posting `reviews` in turn."""
+    bodies = workdir / "bodies"
+    bodies.mkdir(parents=True, exist_ok=True)
+    files = []
+    for r in reviews:
+        path = bodies / (re.sub(r"[^a-z0-9]+", "-", r.name.lower()).strip("-") + ".json")
+        if not path.exists():
+            path.write_bytes(r.raw)
+        files.append(path)
+    script = workdir / f"{name}.lua"
+    script.write_text(LUA % {"paths": ", ".join(json.dumps(r.path) for r in reviews),
+                             "files": ", ".join(json.dumps(str(f)) for f in files)})
+    return script
+
+
 def _wrk(wrk: str, script: Path, url: str, concurrency: int, threads: int, seconds: float,
-         client_cpus: str | None, server: Proc) -> Run:
+         client_cpus: str | None, server: Server, pss: bool = False) -> Run:
     argv = [wrk, "-s", str(script), "--latency", "-c", str(concurrency), "-t", str(threads),
             "-d", f"{seconds:g}s", "--timeout", "5s", url]
     if client_cpus is not None:
         argv = ["taskset", "-c", client_cpus, *argv]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    server_before = server.cpu_seconds()
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60, check=False)
-    server_after = server.cpu_seconds()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    sampler = _PssSampler(server) if pss else contextlib.nullcontext()
+    with sampler:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        server_before = server.cpu_seconds()
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60, check=False)
+        server_after = server.cpu_seconds()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
     match = _BENCH_LINE.search(result.stdout)
     if result.returncode != 0 or match is None:
         raise RuntimeError(f"wrk failed ({result.returncode}): {result.stdout[-1500:]}{result.stderr[-1500:]}")
@@ -156,10 +237,11 @@ def _wrk(wrk: str, script: Path, url: str, concurrency: int, threads: int, secon
     errors = sum(values[k] for k in ("connect", "read", "write", "status", "timeout", "bad"))
     return Run(values["requests"], wall, values["p50_us"] / 1000, values["p90_us"] / 1000,
                values["p99_us"] / 1000, values["max_us"] / 1000, errors, client / wall,
-               (server_after - server_before) / wall)
+               (server_after - server_before) / wall, sampler.peak if isinstance(sampler, _PssSampler) else nan)
 
 
-def _handler_ms(log: Path, offset: int, names: dict[tuple[str, str], str]) -> tuple[dict[str, list[float]], int]:
+def _handler_ms(log: Path, offset: int,
+                names: dict[tuple[str, str, str], str]) -> tuple[dict[str, list[float]], int]:
     """In-handler durations (the `ms` field of gpufrac's one-line-per-review log) written after `offset`."""
     out: dict[str, list[float]] = defaultdict(list)
     with open(log, "rb") as handle:
@@ -172,14 +254,97 @@ def _handler_ms(log: Path, offset: int, names: dict[tuple[str, str], str]) -> tu
             entry = json.loads(line)
         except ValueError:
             continue
-        name = names.get((entry.get("endpoint", ""), entry.get("operation", "")))
+        name = names.get((entry.get("endpoint", ""), entry.get("operation", ""), entry.get("pod", "")))
         if name is not None and "ms" in entry:
             out[name].append(float(entry["ms"]))
     return out, offset + len(data)
 
 
+ORDER = ("gpufrac", "do-nothing")  # each round runs both, in this order
+
+
+@dataclass
+class _Bench:
+    """The two servers and how wrk reaches them."""
+
+    wrk: str
+    servers: dict[str, Server]
+    client_cpus: str | None
+
+    def post(self, name: str, script: Path, concurrency: int, seconds: float, pss: bool = True) -> Run:
+        threads = 1 if self.client_cpus is not None else min(2, concurrency)
+        server = self.servers[name]
+        return _wrk(self.wrk, script, f"https://127.0.0.1:{server.port}", concurrency, threads, seconds,
+                    self.client_cpus, server, pss=pss)
+
+    def per_review(self, scripts: dict[str, Path], concurrencies: tuple[int, ...], rounds: int,
+                   seconds: float) -> dict[tuple[str, int, str], Cell]:
+        """One review at a time: what each review, and so a pod CREATE, costs. Rounds alternate the servers."""
+        cells: dict[tuple[str, int, str], Cell] = {}
+        for review, script in scripts.items():
+            for concurrency in concurrencies:
+                for _ in range(rounds):
+                    for name in ORDER:
+                        cell = cells.setdefault((review, concurrency, name), Cell(name, concurrency))
+                        cell.runs.append(self.post(name, script, concurrency, seconds))
+                        print(f"[bench] https {name:10s} {review:28s} c={concurrency:<3d} "
+                              f"{cell.runs[-1].server_cpu_ms:.3f} ms CPU/req {cell.runs[-1].rps:8.0f} req/s",
+                              file=sys.stderr, flush=True)
+        return cells
+
+    def sweep(self, script: Path, concurrencies: tuple[int, ...], rounds: int, seconds: float,
+              names: dict[tuple[str, str, str], str],
+              ) -> tuple[dict[tuple[str, int], Cell], dict[tuple[int, str], list[float]]]:
+        """All reviews in turn, by concurrency, with gpufrac's in-handler times from its log."""
+        cells: dict[tuple[str, int], Cell] = {}
+        handler: dict[tuple[int, str], list[float]] = defaultdict(list)
+        log_offset = self.servers["gpufrac"].log_path.stat().st_size
+        for concurrency in concurrencies:
+            for _ in range(rounds):
+                for name in ORDER:
+                    cell = cells.setdefault((name, concurrency), Cell(name, concurrency))
+                    cell.runs.append(self.post(name, script, concurrency, seconds))
+                    if name == "gpufrac":
+                        found, log_offset = _handler_ms(self.servers[name].log_path, log_offset, names)
+                        for review, values in found.items():
+                            handler[(concurrency, review)].extend(values)
+                    print(f"[bench] https {name:10s} c={concurrency:<3d} {cell.runs[-1].rps:8.0f} req/s "
+                          f"p99 {cell.runs[-1].p99_ms:.2f} ms", file=sys.stderr, flush=True)
+        return cells, dict(handler)
+
+    def maximum(self, scripts: dict[str, Path], concurrency: int, seconds: float) -> dict[tuple[str, str], Cell]:
+        """Maximum-size reviews from as many clients as the server has threads in all: the most memory it takes."""
+        cells: dict[tuple[str, str], Cell] = {}
+        for review, script in scripts.items():
+            for name in ORDER:
+                cell = cells.setdefault((review, name), Cell(name, concurrency))
+                cell.runs.append(self.post(name, script, concurrency, seconds))
+                print(f"[bench] https {name:10s} {review} c={concurrency} {cell.runs[-1].rps:6.1f} req/s PSS "
+                      f"{cell.runs[-1].pss_mib:.0f} MiB", file=sys.stderr, flush=True)
+        return cells
+
+
+def _start_servers(chart: ChartWebhook, certs: Path, workdir: Path, server_cpus: str | None,
+                   servers: dict[str, Server]) -> None:
+    for name, module_args in (
+        ("gpufrac", ["-m", "gpufrac", "webhook", *chart.args()]),
+        ("do-nothing", ["-m", "bench.noop_app", "--workers", str(chart.workers), "--threads", str(chart.threads)]),
+    ):
+        port = free_port()
+        run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-run-", dir=workdir))
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_RUNTIME_DIR": str(run_dir),
+               "PROMETHEUS_MULTIPROC_DIR": str(workdir / f"{name}-prometheus"),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        argv = [sys.executable, *module_args, "--certs", str(certs), "--bind", f"127.0.0.1:{port}"]
+        if server_cpus is not None:
+            argv = ["taskset", "-c", server_cpus, *argv]
+        servers[name] = start(name, argv, workdir / f"{name}.log", env, port)
+
+
 def run(reviews: list[SeedReview], chart: ChartWebhook, *, concurrencies: tuple[int, ...], duration: float,
-        rounds: int, pin: bool, workdir: Path, install: bool = True) -> HttpResult | str:
+        rounds: int, pin: bool, workdir: Path, install: bool = True, per_review_c: tuple[int, ...] = (1, 8),
+        per_review_s: float = 3.0, maximum: list[SeedReview] | None = None,
+        maximum_s: float = 3.0) -> HttpResult | str:
     """Returns the result, or a reason why the section could not run."""
     wrk = ensure_wrk(install)
     if wrk is None:
@@ -194,63 +359,26 @@ def run(reviews: list[SeedReview], chart: ChartWebhook, *, concurrencies: tuple[
 
     certs = workdir / "certs"
     write_dev_certs(certs, ["localhost", "127.0.0.1"])
-    bodies = workdir / "bodies"
-    bodies.mkdir(parents=True, exist_ok=True)
-    files = []
-    for i, r in enumerate(reviews):
-        path = bodies / f"review-{i}.json"
-        path.write_bytes(r.raw)
-        files.append(path)
-    script = workdir / "post.lua"
-    script.write_text(LUA % {"paths": ", ".join(json.dumps(r.path) for r in reviews),
-                             "files": ", ".join(json.dumps(str(f)) for f in files)})
-    names = {(r.path.strip("/"), r.body["request"]["operation"]): r.name for r in reviews}
+    mixed = _script(workdir, "mixed", reviews)
+    singles = {r.name: _script(workdir, f"single-{i}", [r]) for i, r in enumerate(reviews)}
+    biggest = {r.name: _script(workdir, f"maximum-{i}", [r]) for i, r in enumerate(maximum or [])}
+    names = {(r.path.strip("/"), r.body["request"]["operation"], r.body["request"]["name"]): r.name
+             for r in reviews}
 
-    servers: dict[str, Proc] = {}
-    ports: dict[str, int] = {}
+    servers: dict[str, Server] = {}
     try:
-        for name, module_args in (
-            ("gpufrac", ["-m", "gpufrac", "webhook", *chart.args()]),
-            ("do-nothing", ["-m", "bench.noop_app", "--workers", str(chart.workers),
-                            "--threads", str(chart.threads)]),
-        ):
-            port = ports[name] = free_port()
-            run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-run-", dir=workdir))
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_RUNTIME_DIR": str(run_dir),
-                   "PROMETHEUS_MULTIPROC_DIR": str(workdir / f"{name}-prometheus"),
-                   "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-            argv = [sys.executable, *module_args, "--certs", str(certs), "--bind", f"127.0.0.1:{port}"]
-            if server_cpus is not None:
-                argv = ["taskset", "-c", server_cpus, *argv]
-            servers[name] = start_server(name, argv, workdir / f"{name}.log",
-                                         lambda port=port: answers_200(f"https://127.0.0.1:{port}/readyz"),
-                                         env=env, cwd=ROOT, die_with_parent_signal=None)
-
-        cells: dict[tuple[str, int], Cell] = {}
-        handler: dict[tuple[int, str], list[float]] = defaultdict(list)
-        wrk_threads: dict[int, int] = {}
-        log_offset = 0
-        # Warm both (imports, first TLS contexts, lazy paths) before anything is recorded.
-        for name, server in servers.items():
-            _wrk(wrk, script, f"https://127.0.0.1:{ports[name]}", 8, 1, 1, client_cpus, server)
-        log_offset = Path(servers["gpufrac"].log).stat().st_size
-        for concurrency in concurrencies:
-            threads = 1 if client_cpus is not None else min(2, concurrency)
-            wrk_threads[concurrency] = threads
-            for _ in range(rounds):
-                for name in ("gpufrac", "do-nothing"):
-                    server = servers[name]
-                    cell = cells.setdefault((name, concurrency), Cell(name, concurrency))
-                    cell.runs.append(_wrk(wrk, script, f"https://127.0.0.1:{ports[name]}", concurrency, threads,
-                                          duration, client_cpus, server))
-                    if name == "gpufrac":
-                        found, log_offset = _handler_ms(Path(server.log), log_offset, names)
-                        for review, values in found.items():
-                            handler[(concurrency, review)].extend(values)
-                    print(f"[bench] https {name:10s} c={concurrency:<3d} {cell.runs[-1].rps:8.0f} req/s "
-                          f"p99 {cell.runs[-1].p99_ms:.2f} ms", file=sys.stderr, flush=True)
-        return HttpResult(cells, dict(handler), pinned, wrk_threads, duration, rounds,
+        _start_servers(chart, certs, workdir, server_cpus, servers)
+        bench = _Bench(wrk, servers, client_cpus)
+        for name in ORDER:  # warm both (imports, first TLS contexts, lazy paths) before anything is recorded
+            bench.post(name, mixed, 8, 1, pss=False)
+        idle = {name: servers[name].pss_mib() for name in ORDER}
+        per_review = bench.per_review(singles, per_review_c, rounds, per_review_s)
+        cells, handler = bench.sweep(mixed, concurrencies, rounds, duration, names)
+        biggest_cells = bench.maximum(biggest, chart.workers * chart.threads, maximum_s)
+        wrk_threads = {c: 1 if client_cpus is not None else min(2, c) for c in concurrencies}
+        return HttpResult(cells, per_review, idle, biggest_cells, chart.memory_limit, handler, pinned,
+                          wrk_threads, duration, rounds,
                           f"gunicorn gthread, {chart.workers} workers x {chart.threads} threads, TLS, keep-alive")
     finally:
         for server in servers.values():
-            server.stop(timeout=30)
+            server.stop()

@@ -10,12 +10,16 @@ from bench.apiserver import ApiResult
 from bench.chart import ChartWebhook
 from bench.direct import HttpResult
 from bench.inprocess import SeedRow, SizeRow
-from bench.reviews import SeedReview
+from bench.reviews import POD_CREATE, SeedReview
 
 TARGET_HANDLER_P99_MS = 2.0
 TARGET_E2E_P99_MS = 10.0
 TARGET_RATIO = 0.70
 TARGET_CONCURRENCY = 32
+TARGET_POD_CREATE_CPU_MS = 1.6  # mutate + validate of the seed inference pod, server CPU
+TARGET_ABOVE_NOTHING_MS = 0.2  # gpufrac's server CPU per review above the do-nothing webhook's
+TARGET_PSS_MIB = 100.0  # per replica, under load
+TARGET_ADDED_P50_MS = 3.0  # what gpufrac's webhooks add to a pod CREATE through the API server, 1 client
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -84,6 +88,9 @@ class Report:
                 "errors = socket errors + non-200 + replies without `\"allowed\":true`. CPU columns: cores busy "
                 "(1.0 = one core), server = all its processes; a wrk CPU well below 1.0 while the do-nothing "
                 "server is saturated means wrk is not the bottleneck.", ""]
+        out += self._per_review(h)
+        out += self._memory(h)
+        out += ["### All seed reviews in turn, by concurrency", ""]
         rows = []
         for c in sorted({k[1] for k in h.cells}):
             a, b = h.cells.get(("gpufrac", c)), h.cells.get(("do-nothing", c))
@@ -143,6 +150,91 @@ class Report:
                                      f"c={c})", f"{p99:.2f} ms (worst: {name})", _met(p99 < TARGET_HANDLER_P99_MS)])
         return out
 
+    def _per_review(self, h: HttpResult) -> list[str]:
+        if not h.per_review:
+            return []
+        load = self.machine.get("load", "?")
+        out = ["### Per review and per pod CREATE", "",
+               f"One review at a time (wrk posting only that body), {h.rounds} round(s) alternating gpufrac and "
+               "do-nothing. server CPU ms / req = utime + stime of every server process (master and workers, "
+               "from /proc/<pid>/stat) over the run ÷ requests answered. PSS = the server's processes together "
+               f"(/proc/<pid>/smaps_rollup), highest sample in the run. Load average at the start: {load}.", ""]
+        rows = []
+        concurrencies = sorted({c for _, c, _ in h.per_review})
+        for r in self.reviews:
+            for c in concurrencies:
+                a, b = h.per_review.get((r.name, c, "gpufrac")), h.per_review.get((r.name, c, "do-nothing"))
+                for cell in (a, b):
+                    if cell is None:
+                        continue
+                    above = ""
+                    if cell is a and b is not None:
+                        above = f"{a.mean('server_cpu_ms') - b.mean('server_cpu_ms'):+.3f}"
+                    rows.append([r.name, c, cell.server, f"{cell.mean('server_cpu_ms'):.3f}", above,
+                                 f"{cell.mean('rps'):,.0f}", f"{cell.mean('p50_ms'):.2f}", f"{cell.mean('p99_ms'):.2f}",
+                                 cell.errors, f"{max(x.pss_mib for x in cell.runs):.0f}"])
+        out += _table(["review", "concurrency", "server", "server CPU ms / req", "gpufrac − do-nothing ms",
+                       "req/s", "p50 ms", "p99 ms", "errors", "PSS MiB"], rows)
+        out.append("")
+        create = [name for name in POD_CREATE if any(k[0] == name for k in h.per_review)]
+        if len(create) == len(POD_CREATE):
+            rows = []
+            for c in concurrencies:
+                cost = {server: sum(h.per_review[(name, c, server)].mean("server_cpu_ms") for name in POD_CREATE)
+                        for server in ("gpufrac", "do-nothing") if all((n, c, server) in h.per_review
+                                                                        for n in POD_CREATE)}
+                if len(cost) == 2:
+                    above = (cost["gpufrac"] - cost["do-nothing"]) / len(POD_CREATE)
+                    rows.append([c, f"{cost['gpufrac']:.3f}", f"{cost['do-nothing']:.3f}", f"{above:.3f}"])
+                    self.targets.append([f"pod CREATE (mutate + validate of the inference pod) ≤ "
+                                         f"{TARGET_POD_CREATE_CPU_MS:g} ms server CPU, c={c}",
+                                         f"{cost['gpufrac']:.2f} ms (do-nothing {cost['do-nothing']:.2f} ms; load "
+                                         f"{load})", _met(cost["gpufrac"] <= TARGET_POD_CREATE_CPU_MS)])
+                    self.targets.append([f"gpufrac above the do-nothing webhook ≤ {TARGET_ABOVE_NOTHING_MS:g} ms per "
+                                         f"review (pod CREATE's two), c={c}", f"{above:.3f} ms (load {load})",
+                                         _met(above <= TARGET_ABOVE_NOTHING_MS)])
+            out += ["A pod CREATE = the inference pod's /mutate + the /validate of what it became:", ""]
+            out += _table(["concurrency", "gpufrac CPU ms / pod", "do-nothing CPU ms / pod",
+                           "gpufrac − do-nothing ms per review"], rows)
+            out.append("")
+        return out
+
+    def _memory(self, h: HttpResult) -> list[str]:
+        if not h.idle_pss_mib:
+            return []
+        load = self.machine.get("load", "?")
+        out = ["### Memory", "",
+               "PSS of each server's processes together (master and workers; a replica's memory, shared pages "
+               "counted once): idle after warming, the highest sample under the seed load above, and with "
+               f"maximum-size reviews posted by as many clients as the server has threads ({self.chart.workers} "
+               f"workers × {self.chart.threads}). The chart's memory limit: {h.memory_limit}. Load average at "
+               f"the start: {load}.", ""]
+        rows = []
+        for server in ("gpufrac", "do-nothing"):
+            seeds = [x.pss_mib for (_, _, name), c in h.per_review.items() if name == server for x in c.runs]
+            seeds += [x.pss_mib for (name, _), c in h.cells.items() if name == server for x in c.runs]
+            row = [server, f"{h.idle_pss_mib.get(server, float('nan')):.0f}",
+                   f"{max(seeds):.0f}" if seeds else "–"]
+            for (_review, name), cell in h.maximum.items():
+                if name == server:
+                    run = cell.runs[-1]
+                    row.append(f"{run.pss_mib:.0f} ({run.rps:,.1f} req/s, {cell.errors} errors)")
+            rows.append(row)
+            if server == "gpufrac" and seeds:
+                self.targets.append([f"PSS ≤ {TARGET_PSS_MIB:g} MiB per replica under the seed load",
+                                     f"{max(seeds):.0f} MiB (idle {h.idle_pss_mib.get(server, float('nan')):.0f})",
+                                     _met(max(seeds) <= TARGET_PSS_MIB)])
+                for (review, name), cell in h.maximum.items():
+                    if name == server:
+                        peak = max(x.pss_mib for x in cell.runs)
+                        self.targets.append([f"PSS ≤ {TARGET_PSS_MIB:g} MiB per replica, {review}",
+                                             f"{peak:.0f} MiB, {cell.errors} errors (chart limit {h.memory_limit})",
+                                             _met(peak <= TARGET_PSS_MIB and cell.errors == 0)])
+        out += _table(["server", "idle PSS MiB", "PSS MiB under the seed load",
+                       *[f"PSS MiB, {review}" for (review, name) in h.maximum if name == "gpufrac"]], rows)
+        out.append("")
+        return out
+
     def _api(self) -> list[str]:
         out = ["## 2. Admission through kube-apiserver", ""]
         a = self.api
@@ -172,6 +264,18 @@ class Report:
         out += _table(["client threads", "webhooks", "pods", "pods/s", "p50 ms", "p99 ms", "errors", "wrong",
                        "with vs without"], rows)
         out.append("")
+        load = self.machine.get("load", "?")
+        one = (a.cells.get((True, 1)), a.cells.get((False, 1)))
+        if one[0] and one[1] and one[0].latencies and one[1].latencies:
+            added = one[0].pct(0.5) - one[1].pct(0.5)
+            self.targets.append([f"through kube-apiserver: p50 added to a pod CREATE at 1 client ≤ "
+                                 f"{TARGET_ADDED_P50_MS:g} ms", f"+{added:.1f} ms ({one[0].pct(0.5):.1f} vs "
+                                 f"{one[1].pct(0.5):.1f} ms; load {load})", _met(added <= TARGET_ADDED_P50_MS)])
+        top = max((c for _, c in a.cells), default=None)
+        if top is not None and a.cells.get((True, top)) and a.cells.get((False, top)):
+            on, off = a.cells[(True, top)], a.cells[(False, top)]
+            out += [f"p99 of a pod CREATE at {top} clients: {on.pct(0.99):.1f} ms with gpufrac's webhooks, "
+                    f"{off.pct(0.99):.1f} ms without (load average at the start {load}).", ""]
         return out
 
     def _inprocess(self) -> list[str]:

@@ -111,9 +111,17 @@ class SeedReview:
         return json.dumps(self.body, separators=(",", ":")).encode()
 
 
+# A pod CREATE costs the webhook these two reviews: the API server calls /mutate, then /validate on the result.
+INFERENCE_MUTATE = "inference CREATE /mutate"
+INFERENCE_VALIDATE = "inference CREATE /validate"
+POD_CREATE = (INFERENCE_MUTATE, INFERENCE_VALIDATE)
+
+
 def seed_reviews(policy: Policy) -> list[SeedReview]:
-    """The three reviews of the brief, each checked to be allowed (and the mutating ones to patch)."""
+    """The reviews of the brief (the inference pod's CREATE through both webhooks, the notebook's CREATE, the
+    binder's UPDATE), each checked to be allowed (and the mutating ones to patch)."""
     inference = review(pod("inference", INFERENCE))
+    inference_mutated = review(mutated(inference, policy))  # what the validating webhook sees of the same CREATE
     notebook_create = review(pod("notebook", NOTEBOOK))
     notebook = mutated(notebook_create, policy)  # as stored by the API server after CREATE
     notebook = copy.deepcopy(notebook)
@@ -123,7 +131,8 @@ def seed_reviews(policy: Policy) -> list[SeedReview]:
     bound["metadata"]["annotations"].update(BIND_ANNOTATIONS)
     bound["spec"]["nodeName"] = "gpu-node-1"
     reviews = [
-        SeedReview("inference CREATE /mutate", "/mutate", inference),
+        SeedReview(INFERENCE_MUTATE, "/mutate", inference),
+        SeedReview(INFERENCE_VALIDATE, "/validate", inference_mutated),
         SeedReview("notebook CREATE /validate", "/validate", review(notebook)),
         SeedReview("binder UPDATE /mutate", "/mutate",
                    review(bound, operation="UPDATE", old=notebook, user=BINDER,
@@ -160,3 +169,34 @@ def sized_annotations(containers: int, annotations: int) -> tuple[dict[str, str]
         result[f"team.example.com/note-{i}"] = f"value {i}"
         i += 1
     return result, fractional
+
+
+def maximum_size_reviews(limit: int, policy: Policy) -> list[SeedReview]:
+    """Two allowed /validate reviews just under the body limit `limit`: an UPDATE whose object and oldObject are
+    each half of it. "annotation": the bulk in one unrelated annotation (a last-applied-configuration: few, long
+    strings, the common way a pod gets big); "env": the bulk in env entries of a second container (many small
+    objects: the most memory a body of this size takes once decoded, about 8 times its size)."""
+    out = []
+    base = mutated(review(pod("big", {"gpu-fraction": "0.5"}, containers=2)), policy)  # as stored after CREATE
+    for shape in ("annotation", "env"):
+        obj = copy.deepcopy(base)
+        if shape == "annotation":
+            obj["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] = ""
+        else:
+            obj["spec"]["containers"][1]["env"] = []
+        size = len(json.dumps(review(obj, operation="UPDATE", old=obj), separators=(",", ":")))
+        room = (limit - size - 4096) // 2  # per object
+        if shape == "annotation":
+            obj["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] = "x" * room
+        else:
+            entry = len(json.dumps({"name": "ENV_000000", "value": "value-000000"}, separators=(",", ":"))) + 1
+            obj["spec"]["containers"][1]["env"] = [{"name": f"ENV_{i:06d}", "value": f"value-{i:06d}"}
+                                                   for i in range(room // entry)]
+        body = review(obj, operation="UPDATE", old=copy.deepcopy(obj))
+        size = len(json.dumps(body, separators=(",", ":")))
+        out.append(SeedReview(f"{size / 2**20:.1f} MiB UPDATE /validate ({shape})", "/validate", body))
+    for r in out:
+        outcome = admission.validate(parse_review(r.body), policy)
+        if not outcome.allowed or len(r.raw) > limit:
+            raise RuntimeError(f"maximum-size review {r.name!r} is not allowed or too big: {outcome.message}")
+    return out
