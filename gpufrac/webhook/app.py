@@ -1,12 +1,19 @@
-"""The Flask app: HTTP in and out, nothing decided here."""
+"""The web app: HTTP in and out, nothing decided here.
+
+The two review endpoints (POST /mutate, POST /validate) are answered straight from the WSGI environ, in front of
+Flask: a review is bytes in and bytes out, and Flask's request and response machinery (contexts, routing, signals,
+header objects) cost more CPU per review than the decision itself. Everything else (probes, /metrics, every error
+page, any other method or path) is Flask's.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, BinaryIO
 
 from flask import Flask, Response, request
 
@@ -17,63 +24,160 @@ from gpufrac.webhook.review import ReviewRequest, build_response, parse_review
 
 # Two pods' worth of JSON (object and oldObject) at the API server's 3 MiB object limit, with room to spare.
 MAX_BODY_BYTES = 8 * 1024 * 1024
+# Set in the WSGI environ when a body was refused unread: the server then closes the connection the careful way
+# (server.py: answer, stop writing, drain what the client still sends) so the client reads the 413.
+REFUSED_BODY = "gpufrac.refused_body"
 log = logging.getLogger("gpufrac.webhook")
+
+StartResponse = Callable[..., Any]
+Decide = Callable[[ReviewRequest, Policy], admission.Outcome]
+
+_JSON = ("Content-Type", "application/json")
+_STATUS = {200: "200 OK", 400: "400 Bad Request", 413: "413 Content Too Large", 500: "500 Internal Server Error"}
+_TOO_LARGE = f"the body is larger than {MAX_BODY_BYTES} bytes"
+_NOT_JSON = "the body is not JSON; send an AdmissionReview (admission.k8s.io/v1)"
+
+
+def _dumps(body: Any) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def _json(body: Any, status: int = 200) -> Response:
-    return Response(json.dumps(body, separators=(",", ":")), status=status, mimetype="application/json")
+    return Response(_dumps(body), status=status, mimetype="application/json")
 
 
 def _error(status: int, message: str) -> Response:
     return _json({"error": message, "code": status}, status)
 
 
-def create_app(policy: Policy) -> Flask:
-    app = Flask("gpufrac")
-    # One byte over the limit, so a chunked body (no Content-Length) that is too long is seen to be, not cut.
-    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES + 1
+class _RefusedError(Exception):
+    """A review answered with a JSON error instead of an AdmissionReview."""
 
-    def serve(endpoint: str, decide: Callable[[ReviewRequest, Policy], admission.Outcome]) -> Response:
-        started = time.perf_counter()
-        result, uid, review = "error", "", None
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def _read_body(environ: dict[str, Any]) -> bytes:
+    """The request body, refused unread (413) when its Content-Length is over the limit; a chunked body is read
+    one byte past the limit, so one that is too long is seen to be, not cut."""
+    length = environ.get("CONTENT_LENGTH")
+    stream: BinaryIO = environ["wsgi.input"]
+    if length:
         try:
-            if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-                return _error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
-            raw = request.get_data(cache=False)
-            if len(raw) > MAX_BODY_BYTES:
-                return _error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
-            try:
-                body = json.loads(raw)
-            except (ValueError, RecursionError):
-                return _error(400, "the body is not JSON; send an AdmissionReview (admission.k8s.io/v1)")
-            review = parse_review(body)
-            uid = review.uid
-            outcome = decide(review, policy)
-            result = "allowed" if outcome.allowed else "denied"
-            metrics.count_denials(endpoint, outcome.violations)
-            return _json(build_response(uid, allowed=outcome.allowed, message=outcome.message,
-                                        patch=outcome.patch, warnings=outcome.warnings))
-        except BadReviewError as exc:
-            return _error(exc.status, exc.message)
-        except RecursionError:
-            return _error(400, "the object is nested too deeply")
+            size = int(length)
+        except ValueError:
+            raise _RefusedError(400, "the Content-Length header is not a number") from None
+        if size > MAX_BODY_BYTES:
+            environ[REFUSED_BODY] = True
+            raise _RefusedError(413, _TOO_LARGE)
+        return stream.read(size) if size > 0 else b""
+    raw = stream.read(MAX_BODY_BYTES + 1)
+    if len(raw) > MAX_BODY_BYTES:
+        environ[REFUSED_BODY] = True
+        raise _RefusedError(413, _TOO_LARGE)
+    return raw
+
+
+class ReviewEndpoints:
+    """WSGI: POST /mutate and /validate answered here, anything else passed to `fallback` (the Flask app)."""
+
+    def __init__(self, policy: Policy, fallback: Callable[[dict[str, Any], StartResponse], Iterable[bytes]]) -> None:
+        self.policy = policy
+        self.fallback = fallback
+        self.endpoints: dict[str, tuple[str, Decide]] = {
+            "/mutate": ("mutate", admission.mutate), "/validate": ("validate", admission.validate)}
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        endpoint = self.endpoints.get(environ.get("PATH_INFO", ""))
+        if endpoint is None or environ.get("REQUEST_METHOD") != "POST":
+            return self.fallback(environ, start_response)
+        status, body = self.review(environ, *endpoint)
+        headers = [_JSON, ("Content-Length", str(len(body)))]
+        if environ.get(REFUSED_BODY):
+            headers.append(("Connection", "close"))
+        start_response(_STATUS[status], headers)
+        return [body]
+
+    def review(self, environ: dict[str, Any], endpoint: str, decide: Decide) -> tuple[int, bytes]:
+        """The answer to one review (status, JSON body), counted and logged in one line with its uid and, for a
+        denial or an error, the reason. A client that goes away mid-body raises OSError for gunicorn to close."""
+        started = time.perf_counter()
+        note = _Note()
+        try:
+            return 200, self._decide(environ, endpoint, decide, note)
+        except _RefusedError as refused:
+            note.reason = refused.message
+            return refused.status, _dumps({"error": refused.message, "code": refused.status})
+        except OSError as exc:
+            note.reason = f"the body was not read: {exc}"
+            raise
+        except Exception:
+            log.exception("unexpected error answering a review", extra={"endpoint": endpoint, "uid": note.uid})
+            return 500, _dumps({"error": "internal error; see the webhook log", "code": 500})
         finally:
             elapsed = time.perf_counter() - started
-            metrics.REVIEWS.labels(endpoint, result).inc()
-            metrics.LATENCY.labels(endpoint).observe(elapsed)
-            log.info("review", extra={
-                "endpoint": endpoint, "result": result, "uid": uid, "ms": round(elapsed * 1000, 3),
-                "operation": review.operation if review else "", "namespace": review.namespace if review else "",
-                "pod": review.name if review else "", "user": review.user.username if review else "",
-            })
+            metrics.observe(endpoint, note.result, elapsed)
+            if log.isEnabledFor(logging.INFO):
+                review = note.review
+                log.info("review", extra={
+                    "endpoint": endpoint, "result": note.result, "uid": note.uid, "ms": round(elapsed * 1000, 3),
+                    "reason": note.reason,
+                    "operation": review.operation if review else "", "namespace": review.namespace if review else "",
+                    "pod": review.name if review else "", "user": review.user.username if review else "",
+                })
+
+    def _decide(self, environ: dict[str, Any], endpoint: str, decide: Decide, note: _Note) -> bytes:
+        raw = _read_body(environ)
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise _RefusedError(400, _NOT_JSON) from None
+        try:
+            note.review = parse_review(body)
+            note.uid = note.review.uid
+            outcome = decide(note.review, self.policy)
+        except BadReviewError as exc:
+            raise _RefusedError(exc.status, exc.message) from None
+        except RecursionError:
+            raise _RefusedError(400, "the object is nested too deeply") from None
+        note.result = "allowed" if outcome.allowed else "denied"
+        note.reason = outcome.message
+        metrics.count_denials(endpoint, outcome.violations)
+        return _dumps(build_response(note.uid, allowed=outcome.allowed, message=outcome.message,
+                                     patch=outcome.patch, warnings=outcome.warnings))
+
+
+@dataclass
+class _Note:
+    """What the log line says of a review."""
+
+    result: str = "error"
+    uid: str = ""
+    reason: str = ""
+    review: ReviewRequest | None = None
+
+
+def create_app(policy: Policy) -> Flask:
+    app = Flask("gpufrac")
+    # Flask serves no review; for anything else posted, the same limit (one byte over, for chunked bodies).
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES + 1
+    endpoints = ReviewEndpoints(policy, app.wsgi_app)
+    app.wsgi_app = endpoints  # type: ignore[method-assign]
+
+    def answer(endpoint: str) -> Response:
+        """The same review through Flask's dispatch (the WSGI front answers first; this keeps routing whole: a
+        GET on a review path is a 405, and Flask-level callers get the same answer)."""
+        status, body = endpoints.review(request.environ, *endpoints.endpoints[f"/{endpoint}"])
+        return Response(body, status=status, mimetype="application/json")
 
     @app.post("/mutate")
     def mutate() -> Response:
-        return serve("mutate", admission.mutate)
+        return answer("mutate")
 
     @app.post("/validate")
     def validate() -> Response:
-        return serve("validate", admission.validate)
+        return answer("validate")
 
     @app.get("/healthz")
     def healthz() -> Response:
@@ -89,7 +193,7 @@ def create_app(policy: Policy) -> Flask:
 
     @app.errorhandler(413)
     def too_large(_: Exception) -> Response:
-        return _error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+        return _error(413, _TOO_LARGE)
 
     @app.errorhandler(404)
     def not_found(_: Exception) -> Response:

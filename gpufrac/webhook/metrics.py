@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from prometheus_client import (
@@ -60,6 +61,20 @@ def denial_reason(violation: Violation) -> str:
     if kind == "ephemeral":
         return "container"
     return kind if kind in ("container", "volume", "pod", "label") else "other"
+
+
+# Each label combination's series, looked up once (`labels()` checks and locks on every call). Made on first use,
+# in the worker that counts: in multiprocess mode a series is a file of that process.
+_SERIES: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+
+def observe(endpoint: str, result: str, seconds: float) -> None:
+    """One review answered."""
+    series = _SERIES.get((endpoint, result))
+    if series is None:
+        series = _SERIES.setdefault((endpoint, result), (REVIEWS.labels(endpoint, result), LATENCY.labels(endpoint)))
+    series[0].inc()
+    series[1].observe(seconds)
 
 
 def count_denials(endpoint: str, violations: Iterable[Violation]) -> None:

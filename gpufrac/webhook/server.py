@@ -5,16 +5,20 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import select
 import shutil
+import socket
 import ssl
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
 from gunicorn.workers import gthread
 
@@ -29,6 +33,10 @@ CLIENT_DEADLINE_SECONDS = 1.0
 # How long gunicorn lets a new connection that sent nothing yet hold a thread before parking it in the poller
 # (gunicorn's default is 5 s: a few idle connections would delay every review past the webhook timeout).
 IDLE_CONNECTION_WAIT_SECONDS = 0.5
+# A connection closed after its answer (a body refused unread, or `Connection: close`) is drained this long at
+# most, and this much at most, so the client that is still sending gets to read the answer.
+CLOSING_DRAIN_SECONDS = 2.0
+CLOSING_DRAIN_BYTES = 32 * 1024 * 1024
 log = logging.getLogger("gpufrac.webhook")
 
 
@@ -37,7 +45,7 @@ class DeadlineSSLSocket(ssl.SSLSocket):
     gets cut off, not waited for). gunicorn switches the socket to blocking for each request it reads."""
 
     _deadline: float | None = None
-    _cut = False
+    _cut = False  # closed by us: gunicorn's close must not linger on it (see shutdown)
 
     def _start_deadline(self) -> None:
         self._deadline = time.monotonic() + CLIENT_DEADLINE_SECONDS
@@ -97,10 +105,108 @@ class DeadlineSSLSocket(ssl.SSLSocket):
 
     def shutdown(self, how: int) -> None:
         # gunicorn closes "gracefully" on its accept thread, lingering for the peer to close; a client cut off for
-        # being slow would make it linger in turn, and stall every new connection of the worker meanwhile.
+        # being slow would make it linger in turn, and stall every new connection of the worker meanwhile. A
+        # connection already drained on its worker thread (close_after_answer) has nothing left to linger for.
         if self._cut:
-            raise OSError(errno.ENOTCONN, "cut off as too slow: closed without lingering")
+            raise OSError(errno.ENOTCONN, "cut off or drained already: closed without lingering")
         super().shutdown(how)
+
+
+def close_after_answer(sock: socket.socket) -> None:
+    """Close a connection whose answer is written, the way Go's net/http does, on the worker thread: stop writing
+    (FIN after the answer), then read and drop what the client still sends (the rest of a body refused unread)
+    until it closes, for a bounded time and size. A client that sends its whole body before it reads (Python's
+    requests, any client without `Expect: 100-continue`) then reads the answer instead of a reset; and gunicorn's
+    own close on the accept thread finds nothing to wait for, so no other connection waits on this one.
+
+    The drained bytes are read from the socket under TLS, undecrypted: nothing more is read from this session.
+    """
+    try:
+        socket.socket.shutdown(sock, socket.SHUT_WR)  # the TCP socket's, not the TLS layer's (no more records)
+    except OSError:
+        return
+    finally:
+        if isinstance(sock, DeadlineSSLSocket):
+            sock._cut = True
+    deadline = time.monotonic() + CLOSING_DRAIN_SECONDS
+    buffer = bytearray(256 * 1024)
+    drained = 0
+    try:
+        while drained < CLOSING_DRAIN_BYTES:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            socket.socket.settimeout(sock, remaining)
+            n = socket.socket.recv_into(sock, buffer)
+            if n == 0:
+                break
+            drained += n
+    except OSError:
+        pass
+
+
+def _declares_no_length(req: Any) -> bool:
+    """A request with a body of no declared length (chunked), which the app may refuse part-read."""
+    return not any(name == "CONTENT-LENGTH" for name, _ in req.headers) and any(
+        name == "TRANSFER-ENCODING" for name, _ in req.headers)
+
+
+def _closing_before_answer(max_body_bytes: int) -> Callable[[Any, Any], None]:
+    """gunicorn's pre_request hook: the requests whose connection closes after the answer, said so in its
+    headers (gunicorn decides them from the request): a declared body over the limit, refused unread, and every
+    chunked one, which the app may refuse part-read (rare: the API server always sends a Content-Length)."""
+
+    def pre_request(_worker: Any, req: Any) -> None:
+        if _declares_no_length(req):
+            req.force_close()
+            return
+        for name, value in req.headers:
+            if name == "CONTENT-LENGTH" and value.isdigit() and int(value) > max_body_bytes:
+                req.force_close()
+
+    return pre_request
+
+
+def _post_request(_worker: Any, _req: Any, _environ: dict[str, Any], resp: Any) -> None:
+    """Runs on the worker thread after the app: a connection that closes after its answer is closed here (one
+    whose request failed before an answer is gunicorn's to close)."""
+    if resp is not None and resp.headers_sent and resp.should_close():
+        close_after_answer(resp.sock)
+
+
+class QuietAccessLogger(glogging.Logger):  # type: ignore[misc]
+    """gunicorn's logger, building access-log data only when the access logger would write it: with
+    `logconfig_dict`, gunicorn builds it for every request and the level (WARNING) then drops it."""
+
+    def _compute_access_log_enabled(self) -> bool:
+        return bool(super()._compute_access_log_enabled() and self.access_log.isEnabledFor(logging.INFO))
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        self._access_log_enabled = self._compute_access_log_enabled()
+
+
+class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """One write(2) per log line. A line up to PIPE_BUF bytes is written whole by the kernel even when other
+    threads write at the same time (stdout is a pipe in a container), so it takes no lock: review threads do not
+    queue behind each other's writes. Longer lines take the handler's lock."""
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        if not self.filter(record):
+            return False
+        try:
+            line = (self.format(record) + "\n").encode("utf-8", "backslashreplace")
+            fd = self.stream.fileno()
+            if len(line) <= select.PIPE_BUF:
+                os.write(fd, line)
+                return True
+            with self.lock:  # type: ignore[union-attr]
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(fd, view):]
+        except Exception:
+            self.handleError(record)
+        return True
 
 
 class CertificateReloader:
@@ -163,7 +269,8 @@ def _log_config(level: str) -> dict[str, Any]:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"json": {"()": "gpufrac.core.jsonlog.JsonFormatter", "format": fmt}},
-        "handlers": {"stdout": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stdout"}},
+        "handlers": {"stdout": {"class": "gpufrac.webhook.server.LineHandler", "formatter": "json",
+                                "stream": "ext://sys.stdout"}},
         "root": {"level": level.upper(), "handlers": ["stdout"]},
         "loggers": {
             "gunicorn.error": {"level": level.upper(), "handlers": ["stdout"], "propagate": False},
@@ -180,6 +287,7 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
         super().__init__()
 
     def load_config(self) -> None:
+        from gpufrac.webhook.app import MAX_BODY_BYTES  # after prepare_metrics_dir: it imports prometheus_client
         o = self.options
         reloader = CertificateReloader(o.certs_dir / "tls.crt", o.certs_dir / "tls.key")
         reloader.context()  # fail at start, with the reason, if the certificates are unusable
@@ -202,6 +310,11 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
             "ssl_context": reloader,
             "logconfig_dict": _log_config(o.log_level),
             "child_exit": child_exit,
+            "pre_request": _closing_before_answer(MAX_BODY_BYTES),
+            "post_request": _post_request,
+            "logger_class": QuietAccessLogger,
+            # The app is imported once, in the master; the workers share its pages.
+            "preload_app": True,
             "proc_name": "gpufrac-webhook",
             # A worker that stops answering is replaced; a request never waits on a dead one.
             "max_requests": 0,
@@ -214,6 +327,11 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
         for key, value in settings.items():
             self.cfg.set(key, value)
         gthread.DEFAULT_WORKER_DATA_TIMEOUT = IDLE_CONNECTION_WAIT_SECONDS  # gunicorn reads it per connection
+        # A log record needs no caller, thread or process lookup: our formatter writes none of them.
+        logging._srcfile = None
+        logging.logThreads = False
+        logging.logProcesses = False
+        logging.logMultiprocessing = False
 
     def load(self) -> Any:
         from gpufrac.webhook.app import create_app

@@ -86,6 +86,53 @@ def test_oversized_bodies_get_a_413_before_they_are_read(server):
     assert reply.startswith("HTTP/1.1 413") and "larger than" in reply
 
 
+OVER_LIMIT = 9 * 1024 * 1024  # the limit is 8 MiB
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_a_client_that_sends_a_body_over_the_limit_before_reading_reads_the_413(server, chunked):
+    """Python's requests sends the whole body before it reads (no `Expect: 100-continue`): the server answers
+    413 without reading the body, then drains it, so the client reads the answer instead of a reset."""
+    import requests
+
+    body = b"x" * OVER_LIMIT
+    data = iter([body[i:i + 1 << 20] for i in range(0, len(body), 1 << 20)]) if chunked else body
+    response = requests.post(f"https://localhost:{server.port}/validate", data=data, timeout=30,
+                             headers={"Content-Type": "application/json"}, verify=str(server.certs / "ca.crt"))
+    assert response.status_code == 413
+    assert response.json() == {"error": "the body is larger than 8388608 bytes", "code": 413}
+    assert response.headers["Connection"] == "close"
+    assert server.request("GET", "/readyz")[0] == 200
+
+
+def test_a_refused_body_still_being_sent_holds_up_no_other_client(tmp_path):
+    """One worker: the client whose body is refused is still sending it while another client is answered on
+    the same worker, and then reads its 413."""
+    write_dev_certs(tmp_path / "certs")
+    srv = WebhookProcess(tmp_path / "certs", tmp_path / "webhook.log", workers=1, threads=2)
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as raw, \
+                srv.context().wrap_socket(raw, server_hostname="localhost") as big:
+            big.sendall(b"POST /validate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n" % OVER_LIMIT + b"x" * (1 << 20))
+            # Meanwhile, mid-body: another client's review is answered.
+            status, data = srv.request("POST", "/mutate", json.dumps(review_body(pod(INFERENCE))).encode())
+            assert status == 200 and json.loads(data)["response"]["allowed"] is True
+            big.sendall(b"x" * (OVER_LIMIT - (1 << 20)))  # the rest is still taken, not reset
+            reply = b""
+            while b"}" not in reply:
+                chunk = big.recv(65536)
+                if not chunk:
+                    break
+                reply += chunk
+        head, _, answer = reply.decode().partition("\r\n\r\n")
+        assert head.startswith("HTTP/1.1 413") and "Connection: close" in head
+        assert json.loads(answer)["code"] == 413
+        assert srv.popen.poll() is None
+    finally:
+        srv.stop()
+
+
 def test_wrong_methods_and_paths_get_json_errors(server):
     assert server.request("GET", "/mutate")[0] == 405
     status, data = server.request("GET", "/nope")
