@@ -18,8 +18,8 @@ import time
 
 # (label, file suffix, function name): cumulative time of these, per request
 PARTS = (
-    ("whole Flask request (test client)", "flask/app.py", "wsgi_app"),
-    ("gpufrac handler (`serve`)", "gpufrac/webhook/app.py", "serve"),
+    ("whole request (Flask app called by the test client)", "flask/app.py", "__call__"),
+    ("gpufrac handler (`ReviewEndpoints.review`)", "gpufrac/webhook/app.py", "review"),
     ("decision (admission.mutate / .validate)", "gpufrac/webhook/admission.py", "mutate|validate"),
     ("JSON log line (`log.info`)", "logging/__init__.py", "info"),
     ("metrics (Counter.inc + Histogram.observe)", "prometheus_client/metrics.py", "inc|observe"),

@@ -22,6 +22,7 @@ from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
 from gunicorn.workers import gthread
 
+from gpufrac.core.jsonlog import log_config
 from gpufrac.webhook.policy import Policy
 
 KEEPALIVE_SECONDS = 95  # the API server keeps idle connections for 90 s; outlive it so it never hits a closed one
@@ -264,19 +265,14 @@ class ServeOptions:
 
 
 def _log_config(level: str) -> dict[str, Any]:
-    fmt = "%(asctime)s %(levelname)s %(name)s %(message)s"
-    return {
-        "version": 1,
-        "disable_existing_loggers": False,
-        "formatters": {"json": {"()": "gpufrac.core.jsonlog.JsonFormatter", "format": fmt}},
-        "handlers": {"stdout": {"class": "gpufrac.webhook.server.LineHandler", "formatter": "json",
-                                "stream": "ext://sys.stdout"}},
-        "root": {"level": level.upper(), "handlers": ["stdout"]},
-        "loggers": {
-            "gunicorn.error": {"level": level.upper(), "handlers": ["stdout"], "propagate": False},
-            "gunicorn.access": {"level": "WARNING", "handlers": ["stdout"], "propagate": False},
-        },
-    }
+    """The one log format (gpufrac.core.jsonlog) on stdout, through LineHandler; gunicorn's own lines too."""
+    config = log_config(level, "ext://sys.stdout")
+    config["handlers"]["json"]["class"] = f"{__name__}.LineHandler"
+    config["loggers"].update({
+        "gunicorn.error": {"level": level.upper(), "handlers": ["json"], "propagate": False},
+        "gunicorn.access": {"level": "WARNING", "handlers": ["json"], "propagate": False},
+    })
+    return config
 
 
 class WebhookServer(BaseApplication):  # type: ignore[misc]
