@@ -530,3 +530,12 @@ def test_with_fake_cuda_the_cuda_13_4_limits_hold_clients_in_their_cgroups(tmp_p
     assert len(leaves) == 6 and all(f"{gc.NVML_DEVICE_MEMORY_LIMIT_MAX} 0 {leaf}" in limits for leaf in leaves)
     assert "could not remove cgroup" not in result.stdout
     assert set(cgroup2_entries()) == before
+
+
+def test_checks_past_the_time_budget_are_skipped_and_the_daemons_still_stop(tmp_path: Path) -> None:
+    result = run_check(tmp_path, "--budget", "1", cuda=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = checks(tmp_path)
+    skipped = {r for r, c in rows.items() if c["status"] == gc.SKIPPED and "time budget" in c["details"]}
+    assert skipped == {"2a", "2b", "3a", "3b", "3c", "4a", "4b", "4c", "5a", "5b", "6a", "6b"}
+    assert rows["1"]["status"] == rows["7"]["status"] == gc.PASS
