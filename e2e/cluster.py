@@ -90,12 +90,16 @@ class ControlPlane:
         tools: Tools | None = None,
         register_webhook: bool = True,
         quiet: bool = True,
+        apiserver_flags: tuple[str, ...] = (),
     ):
         self.workdir = Path(workdir).resolve()
         self.detach = detach
         self.tools = tools
         self.register_webhook = register_webhook
         self.quiet = quiet
+        # Extra kube-apiserver flags, e.g. --enable-aggregator-routing=true for webhooks behind a Service
+        # (tests/e2e/test_docs.py).
+        self.apiserver_flags = tuple(apiserver_flags)
         self.procs: dict[str, Proc] = {}
         self.ports: dict[str, int] = {}
         self.tokens: dict[str, str] = {}
@@ -363,7 +367,7 @@ class ControlPlane:
                                          "127.0.0.1", self.ports["apiserver"])
 
     def _start_apiserver(self) -> None:
-        self._spawn("kube-apiserver", apiserver.argv(self._apiserver_config()))
+        self._spawn("kube-apiserver", [*apiserver.argv(self._apiserver_config()), *self.apiserver_flags])
 
         def ready() -> bool:
             code, _ = https_get(f"{self.server}/readyz", self.ca_file, self.tokens["admin"])

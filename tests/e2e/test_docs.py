@@ -1,0 +1,138 @@
+"""The operator docs run: every ```bash test block of docs/install.md, monitoring.md, gitops.md and
+operations.md, in that order, in one shell environment against a control plane of its own (the chart installed
+in Service mode, as on a cluster).
+
+A block's info string says what it needs: `bash test` must succeed; `fails` must fail; `=webhook-down` runs while
+the webhook is away (its "pod" stopped, no ready endpoint) and `=webhook-up` once it is back. A `# → text` line
+is output the block must print. The control plane has no controllers or kubelets: e2e/standins.py runs the
+chart's Jobs and one webhook pod here, and marks workloads ready, as those would.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from e2e.cluster import REPO_ROOT, ControlPlane, Tools, ToolsMissingError, private_workdir
+from e2e.crds import PROMETHEUS_OPERATOR, crd_files
+from e2e.standins import StandInControllers, host_address
+
+pytestmark = pytest.mark.e2e
+
+DOCS = ("install.md", "monitoring.md", "gitops.md", "operations.md")
+FENCE = re.compile(r"^(?P<indent> *)```bash test(?P<tags>[^\n]*)\n(?P<body>.*?)^(?P=indent)```", re.M | re.S)
+
+
+@dataclass
+class Block:
+    doc: str
+    line: int
+    body: str
+    fails: bool
+    scenario: str  # "", "webhook-down", "webhook-up"
+
+    @property
+    def expected(self) -> list[str]:
+        return [m.group(1).strip() for m in re.finditer(r"^\s*# → (.*)$", self.body, re.M)]
+
+    def __str__(self) -> str:
+        return f"{self.doc}:{self.line}"
+
+
+def blocks(doc: str) -> list[Block]:
+    text = (REPO_ROOT / "docs" / doc).read_text()
+    found = []
+    for m in FENCE.finditer(text):
+        tags = m.group("tags").split()
+        scenario = next((t.split("=", 1)[1] for t in [m.group("tags").strip().split(" ")[0]] if "=" in t), "")
+        indent = len(m.group("indent"))
+        body = "\n".join(line[indent:] for line in m.group("body").splitlines())
+        found.append(Block(doc, text.count("\n", 0, m.start()) + 1, body, "fails" in tags, scenario))
+    return found
+
+
+def test_the_docs_mark_their_commands():
+    for doc in DOCS:
+        text = (REPO_ROOT / "docs" / doc).read_text()
+        assert blocks(doc), doc
+        unmarked = re.findall(r"^ *```(?:bash|sh|shell|console)\s*$", text, re.M)
+        assert not unmarked, f"{doc}: a command block no test runs"
+    (block,) = [b for b in blocks("operations.md") if b.fails]
+    assert block.scenario == "webhook-down" and block.expected == ['failed calling webhook "mutate.gpufrac.io"']
+
+
+@pytest.fixture(scope="module")
+def docs_env(tmp_path_factory):
+    """A control plane of its own (the chart's release "gpufrac" would collide with the harness's webhook
+    configurations), whose API server calls Service-mode webhooks through EndpointSlices."""
+    try:
+        tools = Tools.find()
+    except ToolsMissingError as exc:
+        pytest.skip(str(exc))
+    address = host_address()
+    if address is None:
+        pytest.skip("no non-loopback IPv4 address on this host for the webhook's EndpointSlice")
+    cp = ControlPlane(private_workdir("docs"), tools=tools, register_webhook=False,
+                      apiserver_flags=("--enable-aggregator-routing=true",))
+    cp.start()
+    cp.stop_webhook()  # the harness's own; the docs install the chart's
+    for path in crd_files(PROMETHEUS_OPERATOR):  # what a cluster with the Prometheus Operator serves
+        result = cp.kubectl("apply", "--server-side", "-f", str(path), user="admin")
+        assert result.rc == 0, result.stderr
+    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all", user="admin", check=True)
+    shell = tmp_path_factory.mktemp("docs-shell")
+    for name in ("charts", "examples"):
+        (shell / name).symlink_to(REPO_ROOT / name)
+    bin_dir = shell / ".bin"
+    bin_dir.mkdir()
+    for tool in (tools.helm, tools.kubectl):
+        (bin_dir / Path(tool).name).symlink_to(tool)
+    (bin_dir / "helm").exists() or (bin_dir / "helm").symlink_to(tools.helm)
+    env = {**os.environ, "KUBECONFIG": str(cp.kubeconfigs["admin"]),
+           "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+           "HELM_CACHE_HOME": str(shell / ".helm/cache"), "HELM_CONFIG_HOME": str(shell / ".helm/config"),
+           "HELM_DATA_HOME": str(shell / ".helm/data")}
+    with StandInControllers(cp, shell, webhook_ip=address) as standins:
+        yield cp, standins, shell, env
+    cp.stop()
+    shutil.rmtree(cp.workdir, ignore_errors=True)
+
+
+def run_block(block: Block, standins: StandInControllers, shell: Path, env: dict[str, str]) -> None:
+    if block.scenario == "webhook-down":
+        standins.webhook_down()
+    elif block.scenario == "webhook-up":
+        standins.webhook_up()
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", ("" if block.fails else "set -e\n") + block.body],
+                            cwd=shell, env=env, capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    where = f"{block} exited {result.returncode}:\n{block.body}\n--- output:\n{output[-3000:]}"
+    if block.fails:
+        assert result.returncode != 0, where
+    else:
+        assert result.returncode == 0, where
+    for fragment in block.expected:
+        assert fragment in output, f"{block}: expected {fragment!r}\n{where}"
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_doc_commands_run(docs_env, doc):
+    cp, standins, shell, env = docs_env
+    for block in blocks(doc):
+        run_block(block, standins, shell, env)
+    if doc == "install.md":
+        # The certificate Jobs ran for real: the Secret the webhook mounts holds a CA and a serving certificate.
+        assert standins.ran and all(r.endswith(": 0") for r in standins.ran), standins.ran
+        secret = cp.kubectl("get", "secret", "-n", "gpufrac-system", "gpufrac-webhook-tls", "-o", "yaml",
+                            user="admin", check=True)
+        assert {"ca.crt", "tls.crt", "tls.key", "ca-bundle.crt"} <= set(yaml.safe_load(secret.stdout)["data"])
+    if doc == "operations.md":
+        assert cp.kubectl("get", "mutatingwebhookconfiguration", "gpufrac", user="admin").rc != 0
