@@ -8,11 +8,17 @@ page, any other method or path) is Flask's.
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import json
 import logging
+import os
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from flask import Flask, Response, request
@@ -24,6 +30,12 @@ from gpufrac.webhook.review import ReviewRequest, build_response, parse_review
 
 # Two pods' worth of JSON (object and oldObject) at the API server's 3 MiB object limit, with room to spare.
 MAX_BODY_BYTES = 8 * 1024 * 1024
+# Decoding a review takes several times its size in memory (about 8 times for a pod of many small objects, such as
+# a long env list): reviews over this size are decoded one at a time in the whole server, so the server's memory
+# is its idle size plus one large review, whatever the workers and threads. Smaller ones (every ordinary pod) never
+# wait. A large review that cannot get its turn in LARGE_REVIEW_WAIT_SECONDS is answered 503.
+LARGE_REVIEW_BYTES = 1024 * 1024
+LARGE_REVIEW_WAIT_SECONDS = 2.0
 # Set in the WSGI environ when a body was refused unread: the server then closes the connection the careful way
 # (server.py: answer, stop writing, drain what the client still sends) so the client reads the 413.
 REFUSED_BODY = "gpufrac.refused_body"
@@ -33,9 +45,12 @@ StartResponse = Callable[..., Any]
 Decide = Callable[[ReviewRequest, Policy], admission.Outcome]
 
 _JSON = ("Content-Type", "application/json")
-_STATUS = {200: "200 OK", 400: "400 Bad Request", 413: "413 Content Too Large", 500: "500 Internal Server Error"}
+_STATUS = {200: "200 OK", 400: "400 Bad Request", 413: "413 Content Too Large", 500: "500 Internal Server Error",
+           503: "503 Service Unavailable"}
 _TOO_LARGE = f"the body is larger than {MAX_BODY_BYTES} bytes"
 _NOT_JSON = "the body is not JSON; send an AdmissionReview (admission.k8s.io/v1)"
+_BUSY = (f"busy with other reviews over {LARGE_REVIEW_BYTES} bytes, which are answered one at a time; "
+         "retry")
 
 
 def _dumps(body: Any) -> bytes:
@@ -58,16 +73,83 @@ class _RefusedError(Exception):
         self.status, self.message = status, message
 
 
+class LargeReviewGate:
+    """One large review at a time: across threads with a lock, across the server's worker processes with an
+    flock(2) on `path` (the kernel lets go of it when a process dies holding it). No path: this process only."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._pid = 0
+
+    def _file(self) -> int:
+        if self._pid != os.getpid():  # each worker its own open file, so that the flock excludes the others
+            assert self.path is not None
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            self._pid = os.getpid()
+        assert self._fd is not None
+        return self._fd
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        deadline = time.monotonic() + LARGE_REVIEW_WAIT_SECONDS
+        if not self._lock.acquire(timeout=LARGE_REVIEW_WAIT_SECONDS):
+            raise _RefusedError(503, _BUSY)
+        try:
+            fd = self._file() if self.path is not None else None
+            while fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise _RefusedError(503, _BUSY) from None
+                    time.sleep(0.005)
+            try:
+                yield
+            finally:
+                _give_back_memory()  # while the turn is held: the next large review starts from the idle size
+                if fd is not None:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            self._lock.release()
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+        return trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def _give_back_memory() -> None:
+    """Return the heap a large review freed to the system: glibc keeps it for the thread that used it, so
+    each thread in turn would keep the size of the largest review it decoded."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def _declared_length(environ: dict[str, Any]) -> int | None:
+    length = environ.get("CONTENT_LENGTH")
+    if not length:
+        return None
+    try:
+        return int(length)
+    except ValueError:
+        raise _RefusedError(400, "the Content-Length header is not a number") from None
+
+
 def _read_body(environ: dict[str, Any]) -> bytes:
     """The request body, refused unread (413) when its Content-Length is over the limit; a chunked body is read
     one byte past the limit, so one that is too long is seen to be, not cut."""
-    length = environ.get("CONTENT_LENGTH")
+    size = _declared_length(environ)
     stream: BinaryIO = environ["wsgi.input"]
-    if length:
-        try:
-            size = int(length)
-        except ValueError:
-            raise _RefusedError(400, "the Content-Length header is not a number") from None
+    if size is not None:
         if size > MAX_BODY_BYTES:
             environ[REFUSED_BODY] = True
             raise _RefusedError(413, _TOO_LARGE)
@@ -79,12 +161,23 @@ def _read_body(environ: dict[str, Any]) -> bytes:
     return raw
 
 
+def _discard_body(environ: dict[str, Any], size: int) -> None:
+    stream: BinaryIO = environ["wsgi.input"]
+    while size > 0:
+        chunk = stream.read(min(size, 64 * 1024))
+        if not chunk:
+            return
+        size -= len(chunk)
+
+
 class ReviewEndpoints:
     """WSGI: POST /mutate and /validate answered here, anything else passed to `fallback` (the Flask app)."""
 
-    def __init__(self, policy: Policy, fallback: Callable[[dict[str, Any], StartResponse], Iterable[bytes]]) -> None:
+    def __init__(self, policy: Policy, fallback: Callable[[dict[str, Any], StartResponse], Iterable[bytes]],
+                 gate: LargeReviewGate) -> None:
         self.policy = policy
         self.fallback = fallback
+        self.gate = gate
         self.endpoints: dict[str, tuple[str, Decide]] = {
             "/mutate": ("mutate", admission.mutate), "/validate": ("validate", admission.validate)}
 
@@ -128,7 +221,22 @@ class ReviewEndpoints:
                 })
 
     def _decide(self, environ: dict[str, Any], endpoint: str, decide: Decide, note: _Note) -> bytes:
+        declared = _declared_length(environ)
+        if declared is not None and LARGE_REVIEW_BYTES < declared <= MAX_BODY_BYTES:
+            try:
+                with self.gate.turn():  # before reading: a waiting body stays in the socket, not in memory
+                    return self._judge(_read_body(environ), endpoint, decide, note)
+            except _RefusedError as refused:
+                if refused.status == 503:  # read past it, so the connection stays usable
+                    _discard_body(environ, declared)
+                raise
         raw = _read_body(environ)
+        if len(raw) > LARGE_REVIEW_BYTES:  # chunked: its size is known once read
+            with self.gate.turn():
+                return self._judge(raw, endpoint, decide, note)
+        return self._judge(raw, endpoint, decide, note)
+
+    def _judge(self, raw: bytes, endpoint: str, decide: Decide, note: _Note) -> bytes:
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError):
@@ -158,11 +266,12 @@ class _Note:
     review: ReviewRequest | None = None
 
 
-def create_app(policy: Policy) -> Flask:
+def create_app(policy: Policy, large_review_lock: Path | None = None) -> Flask:
+    """`large_review_lock`: a file all of the server's worker processes can lock (see LargeReviewGate)."""
     app = Flask("gpufrac")
     # Flask serves no review; for anything else posted, the same limit (one byte over, for chunked bodies).
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES + 1
-    endpoints = ReviewEndpoints(policy, app.wsgi_app)
+    endpoints = ReviewEndpoints(policy, app.wsgi_app, LargeReviewGate(large_review_lock))
     app.wsgi_app = endpoints  # type: ignore[method-assign]
 
     def answer(endpoint: str) -> Response:

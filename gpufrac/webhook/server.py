@@ -331,7 +331,7 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
 
     def load(self) -> Any:
         from gpufrac.webhook.app import create_app
-        return create_app(self.policy)
+        return create_app(self.policy, large_review_lock=self.metrics_dir / "large-review.lock")
 
 
 def _metrics_listener_starter(bind: str, certs_dir: Path) -> Any:

@@ -205,3 +205,33 @@ def test_sigterm_stops_the_server_cleanly(tmp_path):
     os.killpg(srv.popen.pid, signal.SIGTERM)
     assert srv.popen.wait(timeout=30) == 0
     srv.stop()
+
+
+def test_large_reviews_take_turns_across_processes(tmp_path, monkeypatch):
+    """Two gates on one lock file stand for two workers: while one decodes a large review, the other waits, and
+    past the wait it answers 503 rather than holding a thread for ever."""
+    from gpufrac.webhook import app
+
+    monkeypatch.setattr(app, "LARGE_REVIEW_WAIT_SECONDS", 0.2)
+    first, second = app.LargeReviewGate(tmp_path / "lock"), app.LargeReviewGate(tmp_path / "lock")
+    with first.turn():
+        with pytest.raises(app._RefusedError) as refused, second.turn():
+            pass
+        assert refused.value.status == 503
+    with second.turn():  # free again once the first is done
+        pass
+
+
+def test_large_reviews_sent_together_are_all_answered(server):
+    """Reviews over the large-review size from several clients at once: each waits its turn and is answered."""
+    import concurrent.futures
+
+    from gpufrac.webhook.app import LARGE_REVIEW_BYTES
+
+    big = pod(INFERENCE)
+    big["metadata"]["annotations"]["note.example.com/pad"] = "x" * (LARGE_REVIEW_BYTES + 1000)
+    body = json.dumps(review_body(big)).encode()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: server.request("POST", "/mutate", body), range(4)))
+    assert [status for status, _ in answers] == [200] * 4
+    assert all(json.loads(data)["response"]["allowed"] is True for _, data in answers)
