@@ -7,6 +7,7 @@ labels the queries filter and group by."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -75,6 +76,23 @@ def test_selectors_parse_what_the_queries_say():
         ("a_bucket", {"le", "endpoint", "namespace", "result"})]
     assert selectors("min by (certificate) (b) - time() < 3") == [("b", {"certificate"})]
     assert selectors('c == 0 and on (node) d{mode=~"a|b"}') == [("c", {"node"}), ("d", {"node", "mode"})]
+
+
+PROMQL_CHECK = REPO_ROOT / "tests" / "tools" / "promqlcheck"
+GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__range": "1h", "$namespace": ".*"}
+
+
+def promqlcheck() -> Path:
+    """Prometheus' own PromQL parser as a small binary (tests/tools/promqlcheck), built once per source."""
+    digest = hashlib.sha256(b"".join((PROMQL_CHECK / f).read_bytes() for f in ("main.go", "go.mod", "go.sum")))
+    out = Path(os.environ.get("GPUFRAC_TOOLS_CACHE", Path.home() / ".cache/gpufrac/tools")) / "bin" / \
+        f"promqlcheck-{digest.hexdigest()[:12]}"
+    if not out.exists():
+        env = {**os.environ, "GOFLAGS": "-modcacherw -buildvcs=false", "GOTOOLCHAIN": "local",
+               "GOMODCACHE": str(out.parent.parent.parent / "gomod")}
+        subprocess.run(["go", "build", "-o", str(out), "."], cwd=PROMQL_CHECK, env=env, check=True, timeout=900,
+                       capture_output=True)
+    return out
 
 
 def rendered_rules() -> list[str]:
@@ -209,6 +227,24 @@ def test_agent_usage_series_join_with_dcgm_exporter(agent_series):
     labels = agent_series["gpufrac_container_gpu_sm_utilization_ratio"]
     assert {"UUID", "Hostname", "namespace", "pod", "container"} <= labels
     assert not [n for n in agent_series if n.endswith("_percent")]
+
+
+def test_every_query_parses_as_promql():
+    """Prometheus' parser reads every alert expression and dashboard query (Grafana's variables filled in)."""
+    queries = rendered_rules()
+    for query in dashboard_queries():
+        for variable, value in GRAFANA_VARIABLES.items():
+            query = query.replace(variable, value)
+        queries.append(query)
+    result = subprocess.run([str(promqlcheck())], input=json.dumps(queries), capture_output=True, text=True,
+                            timeout=60)
+    verdicts = result.stdout.splitlines()
+    assert len(verdicts) == len(queries), result.stderr
+    bad = [f"{q}: {v}" for q, v in zip(queries, verdicts, strict=True) if v != "ok"]
+    assert not bad and result.returncode == 0, "\n".join(bad)
+    broken = subprocess.run([str(promqlcheck())], input=json.dumps(["sum by (a (x"]), capture_output=True,
+                            text=True, timeout=60)
+    assert broken.returncode == 1 and "parse error" in broken.stdout  # the check can fail
 
 
 @pytest.mark.parametrize("source", ["rules", "dashboard"])
