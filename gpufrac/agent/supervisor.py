@@ -95,14 +95,12 @@ class MpsSupervisor:
         *,
         quit_timeout: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
-        on_restart: Callable[[MpsDaemonSpec], None] | None = None,
         proc_root: Path = Path("/proc"),
     ) -> None:
         self.spec = spec
         self.policy = policy
         self.quit_timeout = quit_timeout
         self._clock = clock
-        self._on_restart = on_restart
         self._proc_root = proc_root
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -244,8 +242,6 @@ class MpsSupervisor:
                 self._state = DaemonState.BACKOFF
                 self.restarts += 1
                 self.restart_delays.append(decision.delay)
-            if self._on_restart is not None:
-                self._on_restart(self.spec)
             self._stopping.wait(decision.delay)
 
     # ---- health ----

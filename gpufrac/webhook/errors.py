@@ -37,18 +37,6 @@ def annotation(key: str, value: str | None, problem: str) -> Violation:
     return Violation(f"annotation {key}", problem, value)
 
 
-class AdmissionDeniedError(Exception):
-    """The pod is well-formed but breaks a rule: answered with allowed=false and every violation found."""
-
-    def __init__(self, violations: list[Violation]) -> None:
-        self.violations = violations
-        super().__init__(self.message)
-
-    @property
-    def message(self) -> str:
-        return "; ".join(str(v) for v in self.violations)
-
-
 class BadReviewError(Exception):
     """The request is not an AdmissionReview we can answer: HTTP 400 with a JSON error, never a 500."""
 

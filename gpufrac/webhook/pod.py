@@ -28,10 +28,6 @@ class ContainerRef:
     name: str
     spec: dict[str, Any]
 
-    @property
-    def path(self) -> str:
-        return f"/spec/{self.kind}/{self.index}"
-
 
 def _mapping(parent: dict[str, Any], key: str, where: str) -> dict[str, Any]:
     value = parent.get(key)

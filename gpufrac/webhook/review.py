@@ -32,10 +32,6 @@ class ReviewRequest:
     old_obj: dict[str, Any] | None
     dry_run: bool
 
-    @property
-    def is_pod(self) -> bool:
-        return self.resource == "pods" and self.sub_resource == ""
-
 
 def _string(value: Any, where: str, required: bool = False) -> str:
     if value is None and not required:

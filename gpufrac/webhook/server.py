@@ -312,7 +312,7 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
             # The app is imported once, in the master; the workers share its pages.
             "preload_app": True,
             "proc_name": "gpufrac-webhook",
-            # A worker that stops answering is replaced; a request never waits on a dead one.
+            # Workers are never recycled after a number of requests: nothing leaks, and a recycle drops connections.
             "max_requests": 0,
             "limit_request_line": 8190,
             # gunicorn's control socket defaults to one path per user, shared by every instance; we do not use it.

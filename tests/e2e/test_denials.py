@@ -1,5 +1,5 @@
 """What alice cannot create: each request is refused by a gpufrac webhook, and kubectl shows her a message
-that names the annotation and the value (DESIGN §2, "Validation")."""
+that names the annotation and the value (docs/architecture.md, "One review")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The seed's two examples, applied by alice with kubectl, come back mutated (DESIGN §2)."""
+"""The seed's two examples, applied by alice with kubectl, come back mutated (docs/architecture.md, "One review")."""
 
 from __future__ import annotations
 
