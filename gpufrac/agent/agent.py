@@ -15,7 +15,7 @@ from gpufrac.agent.audit import Findings, Snapshot, decide, in_fractional_contai
 from gpufrac.agent.errors import MpsStartError, NvmlError, ProcReadError
 from gpufrac.agent.events import EventSink, ViolationRecorder
 from gpufrac.agent.metrics import AgentMetrics
-from gpufrac.agent.model import DaemonState, DaemonStatus, GpuProcess, Inventory, Violation, ViolationKind
+from gpufrac.agent.model import DaemonState, DaemonStatus, EnforcementViolation, GpuProcess, Inventory, ViolationKind
 from gpufrac.agent.mps_config import daemon_spec, memory_problem
 from gpufrac.agent.node import NodePublisher, NodeSink
 from gpufrac.agent.pods import index_by_container_id
@@ -83,7 +83,7 @@ class Agent:
         self.start_failures: dict[ComputeMode, str] = {}
         self.inventory: Inventory | None = None
         self.nvml_error: str | None = None
-        self.violations: list[Violation] = []
+        self.violations: list[EnforcementViolation] = []
         self._evicted: set[str] = set()
         self._last_tick: float | None = None
         self._started = self._clock()
@@ -286,7 +286,7 @@ class Agent:
             self._evict(self.violations)
         self.recorder.forget_pods({p["metadata"]["uid"] for p in pods})
 
-    def _evict(self, violations: Sequence[Violation]) -> None:
+    def _evict(self, violations: Sequence[EnforcementViolation]) -> None:
         for violation in violations:
             c = violation.container
             if violation.kind not in EVICTABLE or c.pod_uid in self._evicted:

@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpufrac.agent.model import FractionalContainer, GpuInfo, GpuProcess, UsageSample, Violation, ViolationKind
+from gpufrac.agent.model import EnforcementViolation, GpuInfo, GpuProcess, RunningContainer, UsageSample, ViolationKind
 from gpufrac.agent.procfs import container_ids_in_cgroup
 from gpufrac.core.contract import (
     MIB,
@@ -28,7 +28,7 @@ class Snapshot:
     """Everything one audit reads, taken at once (the agent's observe step)."""
 
     processes: Sequence[GpuProcess]
-    containers: Mapping[str, FractionalContainer]  # by container ID
+    containers: Mapping[str, RunningContainer]  # by container ID
     cgroups: Mapping[int, str]  # pid -> /proc/<pid>/cgroup; missing: unreadable
     environs: Mapping[int, Mapping[str, str]]  # pid -> environment, of processes in fractional containers
     gpus: Mapping[str, GpuInfo]  # by UUID
@@ -36,11 +36,11 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Findings:
-    violations: list[Violation]
+    violations: list[EnforcementViolation]
     usage: list[UsageSample]
 
 
-def in_fractional_container(cgroup: str, containers: Mapping[str, FractionalContainer]) -> bool:
+def in_fractional_container(cgroup: str, containers: Mapping[str, RunningContainer]) -> bool:
     """Whether a process' cgroup names one of the fractional containers (only those get their environ read)."""
     return any(c in containers for c in container_ids_in_cgroup(cgroup))
 
@@ -53,13 +53,13 @@ def decide(snapshot: Snapshot) -> Findings:
 @dataclass(frozen=True)
 class AttributedProcess:
     process: GpuProcess
-    container: FractionalContainer
+    container: RunningContainer
     environ: Mapping[str, str] | None  # None: could not be read (the process exited meanwhile)
 
 
 def attribute(
     processes: Iterable[GpuProcess],
-    containers: Mapping[str, FractionalContainer],
+    containers: Mapping[str, RunningContainer],
     cgroups: Mapping[int, str],
     environs: Mapping[int, Mapping[str, str]],
 ) -> list[AttributedProcess]:
@@ -77,9 +77,9 @@ def attribute(
     return result
 
 
-def expected_env(container: FractionalContainer) -> dict[str, str | None]:
+def expected_env(container: RunningContainer) -> dict[str, str | None]:
     """The injected variables a container's processes must carry; None: present, value checked otherwise."""
-    spec = container.spec
+    spec = container.fraction
     expected: dict[str, str | None] = {LimitEnv.PIPE_DIRECTORY: None}
     if spec.limit_mib is not None:
         expected[LimitEnv.MEMORY_LIMIT] = str(spec.limit_mib)
@@ -92,9 +92,9 @@ def expected_env(container: FractionalContainer) -> dict[str, str | None]:
     return expected
 
 
-def env_mismatches(container: FractionalContainer, environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
+def env_mismatches(container: RunningContainer, environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
     """(missing names, `NAME=value (expected …)` descriptions of wrong values)."""
-    spec = container.spec
+    spec = container.fraction
     missing, wrong = [], []
     for name, value in expected_env(container).items():
         actual = environ.get(name)
@@ -134,8 +134,8 @@ def device_assigned(devices: Sequence[str], gpu: GpuInfo) -> bool | None:
     return False if comparable else None
 
 
-def audit(attributed: Sequence[AttributedProcess], gpus: Mapping[str, GpuInfo]) -> list[Violation]:
-    violations: list[Violation] = []
+def audit(attributed: Sequence[AttributedProcess], gpus: Mapping[str, GpuInfo]) -> list[EnforcementViolation]:
+    violations: list[EnforcementViolation] = []
     by_container_gpu: dict[tuple[tuple[str, str, str], str], list[AttributedProcess]] = defaultdict(list)
     for item in attributed:
         by_container_gpu[(item.container.key, item.process.gpu_uuid)].append(item)
@@ -152,7 +152,7 @@ def audit(attributed: Sequence[AttributedProcess], gpus: Mapping[str, GpuInfo]) 
                 wrong.update(w)
         if missing:
             violations.append(
-                Violation(
+                EnforcementViolation(
                     ViolationKind.MISSING_LIMIT_ENV,
                     container,
                     gpu_uuid,
@@ -164,7 +164,7 @@ def audit(attributed: Sequence[AttributedProcess], gpus: Mapping[str, GpuInfo]) 
             )
         if wrong:
             violations.append(
-                Violation(
+                EnforcementViolation(
                     ViolationKind.LIMIT_ENV_MISMATCH,
                     container,
                     gpu_uuid,
@@ -173,11 +173,11 @@ def audit(attributed: Sequence[AttributedProcess], gpus: Mapping[str, GpuInfo]) 
                     pids,
                 )
             )
-        limit = container.spec.limit_mib
+        limit = container.fraction.limit_mib
         used = sum(i.process.used_bytes or 0 for i in items)
         if limit is not None and used > limit * MIB:
             violations.append(
-                Violation(
+                EnforcementViolation(
                     ViolationKind.MEMORY_OVER_LIMIT,
                     container,
                     gpu_uuid,
@@ -189,21 +189,21 @@ def audit(attributed: Sequence[AttributedProcess], gpus: Mapping[str, GpuInfo]) 
         gpu = gpus.get(gpu_uuid)
         if (
             gpu is not None
-            and container.spec.devices
-            and device_assigned(container.spec.devices, gpu) is False
+            and container.fraction.devices
+            and device_assigned(container.fraction.devices, gpu) is False
         ):
             violations.append(
-                Violation(
+                EnforcementViolation(
                     ViolationKind.WRONG_DEVICE,
                     container,
                     gpu_uuid,
                     f"container {container.container} runs on GPU {gpu.index} ({gpu_uuid}), which is not "
-                    f"among its assigned devices {','.join(container.spec.devices)}",
+                    f"among its assigned devices {','.join(container.fraction.devices)}",
                     pids,
                 )
             )
 
-    by_gpu: dict[str, dict[tuple[str, str, str], FractionalContainer]] = defaultdict(dict)
+    by_gpu: dict[str, dict[tuple[str, str, str], RunningContainer]] = defaultdict(dict)
     for item in attributed:
         by_gpu[item.process.gpu_uuid][item.container.key] = item.container
     for gpu_uuid, containers in by_gpu.items():
@@ -215,7 +215,7 @@ def audit(attributed: Sequence[AttributedProcess], gpus: Mapping[str, GpuInfo]) 
         )
         for container in containers.values():
             violations.append(
-                Violation(
+                EnforcementViolation(
                     ViolationKind.MIXED_MODES,
                     container,
                     gpu_uuid,
@@ -228,17 +228,17 @@ def audit(attributed: Sequence[AttributedProcess], gpus: Mapping[str, GpuInfo]) 
 
 def usage(
     attributed: Sequence[AttributedProcess],
-    running: Iterable[FractionalContainer],
+    running: Iterable[RunningContainer],
     gpus: Mapping[str, GpuInfo],
 ) -> list[UsageSample]:
     """Per container and GPU: memory used and limit, SM utilization, and utilization ÷ fraction.
 
     A running container's assigned GPUs on this node get a zero series even with no process yet.
     """
-    keys: dict[tuple[tuple[str, str, str], str], tuple[FractionalContainer, list[GpuProcess]]] = {}
+    keys: dict[tuple[tuple[str, str, str], str], tuple[RunningContainer, list[GpuProcess]]] = {}
     for container in running:
         for gpu in gpus.values():
-            if container.spec.devices and device_assigned(container.spec.devices, gpu):
+            if container.fraction.devices and device_assigned(container.fraction.devices, gpu):
                 keys.setdefault((container.key, gpu.uuid), (container, []))
     for item in attributed:
         keys.setdefault((item.container.key, item.process.gpu_uuid), (item.container, []))[1].append(
@@ -248,7 +248,7 @@ def usage(
     for (_, gpu_uuid), (container, processes) in keys.items():
         used = sum(p.used_bytes or 0 for p in processes)
         util = min(100.0, float(sum(p.sm_util or 0 for p in processes)))
-        spec = container.spec
+        spec = container.fraction
         device = gpus.get(gpu_uuid)
         share_mib = spec.request_mib if spec.request_mib is not None else spec.limit_mib
         fraction = share_mib / device.memory_total_mib if device and share_mib and device.memory_total_mib else 1.0

@@ -10,17 +10,17 @@ import datetime as dt
 import hashlib
 from typing import Any, Protocol
 
-from gpufrac.agent.model import Violation
+from gpufrac.agent.model import EnforcementViolation
 
 COMPONENT = "gpufrac-agent"
 
 
-def event_name(violation: Violation) -> str:
+def event_name(violation: EnforcementViolation) -> str:
     digest = hashlib.sha256("\0".join(violation.identity).encode()).hexdigest()[:16]
     return f"{violation.container.pod[:200]}.gpufrac-{digest}"
 
 
-def event_body(violation: Violation, node: str, now: dt.datetime) -> dict[str, Any]:
+def event_body(violation: EnforcementViolation, node: str, now: dt.datetime) -> dict[str, Any]:
     c = violation.container
     stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
@@ -65,7 +65,8 @@ class ViolationRecorder:
         self._node = node
         self._emitted: set[tuple[str, ...]] = set()
 
-    def record(self, violations: list[Violation], now: dt.datetime | None = None) -> list[Violation]:
+    def record(self, violations: list[EnforcementViolation],
+               now: dt.datetime | None = None) -> list[EnforcementViolation]:
         new = []
         for violation in violations:
             if violation.identity in self._emitted:

@@ -74,7 +74,7 @@ class NodeCondition:
 
 
 @dataclass(frozen=True)
-class FractionalContainer:
+class RunningContainer:
     """A running container of a fractional pod bound to this node, with what the webhook wrote for it."""
 
     namespace: str
@@ -82,11 +82,11 @@ class FractionalContainer:
     pod_uid: str
     container: str
     container_id: str  # without the runtime scheme
-    spec: CanonicalFraction
+    fraction: CanonicalFraction
 
     @property
     def mode(self) -> ComputeMode:
-        return self.spec.mode
+        return self.fraction.mode
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -115,9 +115,12 @@ _EVENT_REASONS = {
 
 
 @dataclass(frozen=True)
-class Violation:
+class EnforcementViolation:
+    """What the audit finds a running fraction doing against its limits (the webhook's Violation is a rule a
+    request breaks)."""
+
     kind: ViolationKind
-    container: FractionalContainer
+    container: RunningContainer
     gpu_uuid: str
     message: str
     pids: tuple[int, ...] = field(default=(), compare=False)

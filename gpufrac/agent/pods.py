@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpufrac.agent.model import FractionalContainer
+from gpufrac.agent.model import RunningContainer
 from gpufrac.agent.procfs import normalize_container_id
 from gpufrac.core.contract import CanonicalRead, read_canonical
 
@@ -15,12 +15,12 @@ from gpufrac.core.contract import CanonicalRead, read_canonical
 class ContainerIndex:
     """The running fractional containers of this node's pods, by container ID."""
 
-    by_id: dict[str, FractionalContainer]
+    by_id: dict[str, RunningContainer]
     # Containers (or keys naming none) whose canonical annotations do not parse: not audited, but counted.
     unreadable: int = 0
 
 
-def _running(pod: Mapping[str, Any], canonical: CanonicalRead) -> list[FractionalContainer]:
+def _running(pod: Mapping[str, Any], canonical: CanonicalRead) -> list[RunningContainer]:
     metadata = pod.get("metadata") or {}
     status = pod.get("status") or {}
     result = []
@@ -30,13 +30,13 @@ def _running(pod: Mapping[str, Any], canonical: CanonicalRead) -> list[Fractiona
         running = (container_status.get("state") or {}).get("running") is not None
         if name in canonical.fractions and container_id and running:
             result.append(
-                FractionalContainer(
+                RunningContainer(
                     namespace=metadata.get("namespace", ""),
                     pod=metadata.get("name", ""),
                     pod_uid=metadata.get("uid", ""),
                     container=name,
                     container_id=normalize_container_id(container_id),
-                    spec=canonical.fractions[name],
+                    fraction=canonical.fractions[name],
                 )
             )
     return result
@@ -46,13 +46,13 @@ def _canonical(pod: Mapping[str, Any]) -> CanonicalRead:
     return read_canonical((pod.get("metadata") or {}).get("annotations") or {})
 
 
-def fractional_containers(pod: Mapping[str, Any]) -> list[FractionalContainer]:
+def fractional_containers(pod: Mapping[str, Any]) -> list[RunningContainer]:
     """The running containers of a pod that carry canonical fraction annotations, with their container IDs."""
     return _running(pod, _canonical(pod))
 
 
 def index_by_container_id(pods: Iterable[Mapping[str, Any]]) -> ContainerIndex:
-    by_id: dict[str, FractionalContainer] = {}
+    by_id: dict[str, RunningContainer] = {}
     unreadable = 0
     for pod in pods:
         canonical = _canonical(pod)

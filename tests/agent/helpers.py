@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpufrac.agent.agent import AgentConfig
 from gpufrac.agent.metrics import AgentMetrics
-from gpufrac.agent.model import FractionalContainer, GpuInfo
+from gpufrac.agent.model import GpuInfo, RunningContainer
 from gpufrac.agent.supervisor import RestartPolicy
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import (
@@ -57,8 +57,8 @@ def gpu_info(index: int, uuid: str, total_mib: int = H200_MIB) -> GpuInfo:
 def container(name: str = "app", *, pod: str = "p1", namespace: str = "team-a", uid: str = "uid-1",
               container_id: str | None = None, mode: ComputeMode = ComputeMode.TIME_SLICING,
               request_mib: int | None = 2048, limit_mib: int | None = 4096,
-              devices: tuple[str, ...] = (UUID_A,)) -> FractionalContainer:
-    return FractionalContainer(namespace, pod, uid, name, container_id or cid(1),
+              devices: tuple[str, ...] = (UUID_A,)) -> RunningContainer:
+    return RunningContainer(namespace, pod, uid, name, container_id or cid(1),
                                fraction(name, request_mib=request_mib, limit_mib=limit_mib, devices=devices,
                                         mode=mode))
 
@@ -70,9 +70,9 @@ def fraction(name: str, *, request_mib: int | None, limit_mib: int | None, devic
     return CanonicalFraction(name, ComputeMode(mode), request_mib, limit_mib, pinned, tuple(devices))
 
 
-def injected_env(c: FractionalContainer, mps_root: str = DEFAULT_MPS_ROOT) -> dict[str, str]:
+def injected_env(c: RunningContainer, mps_root: str = DEFAULT_MPS_ROOT) -> dict[str, str]:
     """The values the webhook's env gives this container's processes (the kubelet resolves its fieldRefs)."""
-    spec = c.spec
+    spec = c.fraction
     env = {LimitEnv.PIPE_DIRECTORY.value: mps_pipe_dir(mps_root, spec.mode), "PATH": "/usr/bin"}
     if spec.limit_mib is not None:
         env[LimitEnv.MEMORY_LIMIT] = str(spec.limit_mib)

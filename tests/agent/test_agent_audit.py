@@ -84,7 +84,7 @@ def test_fractional_containers_from_pod():
     p = pod("train", uid="u1", containers={"app": cid(1), "sidecar": cid(2)}, annotations=ann, runtime="cri-o")
     [c] = fractional_containers(p)
     assert (c.namespace, c.pod, c.pod_uid, c.container, c.container_id) == ("team-a", "train", "u1", "app", cid(1))
-    assert (c.mode, c.spec.request_mib, c.spec.limit_mib, c.spec.devices) == (
+    assert (c.mode, c.fraction.request_mib, c.fraction.limit_mib, c.fraction.devices) == (
         ComputeMode.SM_SHARING, 2048, 4096, (UUID_A,))
     assert fractional_containers(pod("w", uid="u2", containers={"app": cid(3)}, annotations=ann,
                                      running=False)) == []
