@@ -94,3 +94,18 @@ def test_each_mode_has_its_pipe_directory_under_the_root(root: str) -> None:
         assert mps_pipe_dir(root, mode) == f"/run/gpufrac/mps/{mode}"
         assert pipe_dir_mode(mps_pipe_dir(root, mode)) is mode
     assert pipe_dir_mode("/run/gpufrac/mps") is None
+
+
+def test_the_architecture_document_states_the_contract_the_code_has() -> None:
+    from pathlib import Path
+
+    from gpufrac.core import contract
+    from gpufrac.core.annotations import CANONICAL_PREFIX, CanonicalField
+
+    root = Path(__file__).resolve().parents[2]
+    doc = (root / "docs" / "architecture.md").read_text()
+    assert "docs/architecture.md" in (root / "README.md").read_text()
+    for value in (*contract.LimitEnv, *contract.Enforcement, *CanonicalField, contract.DEFAULT_MPS_ROOT,
+                  contract.ENFORCEMENT_LABEL_PREFIX, contract.FRACTIONAL_LABEL, contract.DEFAULT_SCHEDULER_USER,
+                  contract.NO_GPU, CANONICAL_PREFIX, contract.format_pinned_mem_limit({0: 4096, 1: 4096})):
+        assert str(value) in doc, f"docs/architecture.md does not mention {value}"
