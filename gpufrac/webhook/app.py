@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 
 from flask import Flask, Response, request
 
+from gpufrac.core.jsonlog import log_context
 from gpufrac.webhook import admission, metrics
 from gpufrac.webhook.errors import BadReviewError
 from gpufrac.webhook.policy import Policy
@@ -244,7 +245,8 @@ class ReviewEndpoints:
         try:
             note.review = parse_review(body)
             note.uid = note.review.uid
-            outcome = decide(note.review, self.policy)
+            with log_context(uid=note.uid):  # every line logged while deciding names the review
+                outcome = decide(note.review, self.policy)
         except BadReviewError as exc:
             raise _RefusedError(exc.status, exc.message) from None
         except RecursionError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import ssl
@@ -175,6 +176,16 @@ def test_one_json_log_line_per_review(server):
     time.sleep(0.2)
     lines = [json.loads(line) for line in server.log_path.read_text().splitlines() if '"log-me"' in line]
     assert len(lines) == 1 and lines[0]["endpoint"] == "mutate" and lines[0]["result"] == "allowed"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", lines[0]["time"])
+    assert lines[0]["reason"] == ""
+
+
+def test_the_review_line_of_a_denial_says_why(server):
+    post(server, "/validate", review_body(pod({"gpu-fraction": "1.5"}), uid="deny-me"))
+    time.sleep(0.2)
+    [line] = [json.loads(text) for text in server.log_path.read_text().splitlines() if '"deny-me"' in text]
+    assert (line["level"], line["result"], line["message"]) == ("info", "denied", "review")
+    assert "annotation gpu-fraction" in line["reason"] and "1.5" in line["reason"]
 
 
 def test_a_rotated_certificate_is_served_to_new_connections_without_restart(tmp_path):
