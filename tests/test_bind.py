@@ -82,3 +82,55 @@ def test_webhook_metrics_listener_on_ipv6(tmp_path: Path):
         assert _get("::1", listener.port, "/healthz") == (200, "ok\n")
     finally:
         listener.stop()
+
+
+@needs_ipv6
+def test_webhook_without_a_bind_host_serves_both_families_on_an_ipv6_pod(tmp_path: Path):
+    """The chart passes `--bind :8443`: on an IPv6 (or dual-stack) pod gunicorn listens on `::`, which takes
+    IPv4 too; the API server may come over either."""
+    import http.client
+    import os
+    import signal
+    import ssl
+    import subprocess
+    import sys
+    import time
+
+    from gpufrac.certs.generate import issue_ca, issue_serving_cert, write_serving_files
+
+    ca = issue_ca("bind-test-ca")
+    write_serving_files(tmp_path, ca, issue_serving_cert(ca))
+    with socket.socket(socket.AF_INET6) as s:
+        s.bind(("::", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "webhook.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "gpufrac", "webhook", "--certs", str(tmp_path), "--bind",
+                             f":{port}", "--workers", "1", "--threads", "2"],
+                            env={**os.environ, "POD_IP": "fd00:10::7"}, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    context = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+    context.check_hostname = False  # the serving certificate names localhost and 127.0.0.1, not ::1
+
+    def readyz(host: str) -> int:
+        conn = http.client.HTTPSConnection(host, port, context=context, timeout=5)
+        try:
+            conn.request("GET", "/readyz")
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert readyz("::1") == 200
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "webhook.log").read_text()
+                time.sleep(0.2)
+        assert readyz("127.0.0.1") == 200
+        assert f"http://[::]:{port}" in (tmp_path / "webhook.log").read_text()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        log.close()
