@@ -1,6 +1,6 @@
 """The operator docs run: every ```bash test block of docs/install.md, monitoring.md, gitops.md and
-operations.md, in that order, in one shell environment against a control plane of its own (the chart installed
-in Service mode, as on a cluster).
+operations.md, then the chart's README, in that order, in one shell environment against a control plane of its
+own (the chart installed in Service mode, as on a cluster).
 
 A block's info string says what it needs: `bash test` must succeed; `fails` must fail; `=webhook-down` runs while
 the webhook is away (its "pod" stopped, no ready endpoint) and `=webhook-up` once it is back. A `# → text` line
@@ -27,7 +27,7 @@ from e2e.standins import StandInControllers, host_address
 
 pytestmark = pytest.mark.e2e
 
-DOCS = ("install.md", "monitoring.md", "gitops.md", "operations.md")
+DOCS = ("docs/install.md", "docs/monitoring.md", "docs/gitops.md", "docs/operations.md", "charts/gpufrac/README.md")
 FENCE = re.compile(r"^(?P<indent> *)```bash test(?P<tags>[^\n]*)\n(?P<body>.*?)^(?P=indent)```", re.M | re.S)
 
 
@@ -48,7 +48,7 @@ class Block:
 
 
 def blocks(doc: str) -> list[Block]:
-    text = (REPO_ROOT / "docs" / doc).read_text()
+    text = (REPO_ROOT / doc).read_text()
     found = []
     for m in FENCE.finditer(text):
         tags = m.group("tags").split()
@@ -61,11 +61,11 @@ def blocks(doc: str) -> list[Block]:
 
 def test_the_docs_mark_their_commands():
     for doc in DOCS:
-        text = (REPO_ROOT / "docs" / doc).read_text()
+        text = (REPO_ROOT / doc).read_text()
         assert blocks(doc), doc
         unmarked = re.findall(r"^ *```(?:bash|sh|shell|console)\s*$", text, re.M)
         assert not unmarked, f"{doc}: a command block no test runs"
-    (block,) = [b for b in blocks("operations.md") if b.fails]
+    (block,) = [b for b in blocks("docs/operations.md") if b.fails]
     assert block.scenario == "webhook-down" and block.expected == ['failed calling webhook "mutate.gpufrac.io"']
 
 
@@ -128,11 +128,15 @@ def test_doc_commands_run(docs_env, doc):
     cp, standins, shell, env = docs_env
     for block in blocks(doc):
         run_block(block, standins, shell, env)
-    if doc == "install.md":
+    if doc == "docs/install.md":
         # The certificate Jobs ran for real: the Secret the webhook mounts holds a CA and a serving certificate.
         assert standins.ran and all(r.endswith(": 0") for r in standins.ran), standins.ran
         secret = cp.kubectl("get", "secret", "-n", "gpufrac-system", "gpufrac-webhook-tls", "-o", "yaml",
                             user="admin", check=True)
         assert {"ca.crt", "tls.crt", "tls.key", "ca-bundle.crt"} <= set(yaml.safe_load(secret.stdout)["data"])
-    if doc == "operations.md":
+    if doc == "docs/operations.md":
         assert cp.kubectl("get", "mutatingwebhookconfiguration", "gpufrac", user="admin").rc != 0
+    if doc == "charts/gpufrac/README.md":  # local mode: both configurations call the URL
+        url = cp.kubectl("get", "mutatingwebhookconfiguration", "gpufrac", "-o",
+                         "jsonpath={.webhooks[0].clientConfig.url}", user="admin", check=True).stdout
+        assert url == "https://127.0.0.1:18443/mutate"
