@@ -39,8 +39,8 @@ PARTS = (
       "gpufrac/core/")),
     ("JSON decode/encode of the review", ("json/",)),
     ("TLS and socket I/O", ("ssl.py", "socket.py", "selectors.py", "gunicorn/sock", "gpufrac/webhook/server")),
-    ("Flask / Werkzeug request and response", ("flask/", "werkzeug/")),
     ("gpufrac app glue (app.py)", ("gpufrac/webhook/app",)),
+    ("Flask / Werkzeug request and response", ("flask/", "werkzeug/")),
     ("gunicorn HTTP parsing and response writing", ("gunicorn/http/",)),
     ("gunicorn worker loop, thread pool, locks", ("gunicorn/", "concurrent/", "threading.py", "queue.py")),
 )
@@ -66,17 +66,20 @@ def _profile_one(name: str, argv: list[str], env: dict[str, str], workdir: Path,
         load = subprocess.Popen([wrk, "-s", str(script), "-c", str(concurrency), "-t", "2", "-d",
                                  f"{seconds + 2:g}s", url], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1)
-        raw = workdir / f"{name}.raw"
-        subprocess.run(["py-spy", "record", "--pid", str(workers[0]), "--duration", f"{seconds:g}", "--rate", "200",
-                        "--gil", "--format", "raw", "--output", str(raw)], capture_output=True, check=True)
+        spies = [subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--duration", f"{seconds:g}", "--rate",
+                                   "100", "--gil", "--format", "raw", "--output", str(workdir / f"{name}-{pid}.raw")],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in workers]
+        for spy in spies:
+            spy.wait()
         load.wait()
     finally:
         server.stop()
     counts: collections.Counter[str] = collections.Counter()
-    for line in raw.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        if stack and n.isdigit():
-            counts[classify(stack)] += int(n)
+    for raw in workdir.glob(f"{name}-*.raw"):
+        for line in raw.read_text().splitlines():
+            stack, _, n = line.rpartition(" ")
+            if stack and n.isdigit():
+                counts[classify(stack)] += int(n)
     return counts
 
 
@@ -113,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    print(f"py-spy, one worker, {args.seconds:g} s at 200 Hz, wrk -c {args.concurrency} posting the pod CREATE's two "
-          f"reviews; load average after: {load}. Share of the worker's active samples:\n")
+    print(f"py-spy --gil (the thread holding the GIL: Python code), every worker, {args.seconds:g} s at 100 Hz, "
+          f"wrk -c {args.concurrency} posting "
+          f"the pod CREATE's two reviews; load average after: {load}. Share of the workers' samples:\n")
     print("| part | gpufrac | do-nothing |")
     print("|---|---|---|")
     parts = [p for p, _ in PARTS] + [OTHER]
