@@ -252,11 +252,13 @@ def test_prometheus_rule_covers_the_failures_operators_page_on():
     rules = {r["alert"]: r for g in one(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
     assert set(rules) == {
         "GpufracWebhookUnavailable", "GpufracWebhookCallsFailing", "GpufracWebhookErrors", "GpufracWebhookSlow",
-        "GpufracCertificateExpiringSoon", "GpufracCertificateRotationFailed", "GpufracAgentNotScheduled",
+        "GpufracCertificateExpiringSoon", "GpufracCertificateRotationFailed", "GpufracCertificateRotationStale",
+        "GpufracAgentNotScheduled",
         "GpufracMpsDaemonDown", "GpufracNvmlDown", "GpufracViolations"}
     assert "< 1209600" in rules["GpufracCertificateExpiringSoon"]["expr"]  # 14 days
     assert 'daemonset="gpufrac-agent"' in rules["GpufracAgentNotScheduled"]["expr"]
     assert 'deployment="gpufrac-webhook"' in rules["GpufracWebhookUnavailable"]["expr"]
+    assert 'cronjob="gpufrac-certs"' in rules["GpufracCertificateRotationStale"]["expr"]
     for rule in rules.values():
         assert rule["labels"]["severity"] in ("warning", "critical")
         assert rule["annotations"]["summary"] and "{{ $labels" not in rule["expr"]
@@ -264,6 +266,7 @@ def test_prometheus_rule_covers_the_failures_operators_page_on():
                   "--set", "monitoring.prometheusRule.certificateExpiryDays=30")
     rules = {r["alert"]: r for g in one(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
     assert "GpufracCertificateRotationFailed" not in rules and "GpufracMpsDaemonDown" not in rules
+    assert "GpufracCertificateRotationStale" not in rules
     assert "< 2592000" in rules["GpufracCertificateExpiringSoon"]["expr"]
 
 
