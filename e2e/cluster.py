@@ -36,6 +36,7 @@ from e2e.toolkit.server import wait_ready
 from e2e.toolkit.tools import Tools
 from e2e.toolkit.wait import WaitTimeoutError, wait_until
 from e2e.toolkit.web import https_get
+from gpufrac.core.contract import DEFAULT_SCHEDULER_USER
 
 __all__ = ["ClusterError", "ControlPlane", "Tools", "ToolsMissingError"]
 
@@ -50,7 +51,7 @@ WEBHOOK_TEMPLATES = (
 USER_NAMESPACE = "team-a"
 RELEASE_NAMESPACE = "gpufrac-system"
 NODE_NAME = "gpu-node-1"
-SCHEDULER_USER = "system:serviceaccount:kai-scheduler:binder"
+SCHEDULER_USER = DEFAULT_SCHEDULER_USER  # the identity the webhook trusts by default
 RS_CONTROLLER_USER = "system:serviceaccount:kube-system:replicaset-controller"
 
 # Order matters: started in this order, stopped in reverse.

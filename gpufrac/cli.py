@@ -22,6 +22,7 @@ from gpufrac.core.jsonlog import LEVELS
 
 if TYPE_CHECKING:
     from gpufrac.webhook.policy import Policy
+    from gpufrac.webhook.server import ServeOptions
 
 DEFAULT_DNS = ("gpufrac-webhook", "gpufrac-webhook.gpufrac-system", "gpufrac-webhook.gpufrac-system.svc")
 DEFAULT_CERTS_OUT = "certs/dev"
@@ -181,6 +182,11 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _serve_defaults() -> type[ServeOptions]:
+    from gpufrac.webhook.server import ServeOptions
+    return ServeOptions  # its class attributes are the defaults
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with `command`, only that subcommand gets its arguments: `gpufrac webhook` then
     imports neither the agent nor the Kubernetes client (tens of MiB in each worker)."""
@@ -208,15 +214,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         rotate.set_defaults(func=run_rotate)
 
     webhook = subcommand("webhook", "serve the admission webhook over HTTPS")
+    serve_defaults = _serve_defaults() if command in (None, "webhook") else None
     webhook.add_argument("--certs", required=True, metavar="DIR",
                          help="directory with tls.crt and tls.key (re-read when they change)")
     webhook.add_argument("--bind", default="0.0.0.0:8443", metavar="HOST:PORT",
                          help="admission port (HTTPS); no host (:8443): every address of the pod's IP family")
     webhook.add_argument("--metrics-bind", default="", metavar="HOST:PORT",
                          help="plain-HTTP port serving /metrics (default: none; /metrics is on --bind too)")
-    webhook.add_argument("--workers", type=_positive_int, default=2, metavar="N", help="worker processes")
-    webhook.add_argument("--threads", type=_positive_int, default=8, metavar="N",
-                         help="reviews each worker answers at once")
+    webhook.add_argument("--workers", type=_positive_int, metavar="N", help="worker processes",
+                         default=serve_defaults and serve_defaults.workers)
+    webhook.add_argument("--threads", type=_positive_int, metavar="N", help="reviews each worker answers at once",
+                         default=serve_defaults and serve_defaults.threads)
     webhook.add_argument("--log-level", default="info", choices=LEVELS, type=str.lower,
                          help="the least severe log lines written (JSON, on stdout)")
     _add_policy_arguments(webhook)
