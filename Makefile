@@ -66,7 +66,7 @@ agent-demo: venv tools
 	$(PY) -m tests.fakes.agent_demo
 
 # Benchmarks (bench/): gpufrac beside a do-nothing webhook, through kube-apiserver, in process, and the agent.
-# Prints one Markdown report and writes it to bench/results.md. QUICK=1: the short run (under 2 minutes).
+# Prints one Markdown report and writes it to bench/results.md. QUICK=1: the short run (about 3 minutes).
 .PHONY: bench
 bench: venv tools
 	$(PY) -m bench $(if $(QUICK),--quick,)

@@ -1,6 +1,6 @@
 """Where one request's time goes inside gpufrac's Flask app (not the server): the app as `gpufrac webhook` builds
 it, prometheus_client in multiprocess mode and the JSON log to /dev/null, driven by Flask's test client over the
-three seed reviews. Runs in its own process (prometheus_client picks its mode at import):
+seed reviews. Runs in its own process (prometheus_client picks its mode at import):
 
 python -m bench.handler_profile [--rounds N]   # prints one JSON object
 """
