@@ -93,6 +93,7 @@ def _policy(args: argparse.Namespace) -> Policy:  # imported lazily: `gpufrac ag
         scheduler_groups=frozenset(args.scheduler_group or ()),
         mps_root=args.mps_root,
         require_enforcing_node=args.require_enforcing_node,
+        allow_multiple_fraction_containers=args.allow_multiple_fraction_containers,
     )
 
 
@@ -107,6 +108,9 @@ def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
                              "--mps-root")
     parser.add_argument("--require-enforcing-node", action=argparse.BooleanOptionalAction, default=False,
                         help="add a required node affinity on gpufrac.io/enforcement.<mode> in (driver, mps)")
+    parser.add_argument("--allow-multiple-fraction-containers", action=argparse.BooleanOptionalAction,
+                        default=False, help="admit pods in which several containers hold a fraction (KAI's binder "
+                                            "binds one per pod; only for a binder that binds each)")
 
 
 def _certs(args: argparse.Namespace) -> int:

@@ -125,7 +125,7 @@ DEFAULT_SCHEDULER_USER = "system:serviceaccount:kai-scheduler:binder"  # KAI's b
 
 # ---- the MPS pinned device memory limit ----
 
-_PINNED_ENTRY = re.compile(r"^([0-9]{1,3})=([0-9]{1,9})M$")
+_PINNED_ENTRY = re.compile(r"^([0-9]{1,3})=([0-9]{1,13})M$")  # up to 2**40 MiB, the most the webhook admits
 
 
 def pinned_limits(limit_mib: int, num_devices: int) -> dict[int, int]:

@@ -24,6 +24,8 @@ class Policy:
     mps_dirs: Mapping[ComputeMode, str] = field(init=False, repr=False, compare=False)
     # Add a required node affinity on `gpufrac.io/enforcement.<mode>` so fractions only land where enforced.
     require_enforcing_node: bool = False
+    # Let several containers of one pod each hold a fraction; KAI's binder binds one per pod.
+    allow_multiple_fraction_containers: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mps_dirs", mps_pipe_dirs(self.mps_root))  # derived once: read per container

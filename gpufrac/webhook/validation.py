@@ -71,14 +71,33 @@ def _authorship(old: dict[str, Any] | None, new: dict[str, Any], user: UserInfo,
             out.append(annotation(key, old_keys[key], f"was removed; {_IMMUTABLE}"))
         elif key not in old_keys:
             if not (old_fractions is not None and _is_bind_key(key, old_fractions)):
-                who = "only the scheduler may add it, at bind" if _bind_shape(key) else _IMMUTABLE
-                out.append(annotation(key, new_keys[key], f"cannot be added by {user.username or 'this user'}: {who}"))
+                if old_fractions is not None:
+                    why = _not_a_bind_key(key, old_fractions)
+                else:
+                    why = "only the scheduler may add it, at bind" if _bind_shape(key) else _IMMUTABLE
+                out.append(annotation(key, new_keys[key], f"cannot be added by {user.username or 'this user'}: {why}"))
         elif old_keys[key] != new_keys[key]:
             out.append(annotation(key, new_keys[key], f"was changed from {old_keys[key]}; {_IMMUTABLE}"))
     old_label = podview.labels(old).get(FRACTIONAL_LABEL)
     if old_label is not None and podview.labels(new).get(FRACTIONAL_LABEL) != old_label:
         out.append(Violation(f"label {FRACTIONAL_LABEL}", "is set by gpufrac and cannot be changed or removed"))
     return out
+
+
+def _not_a_bind_key(key: str, old_fractions: PodFractions) -> str:
+    """Why the scheduler may not add this key (it is the scheduler: "only the scheduler may" would not help)."""
+    try:
+        parsed = ann.parse_container_key(key)
+    except ann.MalformedKeyError:
+        parsed = None  # `resolve` reports the key itself
+    if parsed is None or not _bind_shape(key):
+        return _IMMUTABLE
+    name = parsed.container
+    if name not in old_fractions.containers:
+        return (f"container {name} holds no GPU fraction, so there is nothing to bind for it; "
+                f"{', '.join(sorted(old_fractions.names())) or 'no container'} of this pod holds one")
+    return (f"container {name} asked for absolute memory, which is written on create; the scheduler adds "
+            f"gpu-memory.request and .limit at bind only for a portion ({ann.FRACTION})")
 
 
 def _bind_shape(key: str) -> bool:
@@ -208,7 +227,7 @@ def _limit_env_outside_fractions(where: str, ref: podview.ContainerRef, fraction
 
 def validate_pod(obj: dict[str, Any], old: dict[str, Any] | None, user: UserInfo, policy: Policy) -> list[Violation]:
     """Every rule for a pod being created (old is None) or updated."""
-    fractions, out = resolve(obj, bound=old is not None)
+    fractions, out = resolve(obj, bound=old is not None, allow_multiple=policy.allow_multiple_fraction_containers)
     authorship = _authorship(old, obj, user, policy)
     if not out and not authorship:
         # Otherwise the canonical values differ only as a consequence of what is already denied: saying so
@@ -219,6 +238,16 @@ def validate_pod(obj: dict[str, Any], old: dict[str, Any] | None, user: UserInfo
         if old is None:
             out += _injection(obj, fractions, policy)
         out += _boundaries(obj, fractions, policy)
+    return out
+
+
+def validate_template(template: dict[str, Any], policy: Policy) -> list[Violation]:
+    """The rules a pod made from this template meets on CREATE before anything is injected: its values, the
+    scheduler's keys (a controller creates these pods, never the scheduler), and the boundaries of a fraction."""
+    fractions, out = resolve(template, bound=False, allow_multiple=policy.allow_multiple_fraction_containers)
+    out += _authorship(None, template, UserInfo(""), policy)
+    if fractions.is_fractional:
+        out += _boundaries(template, fractions, policy)
     return out
 
 
