@@ -22,6 +22,7 @@ from gpufrac.core import annotations as ann
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import DEFAULT_MPS_ROOT, DEFAULT_SCHEDULER_USER, FRACTIONAL_LABEL, mps_pipe_dir
 from gpufrac.webhook.policy import Policy
+from gpufrac.webhook.workloads import BY_KIND, WORKLOADS
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "gpufrac"
@@ -62,18 +63,26 @@ def one(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[
     return found[0]
 
 
-def webhook(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+def webhook(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     cfg = one(objs, kind)
-    assert len(cfg["webhooks"]) == 1
-    return cfg["webhooks"][0]
+    names = [w["name"] for w in cfg["webhooks"]]
+    expected = ["mutate.gpufrac.io"] if kind == "MutatingWebhookConfiguration" else \
+        ["validate.gpufrac.io", "validate-workloads.gpufrac.io"]
+    assert names == expected
+    return cfg["webhooks"][names.index(name)]
 
 
 def mutating(objs: list[dict[str, Any]]) -> dict[str, Any]:
-    return webhook(objs, "MutatingWebhookConfiguration")
+    return webhook(objs, "MutatingWebhookConfiguration", "mutate.gpufrac.io")
 
 
 def validating(objs: list[dict[str, Any]]) -> dict[str, Any]:
-    return webhook(objs, "ValidatingWebhookConfiguration")
+    return webhook(objs, "ValidatingWebhookConfiguration", "validate.gpufrac.io")
+
+
+def workloads(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The validating webhook for the pod templates of Deployments, Jobs, ...."""
+    return webhook(objs, "ValidatingWebhookConfiguration", "validate-workloads.gpufrac.io")
 
 
 def container(workload: dict[str, Any]) -> dict[str, Any]:
@@ -111,6 +120,7 @@ def test_lint_strict(mode: list[str]) -> None:
         "certs.mode=helm",
         "webhook.clientConfig.url=http://127.0.0.1:18443",
         "webhook.requireEnforcingNode=maybe",
+        "webhook.allowMultipleFractionContainers=sometimes",
         "agent.metricsPort=99999",
         "webhook.notAKey=1",
     ],
@@ -183,14 +193,15 @@ def test_failure_policy_is_configurable() -> None:
     assert mutating(objs)["failurePolicy"] == "Ignore" and validating(objs)["failurePolicy"] == "Ignore"
     objs = render("--set", "webhook.mutating.failurePolicy=Ignore")
     assert mutating(objs)["failurePolicy"] == "Ignore" and validating(objs)["failurePolicy"] == "Fail"
+    assert workloads(objs)["failurePolicy"] == "Fail"
     objs = render("--set", "webhook.validating.timeoutSeconds=2")
-    assert validating(objs)["timeoutSeconds"] == 2
+    assert validating(objs)["timeoutSeconds"] == 2 and workloads(objs)["timeoutSeconds"] == 2
 
 
 @pytest.mark.parametrize("namespace", [NS, "gpu-admission"])
 def test_namespace_selector_excludes_system_and_release_namespace(namespace: str) -> None:
     objs = render("--set", "webhook.excludedNamespaces={monitoring}", namespace=namespace)
-    for w in (mutating(objs), validating(objs)):
+    for w in (mutating(objs), validating(objs), workloads(objs)):
         (expr,) = w["namespaceSelector"]["matchExpressions"]
         assert expr["key"] == "kubernetes.io/metadata.name" and expr["operator"] == "NotIn"
         assert set(expr["values"]) == {"kube-system", namespace, "monitoring"}
@@ -200,7 +211,8 @@ def test_namespace_selector_excludes_system_and_release_namespace(namespace: str
 def test_service_mode_client_config(default: list[dict[str, Any]]) -> None:
     svc = one(default, "Service", "gpufrac-webhook")
     dep = one(default, "Deployment")
-    for w, path in ((mutating(default), "/mutate"), (validating(default), "/validate")):
+    for w, path in ((mutating(default), "/mutate"), (validating(default), "/validate"),
+                    (workloads(default), "/validate")):
         cc = w["clientConfig"]
         assert "url" not in cc
         assert cc["service"] == {"name": svc["metadata"]["name"], "namespace": NS, "path": path, "port": 443}
@@ -216,7 +228,7 @@ def test_service_mode_client_config(default: list[dict[str, Any]]) -> None:
 
 def test_url_mode_switches_client_config() -> None:
     objs = render(*URL_MODE)
-    for w, path in ((mutating(objs), "/mutate"), (validating(objs), "/validate")):
+    for w, path in ((mutating(objs), "/mutate"), (validating(objs), "/validate"), (workloads(objs), "/validate")):
         assert w["clientConfig"] == {"url": URL + path, "caBundle": CA_BUNDLE}
     # The harness's certificates are not the chart's to manage.
     assert not find(objs, "Job") and not find(objs, "CronJob") and not find(objs, "Certificate")
@@ -375,6 +387,51 @@ def test_match_conditions_logic(
         assert _matches(cond["expression"], obj, old) is expected
 
 
+def test_workload_templates_go_to_their_own_validating_webhook(default: list[dict[str, Any]]) -> None:
+    w = workloads(default)
+    resources = {(g, r) for rule in w["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert resources == {(gw.group, gw.resource) for gw in WORKLOADS}
+    for rule in w["rules"]:
+        assert sorted(rule["operations"]) == ["CREATE", "UPDATE"] and rule["apiVersions"] == ["v1"]
+    assert w["sideEffects"] == "None" and w["admissionReviewVersions"] == ["v1"]
+    # Never mutated: no mutating webhook sees workloads.
+    assert mutating(default)["rules"][0]["resources"] == ["pods", "pods/ephemeralcontainers"]
+    expr = w["matchConditions"][0]["expression"]
+    for key in FRACTION_KEYS:
+        assert f'"{key}"' in expr
+    assert expr.count("(") == expr.count(")")
+
+
+def workload_obj(kind: str, annotations: dict[str, str] | None, metadata: bool = True) -> dict[str, Any]:
+    template: dict[str, Any] = {"spec": {"containers": [{"name": "app"}]}}
+    if metadata:
+        template["metadata"] = {} if annotations is None else {"annotations": annotations}
+    obj: dict[str, Any] = {"apiVersion": "v1", "kind": kind, "metadata": {"name": "w"}}
+    node = obj
+    path = BY_KIND[kind].template_path
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+    node[path[-1]] = template
+    return obj
+
+
+@pytest.mark.parametrize("kind", [w.kind for w in WORKLOADS])
+@pytest.mark.parametrize(("annotations", "metadata", "expected"), [
+    ({"gpu-fraction": "0.5"}, True, True),
+    ({"kai.scheduler/gpu-compute-sharing-mode": "sm-sharing"}, True, True),
+    ({"nvidia.com/container.app.gpu-memory.request": "1Gi"}, True, True),
+    ({"kai.scheduler/container.app.gpu-memory.portion.limit": "0.6"}, True, True),
+    ({"prometheus.io/scrape": "true"}, True, False),
+    (None, True, False),
+    (None, False, False),  # a template without metadata: guarded, not a CEL error
+])
+def test_workload_match_conditions_send_only_templates_with_fractions(
+    default: list[dict[str, Any]], kind: str, annotations: dict[str, str] | None, metadata: bool, expected: bool
+) -> None:
+    expr = workloads(default)["matchConditions"][0]["expression"]
+    assert _matches(expr, workload_obj(kind, annotations, metadata), None) is expected
+
+
 # --- webhook Deployment -------------------------------------------------------------------------------------
 
 
@@ -411,6 +468,8 @@ def test_webhook_container(default: list[dict[str, Any]]) -> None:
     assert arg_value(args, "--scheduler-group") == []
     assert arg_value(args, "--mps-root") == [DEFAULT_MPS_ROOT]
     assert "--require-enforcing-node" in args and "--no-require-enforcing-node" not in args
+    # KAI's binder binds one fraction container per pod: several are denied unless a binder binds each.
+    assert "--no-allow-multiple-fraction-containers" in args and "--allow-multiple-fraction-containers" not in args
     assert arg_value(args, "--workers") == ["2"] and arg_value(args, "--threads") == ["4"]
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         get = c[probe]["httpGet"]
@@ -430,11 +489,13 @@ def test_webhook_container(default: list[dict[str, Any]]) -> None:
 
 def test_webhook_args_follow_values() -> None:
     objs = render("--set", "webhook.requireEnforcingNode=false",
+                  "--set", "webhook.allowMultipleFractionContainers=true",
                   "--set", "webhook.schedulerUsers={u1,u2}", "--set", "webhook.schedulerGroups={g1}",
                   "--set", "webhook.workers=3", "--set", "webhook.threads=8",
                   "--set", "mps.root=/srv/mps")
     args = container(one(objs, "Deployment"))["args"]
     assert "--no-require-enforcing-node" in args and "--require-enforcing-node" not in args
+    assert "--allow-multiple-fraction-containers" in args and "--no-allow-multiple-fraction-containers" not in args
     assert arg_value(args, "--scheduler-user") == ["u1", "u2"]
     assert arg_value(args, "--scheduler-group") == ["g1"]
     assert arg_value(args, "--workers") == ["3"] and arg_value(args, "--threads") == ["8"]
