@@ -154,24 +154,24 @@ def _webhook(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_yaml(path: str) -> Any:
-    import yaml
-    with open(path, encoding="utf-8") as handle:
-        return yaml.safe_load(handle)
-
-
 def _review(args: argparse.Namespace) -> int:
-    from gpufrac.webhook.errors import BadReviewError
-    from gpufrac.webhook.offline import review
+    """Exit 0: every manifest allowed; 1: something denied; 2: the input could not be reviewed (one line on
+    stderr naming the file and the problem)."""
+    from gpufrac.webhook.offline import UnreadableError, review_files
     from gpufrac.webhook.policy import UserInfo
     try:
-        result = review(_load_yaml(args.pod), _load_yaml(args.old) if args.old else None,
-                        UserInfo(args.user, tuple(args.group or ())), _policy(args))
-    except BadReviewError as exc:
-        print(json.dumps({"allowed": False, "message": exc.message}), file=sys.stdout)
+        results = review_files(args.manifests, args.old, UserInfo(args.user, tuple(args.group or ())),
+                               _policy(args), sys.stdin)
+    except UnreadableError as exc:
+        print(f"gpufrac review: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(result.as_dict(), indent=2))
-    return 0 if result.allowed else 1
+    code = 0 if all(r["allowed"] for r in results) else 1
+    try:
+        print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `gpufrac review x.yaml | head`: the reader left; the exit code still says it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return code
 
 
 def _agent(args: argparse.Namespace) -> int:
@@ -234,9 +234,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_policy_arguments(webhook)
     webhook.set_defaults(func=_webhook)
 
-    review = subcommand("review", "run a pod through mutation and validation offline, as the API server would")
-    review.add_argument("pod", help="Pod manifest (YAML or JSON)")
-    review.add_argument("--old", metavar="FILE", help="the pod before an UPDATE (default: none, a CREATE)")
+    review = subcommand("review", "review manifests offline as the API server would: pods through both webhooks, "
+                                  "workloads' pod templates through the validating one")
+    review.add_argument("manifests", nargs="+", metavar="FILE",
+                        help="YAML or JSON, any number of documents: Pod, Deployment, StatefulSet, DaemonSet, "
+                             "ReplicaSet, Job, CronJob, PodTemplate (or a List of them); - for standard input")
+    review.add_argument("--old", metavar="FILE", help="the object before an UPDATE (one document, as the manifest; "
+                                                      "default: none, a CREATE)")
     review.add_argument("--user", default="alice", help="username of the requester")
     review.add_argument("--group", action="append", help="group of the requester (repeatable)")
     _add_policy_arguments(review)
