@@ -7,7 +7,7 @@ ReplicaSet later. Templates are never mutated: the pods they make are, on their 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpufrac.webhook.errors import BadReviewError, Violation
@@ -66,5 +66,4 @@ def validate_workload(obj: dict[str, Any], old: dict[str, Any] | None, workload:
     template = pod_template(obj, workload)
     if template is None or (old is not None and pod_template(old, workload) == template):
         return []
-    return [Violation(f"{workload.where}: {v.subject}", v.problem, v.value)
-            for v in validate_template(template, policy)]
+    return [replace(v, where=workload.where) for v in validate_template(template, policy)]

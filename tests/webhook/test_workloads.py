@@ -98,3 +98,11 @@ def test_a_template_of_the_wrong_type_is_a_bad_review():
     obj["spec"]["template"] = "nope"
     with pytest.raises(BadReviewError, match=r"object\.spec\.template must be an object"):
         admission.validate(request(obj), POLICY)
+
+
+def test_a_template_denial_is_counted_by_what_it_names():
+    from gpufrac.webhook.metrics import denial_reason
+    outcome = admission.validate(request(workload("CronJob", {"gpu-fraction": "1.5"})), POLICY)
+    (violation,) = outcome.violations
+    assert denial_reason(violation) == "annotation gpu-fraction"
+    assert str(violation).startswith("spec.jobTemplate.spec.template: annotation gpu-fraction: 1.5")
