@@ -55,7 +55,9 @@ class Document:
         return f"{name}, document {self.index}"
 
     def describe(self) -> dict[str, Any]:
-        metadata = self.obj.get("metadata") if isinstance(self.obj.get("metadata"), dict) else {}
+        metadata = self.obj.get("metadata")
+        if not isinstance(metadata, dict):
+            metadata = {}
         return {"file": self.source, "document": self.index, "kind": self.obj.get("kind", "Pod"),
                 "name": metadata.get("name", "")}
 
@@ -95,7 +97,9 @@ def read_documents(source: str, stdin: TextIO) -> list[Document]:
 
 
 def _request(obj: dict[str, Any], old: dict[str, Any] | None, user: UserInfo, resource: str) -> ReviewRequest:
-    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, dict):
+        metadata = {}
     return ReviewRequest(
         uid="offline", operation="UPDATE" if old is not None else "CREATE", kind=str(obj.get("kind", "Pod")),
         resource=resource, sub_resource="", namespace=str(metadata.get("namespace", "")),
