@@ -368,31 +368,27 @@ def read_pod_request(shorthands: Shorthands) -> tuple[PodRequest, list[Violation
 # --- Translation: what KAI's admission writes for the shorthands (nvfractions/mutation.go), and so gpufrac ------
 
 
-def translate(shorthands: Shorthands, request: PodRequest, target: Target) -> dict[str, str]:
-    """The per-container keys for the shorthands, in KAI's strings: gpu-memory N as the canonical quantity of
-    `<N>Mi` (2048 -> `2Gi`), gpu-memory.limit and gpu-fraction.limit verbatim. Only valid values are translated."""
+def translate(shorthands: Shorthands, request: PodRequest, target: Target) -> ContainerKeys | None:
+    """The target's per-container fields for the shorthands, in KAI's strings: gpu-memory N as the canonical
+    quantity of `<N>Mi` (2048 -> `2Gi`), gpu-memory.limit and gpu-fraction.limit verbatim. Only valid values are
+    translated."""
     if target.container is None:
-        return {}
-    name, result = target.container, {}
+        return None
+    fields: dict[str, str] = {}
     if request.memory_mib is not None:
-        result[ann.nvidia_key(name, Field.MEMORY_REQUEST)] = mebibytes(request.memory_mib)
+        fields[Field.MEMORY_REQUEST] = mebibytes(request.memory_mib)
     if request.memory_limit is not None:
-        result[ann.nvidia_key(name, Field.MEMORY_LIMIT)] = request.memory_limit.text
+        fields[Field.MEMORY_LIMIT] = request.memory_limit.text
     if request.fraction_limit is not None:
-        result[ann.portion_limit_key(name)] = shorthands.values[ann.FRACTION_LIMIT]
+        fields[PORTION_LIMIT] = shorthands.values[ann.FRACTION_LIMIT]
     if request.mode is not None:
-        result[ann.nvidia_key(name, Field.COMPUTE_MODE)] = shorthands.values[ann.COMPUTE_MODE]
-    return result
+        fields[Field.COMPUTE_MODE] = shorthands.values[ann.COMPUTE_MODE]
+    return ContainerKeys(target.container, fields) if fields else None
 
 
 # The shorthand each translated field comes from.
 _SOURCE_OF: dict[str, str] = {Field.MEMORY_REQUEST: ann.MEMORY, Field.MEMORY_LIMIT: ann.MEMORY_LIMIT,
                               PORTION_LIMIT: ann.FRACTION_LIMIT, Field.COMPUTE_MODE: ann.COMPUTE_MODE}
-
-
-def _source(key: str) -> str:
-    parsed = ann.parse_container_key(key)
-    return _SOURCE_OF[parsed.suffix] if parsed is not None else key
 
 
 # --- Rules on the whole pod -------------------------------------------------------------------------------------
@@ -448,22 +444,24 @@ def rule_keys_name_the_target(shorthands: Shorthands, keys: dict[str, ContainerK
     return out
 
 
-def rule_translation_agrees(translated: dict[str, str], annotations: Mapping[str, str],
+def rule_translation_agrees(translation: ContainerKeys | None, annotations: Mapping[str, str],
                             bound: bool) -> list[Violation]:
     """A per-container key the pod already has must say what its shorthand says. On CREATE as text: KAI's admission
     compares the strings and denies a difference ("... annotation conflicts with ..."). After CREATE by value, as
     its validator does, so pods written by an older gpufrac still bind."""
+    if translation is None:
+        return []
     out = []
-    for key, wanted in sorted(translated.items()):
+    for name, wanted in sorted(translation.fields.items()):
+        key = translation.key(name)
         written = annotations.get(key)
         if written is None or written == wanted or (bound and _same_value(key, written, wanted)):
             continue
-        source = _source(key)
         if _same_value(key, written, wanted):
-            problem = (f"says what {source} says, written differently; KAI's admission compares the text and denies "
-                       f"it: write {wanted} or drop one of them")
+            problem = (f"says what {_SOURCE_OF[name]} says, written differently; KAI's admission compares the text "
+                       f"and denies it: write {wanted} or drop one of them")
         else:
-            problem = f"does not match {source} ({wanted}); write one of them"
+            problem = f"does not match {_SOURCE_OF[name]} ({wanted}); write one of them"
         out.append(annotation(key, written, problem))
     return out
 
@@ -528,14 +526,13 @@ def read_container_request(keys: ContainerKeys, request: PodRequest,
                             bool(memory_fields)), out
 
 
-def merged_keys(keys: dict[str, ContainerKeys], translated: Mapping[str, str]) -> dict[str, ContainerKeys]:
+def merged_keys(keys: dict[str, ContainerKeys], translation: ContainerKeys | None) -> dict[str, ContainerKeys]:
     """The per-container keys once the translation is written (what is already there stays)."""
-    fields = {name: dict(entry.fields) for name, entry in keys.items()}
-    for key in translated:
-        parsed = ann.parse_container_key(key)
-        if parsed is not None:
-            fields.setdefault(parsed.container, {}).setdefault(parsed.suffix, translated[key])
-    return {name: ContainerKeys(name, values) for name, values in fields.items()}
+    merged = dict(keys)
+    if translation is not None:
+        written = keys[translation.container].fields if translation.container in keys else {}
+        merged[translation.container] = ContainerKeys(translation.container, {**translation.fields, **written})
+    return merged
 
 
 def rule_request_within_limit(requests: Mapping[str, ContainerRequest]) -> list[Violation]:
@@ -699,17 +696,18 @@ def resolve(obj: dict[str, Any], *, bound: bool,
     keys = review.add(read_container_keys(annotations, containers))
     target = review.add(read_target(shorthands, containers))
     request = review.add(read_pod_request(shorthands))
-    translated = translate(shorthands, request, target)
+    translation = translate(shorthands, request, target)
+    translated = dict(translation.items()) if translation else {}
     review.violations += [*rule_fraction_or_memory(shorthands),
                           *rule_portion_without_absolute_memory(shorthands, keys, bound),
                           *rule_container_limit_needs_memory_limit(shorthands, keys),
-                          *rule_translation_agrees(translated, annotations, bound),
+                          *rule_translation_agrees(translation, annotations, bound),
                           *rule_num_devices_need_a_fraction(shorthands, keys)]
     off_target = rule_keys_name_the_target(shorthands, keys, target)
     review.violations += off_target
     if off_target:  # denied already; reading them as fractions too would only repeat it
         keys = {name: entry for name, entry in keys.items() if name == target.container}
-    merged = merged_keys(keys, translated)
+    merged = merged_keys(keys, translation)
     requests = {name: review.add(read_container_request(entry, request, translated))
                 for name, entry in merged.items()}
     fractions = build_fractions(requests, request, target, containers)

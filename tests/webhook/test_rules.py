@@ -207,3 +207,9 @@ def test_the_container_list_in_a_message_stays_short():
     names = [f"c{i}" for i in range(500)]
     message = denial(pod({"nvidia.com/container.trainer.gpu-memory.request": "1Gi"}, *names))
     assert "but the pod has c0, c1, c2, c3, c4, c5, c6, c7, c8, c9 and 490 more" in message
+
+
+def test_shorthands_for_a_container_whose_name_cannot_be_in_a_key_are_denied_not_a_crash():
+    """Found by the property tests: the translation for container `App` is a key gpufrac cannot parse back."""
+    message = denial(pod({"gpu-memory": "1024", "kai.scheduler/gpu-compute-sharing-mode": "sm-sharing"}, "App"))
+    assert "container App: has a name that cannot be part of an annotation key" in message
