@@ -12,6 +12,7 @@ import yaml
 from gpufrac.webhook import admission
 from gpufrac.webhook.policy import Policy, UserInfo
 from gpufrac.webhook.review import ReviewRequest, parse_review
+from tests.webhook.kai_oracle import kai_mutate
 
 IMAGE = "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"
 BINDER = "system:serviceaccount:kai-scheduler:binder"
@@ -77,9 +78,20 @@ def denial(obj: dict[str, Any], policy: Policy = POLICY) -> str:
 
 
 def allowed(obj: dict[str, Any], policy: Policy = POLICY) -> admission.Outcome:
+    """The mutating webhook admits the new pod. With one fraction container (what KAI binds), KAI's admission
+    running after gpufrac finds nothing to write and nothing to deny (tests/webhook/kai_oracle.py)."""
     outcome = admission.mutate(review(obj), policy)
     assert outcome.allowed, outcome.message
+    if policy is POLICY:
+        kai_finds_nothing_to_do(jsonpatch.apply_patch(obj, outcome.patch))
     return outcome
+
+
+def kai_finds_nothing_to_do(final: dict[str, Any]) -> None:
+    written = {k: v for k, v in final["metadata"]["annotations"].items() if not k.startswith("gpufrac.io/")}
+    names = [c["name"] for c in final["spec"]["containers"]]
+    init = [c["name"] for c in final["spec"].get("initContainers", [])]
+    assert kai_mutate(written, names, init) == written, "KAI's admission would change or deny this pod"
 
 
 def created(obj: dict[str, Any], policy: Policy = POLICY) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """gpufrac beside KAI's admission: for every shorthand pod of the tests (builders.SHORTHAND_PODS and the examples),
 the per-container annotations gpufrac writes are the strings KAI's translation writes (tests/webhook/kai_oracle.py,
 modeled from KAI's source), so KAI's admission, installed too, has nothing to change and nothing to deny, in
-either order."""
+either order. Besides these cases, every pod the webhook tests admit through builders.allowed/created (the default
+policy) is checked the same way: KAI's admission after gpufrac's finds nothing to do."""
 
 from __future__ import annotations
 
