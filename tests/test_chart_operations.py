@@ -174,6 +174,13 @@ def test_secure_port_host_network_and_dns_policy(default):
     assert spec["dnsPolicy"] == "Default" and "hostNetwork" not in spec
 
 
+def test_metrics_port_must_not_be_the_admission_port():
+    r = helm("template", "gpufrac", str(CHART), "--namespace", NS, "--set", "webhook.metrics.port=8443",
+             check=False)
+    assert r.returncode != 0 and "webhook.metrics.port must differ from webhook.containerPort" in r.stderr
+    assert render("--set", "webhook.metrics.port=8443", "--set", "webhook.metrics.enabled=false")
+
+
 def test_metrics_port_can_be_turned_off():
     objs = render("--set", "webhook.metrics.enabled=false")
     c = container(one(objs, "Deployment"))
