@@ -7,10 +7,11 @@ with the ones already on a pod: `2048Mi` is written `2Gi`.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
-from decimal import ROUND_CEILING, Context, Decimal, DecimalException, localcontext
+from decimal import ROUND_CEILING, Context, Decimal, DecimalException
 from enum import Enum
 
 _BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}  # power of two
@@ -32,7 +33,8 @@ _MAX_LEN = 64  # nothing legitimate is longer; bounding it keeps Decimal work tr
 _MAX_EXPONENT = 10_000  # far past any memory size, and keeps the canonical form's integers small
 _MAX_INT64 = (1 << 63) - 1
 _NANO = Decimal("1e-9")
-_EXACT = Context(prec=200)  # every digit of a 64-character quantity times 2**60, exactly
+# Every digit of a 64-character quantity times 2**60, exactly; rounding (to 1e-9) away from zero, as ParseQuantity.
+_EXACT = Context(prec=200, rounding=ROUND_CEILING)
 
 
 class QuantityError(ValueError):
@@ -81,19 +83,19 @@ def _round_up_to_nano(value: Decimal) -> Decimal:
     exponent = value.as_tuple().exponent
     if isinstance(exponent, int) and exponent >= -9:
         return value  # already a whole number of nano units
-    magnitude = abs(value).quantize(_NANO, rounding=ROUND_CEILING)
+    magnitude = _EXACT.quantize(abs(value), _NANO)
     return -magnitude if value < 0 else magnitude
 
 
+@functools.lru_cache(maxsize=1024)  # pure, and the same few values come in review after review
 def parse(text: str) -> Quantity:
     """A Kubernetes quantity (`40Gi`, `1000M`, `1.5e9`, `1E`), exactly as resource.ParseQuantity reads it."""
     match = _match(text)
     base, exponent, quantity_format = _power(match["suffix"] or "")
     try:
-        with localcontext(_EXACT):
-            number = Decimal(f"{match['sign']}{match['num'] or '0'}.{match['denom'] or '0'}")
-            value = number * (1 << exponent) if base == 2 else number.scaleb(exponent)
-            value = _round_up_to_nano(value) if value else Decimal(0)
+        number = Decimal(f"{match['sign']}{match['num'] or '0'}.{match['denom'] or '0'}")
+        value = _EXACT.multiply(number, 1 << exponent) if base == 2 else _EXACT.scaleb(number, exponent)
+        value = _round_up_to_nano(value) if value else Decimal(0)
     except (DecimalException, ValueError, OverflowError) as exc:  # e.g. Overflow on huge exponents
         raise QuantityError(text) from exc
     if quantity_format is QuantityFormat.BINARY_SI and value > _MAX_INT64:
@@ -181,6 +183,7 @@ def mebibytes(count: int) -> str:
     return canonical_quantity(f"{count}Mi")
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_decimal(text: str) -> Decimal:
     """A non-negative decimal number in plain or scientific notation, with an optional `+`; nothing else."""
     if len(text) > _MAX_LEN or not _DECIMAL_NUMBER.fullmatch(text):

@@ -141,8 +141,8 @@ class ContainerKeys:
     fields: Mapping[str, str]
 
     def key(self, name: str) -> str:
-        return ann.portion_limit_key(self.container) if name == PORTION_LIMIT else \
-            ann.nvidia_key(self.container, Field(name))
+        prefix = ann.KAI_PREFIX if name == PORTION_LIMIT else ann.NVIDIA_PREFIX
+        return f"{prefix}{self.container}.{name}"
 
     def items(self) -> Iterable[tuple[str, str]]:
         """(key, value) of every field, sorted by key so messages come in a stable order."""
@@ -642,10 +642,10 @@ def rule_devices_follow_the_request(fraction: ContainerFraction) -> list[Violati
     return out
 
 
-def keys_for(fraction: ContainerFraction) -> list[str]:
-    """Every key gpufrac or the scheduler writes for this container: the canonical ones, the scheduler's
-    bind-time ones, and the portion limit where one is used."""
-    name = fraction.container
+def keys_for(fraction: ContainerFraction, name: str | None = None) -> list[str]:
+    """Every key gpufrac or the scheduler writes for this container (or for one named `name` instead): the
+    canonical ones, the scheduler's bind-time ones, and the portion limit where one is used."""
+    name = fraction.container if name is None else name
     keys = [ann.canonical_key(name, f) for f in ann.CanonicalField]
     keys += [ann.nvidia_key(name, f) for f in (Field.MEMORY_REQUEST, Field.MEMORY_LIMIT, Field.DEVICES)]
     if fraction.portion is not None and fraction.portion.limit is not None:
@@ -659,11 +659,12 @@ def rule_name_fits_the_keys(fraction: ContainerFraction) -> list[Violation]:
     if not ann.is_container_name(name):
         return [Violation(f"container {name}", "has a name that cannot be part of an annotation key (a lowercase "
                                                "DNS-1123 label is needed); rename it")]
-    too_long = [key for key in keys_for(fraction) if not ann.key_fits(key)]
-    if not too_long:
+    # The keys differ only in the name, so the one with the longest rest decides.
+    longest = max(keys_for(fraction, name=""), key=ann.key_name_length)
+    allowed = ann.KEY_NAME_MAX - ann.key_name_length(longest)
+    if len(name) <= allowed:
         return []
-    key = max(too_long, key=ann.key_name_length)
-    allowed = ann.KEY_NAME_MAX - (ann.key_name_length(key) - len(name))
+    key = keys_for(fraction)[keys_for(fraction, name="").index(longest)]
     return [Violation(f"container {name}", f"has a name longer than {allowed} characters, too long for the annotation "
                                            f"key {key} (at most {ann.KEY_NAME_MAX} characters after the /); shorten "
                                            "it")]
