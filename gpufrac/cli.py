@@ -53,6 +53,14 @@ class _HelpFormatter(argparse.HelpFormatter):
         return text + f" [${variable}{', comma-separated' if many else ''}]"
 
 
+class _EnvironmentList(list[Any]):
+    """A repeatable flag's values from the environment. argparse copies the default before it appends the first
+    flag's value: this copy starts empty, so flags on the command line replace the variable's list."""
+
+    def __copy__(self) -> list[Any]:
+        return []
+
+
 def _from_environment(action: argparse.Action, value: str, variable: str) -> None:
     """Make an environment value the flag's default; argparse converts and checks it like a typed-in value."""
     if isinstance(action, argparse.BooleanOptionalAction | argparse._StoreTrueAction | argparse._StoreFalseAction):
@@ -61,7 +69,7 @@ def _from_environment(action: argparse.Action, value: str, variable: str) -> Non
         action.default = value.strip().lower() in _TRUE
     elif isinstance(action, argparse._AppendAction | argparse._ExtendAction):
         convert: Callable[[str], Any] = action.type if callable(action.type) else str
-        action.default = [convert(v.strip()) for v in value.split(",") if v.strip()]
+        action.default = _EnvironmentList(convert(v.strip()) for v in value.split(",") if v.strip())
     else:
         action.default = value
     action.required = False
