@@ -36,7 +36,7 @@ from e2e.toolkit.server import wait_ready
 from e2e.toolkit.tools import Tools
 from e2e.toolkit.wait import WaitTimeoutError, wait_until
 from e2e.toolkit.web import https_get
-from gpufrac.core.contract import DEFAULT_SCHEDULER_USER
+from gpufrac.core.contract import DEFAULT_SCHEDULER_USER, FRACTIONAL_LABEL
 
 __all__ = ["ClusterError", "ControlPlane", "Tools", "ToolsMissingError"]
 
@@ -559,7 +559,7 @@ class ControlPlane:
         def mutated() -> bool:
             res = self.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", user="admin",
                                input=json.dumps(probe))
-            return res.rc == 0 and "gpufrac.io/fractional" in res.stdout
+            return res.rc == 0 and FRACTIONAL_LABEL in res.stdout
 
         try:
             wait_until(mutated, timeout, "the webhook configurations to be active", interval=0.5)
