@@ -352,7 +352,7 @@ class Report:
         if h is None or isinstance(h, str):
             return [*out, h or "not measured", ""]
         whole = h["parts"][0][1] or 1.0
-        out += [f"Unprofiled: {h['us_per_request']:,.0f} µs per request.", ""]
+        out += [f"Unprofiled: {h['us_per_request']:,.0f} µs of CPU per request.", ""]
         out += _table(["part (cumulative, nested in the rows above it)", "µs / request (profiled)",
                        "share of the request"],
                       [[label, f"{us:,.0f}", f"{us / whole:.0%}"] for label, us in h["parts"]])
