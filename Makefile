@@ -8,7 +8,7 @@ CERTS ?= certs/dev
 TOOLS_CACHE ?= $(HOME)/.cache/gpufrac/tools
 export GPUFRAC_TOOLS_CACHE := $(TOOLS_CACHE)
 
-.PHONY: venv run certs test unit lint tools clean
+.PHONY: venv run certs test unit lint tools clean stubs
 
 # Two stamps: `make run` installs what the programs need; `make test` and `make lint` add the test tools.
 $(VENV)/.installed: pyproject.toml
@@ -21,7 +21,14 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-venv: $(VENV)/.installed-test
+# The CSI and kubelet plugin registration stubs, generated from the upstream protos (never committed).
+STUBS := gpufrac/agent/csi/generated/__init__.py
+$(STUBS): hack/grpc-stubs.sh $(VENV)/.installed-test
+	PYTHON=$(PY) bash hack/grpc-stubs.sh
+
+stubs: $(STUBS)
+
+venv: $(VENV)/.installed-test $(STUBS)
 
 certs: $(VENV)/.installed
 	$(PY) -m gpufrac certs --out $(CERTS) --dns gpufrac-webhook.gpufrac-system.svc
@@ -47,7 +54,7 @@ test: venv tools lint
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(VENV) .e2e certs/dev
+	rm -rf $(VENV) .e2e certs/dev .build gpufrac/agent/csi/generated
 
 # Local control plane (etcd + kube-apiserver + the webhook, registered through the chart): see e2e/cluster.py.
 .PHONY: cluster-up cluster-down demo

@@ -448,8 +448,9 @@ class ControlPlane:
         serving = issue_serving_cert(ca, [f"gpufrac-webhook.{RELEASE_NAMESPACE}.svc"])
         write_serving_files(self.webhook_certs, ca, serving)
 
-    def start_webhook(self, timeout: float = 60) -> None:
-        """Start `python -m gpufrac webhook` on the recorded port and wait for /readyz."""
+    def start_webhook(self, timeout: float = 60, extra_args: tuple[str, ...] = ()) -> None:
+        """Start `python -m gpufrac webhook` on the recorded port and wait for /readyz; extra_args: policy flags
+        (e.g. `--delivery hostPath`)."""
         existing = self.procs.get("webhook")
         if existing is not None and existing.alive():
             return
@@ -479,6 +480,7 @@ class ControlPlane:
                 str(self.webhook_certs),
                 "--bind",
                 f"127.0.0.1:{self.ports['webhook']}",
+                *extra_args,
             ],
             env=env,
         )

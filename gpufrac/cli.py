@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpufrac.core.buildinfo import version
-from gpufrac.core.contract import DEFAULT_MPS_ROOT, DEFAULT_SCHEDULER_USER
+from gpufrac.core.contract import DEFAULT_DRIVER_NAME, DEFAULT_MPS_ROOT, DEFAULT_SCHEDULER_USER, Delivery
 from gpufrac.core.jsonlog import LEVELS
 
 if TYPE_CHECKING:
@@ -102,6 +102,8 @@ def _policy(args: argparse.Namespace) -> Policy:  # imported lazily: `gpufrac ag
         mps_root=args.mps_root,
         require_enforcing_node=args.require_enforcing_node,
         allow_multiple_fraction_containers=args.allow_multiple_fraction_containers,
+        delivery=Delivery(args.delivery),
+        csi_driver=args.csi_driver,
     )
 
 
@@ -112,8 +114,13 @@ def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduler-group", action="append", metavar="GROUP",
                         help="group whose members may write bind-time values (repeatable)")
     parser.add_argument("--mps-root", default=DEFAULT_MPS_ROOT, metavar="PATH",
-                        help="host directory holding one MPS pipe directory per mode, <PATH>/<mode>: the agent's "
-                             "--mps-root")
+                        help="host directory holding one MPS pipe directory per mode, <PATH>/<mode>, and the daemons' "
+                             "shared memory, <PATH>/shm: the agent's --mps-root")
+    parser.add_argument("--delivery", choices=[str(d) for d in Delivery], default=str(Delivery.CSI),
+                        help="how fractional containers get the MPS directories: csi (an inline volume served by "
+                             "the node agent; Pod Security baseline allows it) or hostPath (needs a privileged "
+                             "namespace)")
+    parser.add_argument("--csi-driver", default=DEFAULT_DRIVER_NAME, help="the agent's CSI driver (delivery csi)")
     parser.add_argument("--require-enforcing-node", action=argparse.BooleanOptionalAction, default=False,
                         help="add a required node affinity on gpufrac.io/enforcement.<mode> in (driver, mps)")
     parser.add_argument("--allow-multiple-fraction-containers", action=argparse.BooleanOptionalAction,
@@ -184,6 +191,11 @@ def _review(args: argparse.Namespace) -> int:
 
 def _agent(args: argparse.Namespace) -> int:
     from gpufrac.agent.cli import run
+    return run(args)
+
+
+def _mps(args: argparse.Namespace) -> int:
+    from gpufrac.agent.mps_service import run
     return run(args)
 
 
@@ -259,6 +271,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         from gpufrac.agent.cli import add_arguments
         add_arguments(agent)
     agent.set_defaults(func=_agent)
+
+    mps = subcommand("mps", "run one compute mode's MPS control daemon, supervised (the <release>-mps DaemonSet)")
+    if command in (None, "mps"):
+        from gpufrac.agent.mps_service import add_arguments as add_mps_arguments
+        add_mps_arguments(mps)
+    mps.set_defaults(func=_mps)
     apply_environment(parser, os.environ)
     return parser
 

@@ -136,7 +136,7 @@ def test_the_mps_pipe_directories_come_from_one_value() -> None:
     objs = render("--set", "mps.root=/srv/mps/")
     webhook_root = arg_value(container(one(objs, "Deployment"))["args"], "--mps-root")
     assert webhook_root == ["/srv/mps/"]
-    agent = one(objs, "DaemonSet")
+    agent = one(objs, "DaemonSet", "gpufrac-agent")
     assert arg_value(container(agent)["args"], "--mps-root") == ["/srv/mps/"]
     served = {mps_pipe_dir("/srv/mps/", mode) for mode in ComputeMode}
     host_paths = {v["hostPath"]["path"] for v in agent["spec"]["template"]["spec"]["volumes"] if "hostPath" in v}
@@ -163,7 +163,7 @@ def test_every_object_passes_kubernetes_schema(mode: list[str]) -> None:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
         assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "gpufrac"
         if obj["kind"] not in {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
-                               "ValidatingWebhookConfiguration"}:
+                               "ValidatingWebhookConfiguration", "CSIDriver"}:
             assert obj["metadata"]["namespace"] == NS, obj["metadata"]["name"]
 
 
@@ -500,7 +500,7 @@ def test_webhook_args_follow_values() -> None:
     assert arg_value(args, "--scheduler-group") == ["g1"]
     assert arg_value(args, "--workers") == ["3"] and arg_value(args, "--threads") == ["8"]
     assert arg_value(args, "--mps-root") == ["/srv/mps"]
-    agent_args = container(one(objs, "DaemonSet"))["args"]
+    agent_args = container(one(objs, "DaemonSet", "gpufrac-agent"))["args"]
     assert arg_value(agent_args, "--mps-root") == ["/srv/mps"]
 
 
@@ -509,7 +509,7 @@ def test_image_defaults_and_overrides(default: list[dict[str, Any]]) -> None:
     assert container(one(default, "Deployment"))["image"] == f"ghcr.io/gpufrac/gpufrac:{chart['appVersion']}"
     objs = render("--set", "image.tag=v9", "--set", "agent.image.repository=example.com/agent",
                   "--set", "webhook.image.digest=sha256:" + "a" * 64)
-    assert container(one(objs, "DaemonSet"))["image"] == "example.com/agent:v9"
+    assert container(one(objs, "DaemonSet", "gpufrac-agent"))["image"] == "example.com/agent:v9"
     assert container(one(objs, "Deployment"))["image"] == "ghcr.io/gpufrac/gpufrac@sha256:" + "a" * 64
 
 
@@ -533,10 +533,72 @@ def test_agent_daemonset(default: list[dict[str, Any]]) -> None:
     host_paths = {v["hostPath"]["path"]: v["hostPath"]["type"] for v in spec["volumes"] if "hostPath" in v}
     assert host_paths == {
         **{mps_pipe_dir(DEFAULT_MPS_ROOT, mode): "DirectoryOrCreate" for mode in ComputeMode},
+        "/run/gpufrac/mps/shm": "DirectoryOrCreate",
         "/var/log/gpufrac/mps": "DirectoryOrCreate",
+        "/var/lib/kubelet/plugins/mps.gpufrac.io": "DirectoryOrCreate",
+        "/var/lib/kubelet/plugins_registry": "Directory",
+        "/var/lib/kubelet/pods": "Directory",
     }
     assert {m["mountPath"] for m in c["volumeMounts"]} == set(host_paths)
+    (pods,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/var/lib/kubelet/pods"]
+    assert pods["mountPropagation"] == "Bidirectional", "the plugin's mounts must reach the kubelet"
+    assert "--csi" in c["args"]
+    assert arg_value(c["args"], "--csi-driver") == ["mps.gpufrac.io"]
+    assert arg_value(c["args"], "--kubelet-dir") == ["/var/lib/kubelet"]
+    assert arg_value(c["args"], "--ready-condition-type") == ["gpu-sharing.nvidia.com/Ready"]
     assert not find(render("--set", "agent.enabled=false"), "DaemonSet")
+
+
+def test_csi_delivery_installs_the_csidriver_and_the_webhook_names_it(default: list[dict[str, Any]]) -> None:
+    driver = one(default, "CSIDriver", "mps.gpufrac.io")
+    assert driver["spec"] == {"attachRequired": False, "podInfoOnMount": True, "volumeLifecycleModes": ["Ephemeral"],
+                              "fsGroupPolicy": "None", "requiresRepublish": False, "storageCapacity": False}
+    args = one(default, "Deployment", "gpufrac-webhook")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert arg_value(args, "--delivery") == ["csi"]
+    assert arg_value(args, "--csi-driver") == ["mps.gpufrac.io"]
+
+
+def test_the_mps_daemons_run_in_their_own_daemonset_that_upgrades_do_not_roll(default: list[dict[str, Any]]) -> None:
+    ds = one(default, "DaemonSet", "gpufrac-mps")
+    assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    assert [c["name"] for c in spec["containers"]] == ["time-slicing", "sm-sharing"]
+    for c in spec["containers"]:
+        assert c["args"][:3] == ["mps", "--mode", c["name"]]
+        assert arg_value(c["args"], "--mps-root") == ["/run/gpufrac/mps"]
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        assert mounts[f"/run/gpufrac/mps/{c['name']}"] == f"pipe-{c['name']}"
+        assert mounts["/dev/shm"] == "mps-shm", "clients get the same directory at /dev/shm"
+        assert c["resources"]["limits"]["memory"] == "640Mi"
+    host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host_paths == {"/run/gpufrac/mps/time-slicing", "/run/gpufrac/mps/sm-sharing", "/run/gpufrac/mps/shm",
+                          "/var/log/gpufrac/mps"}
+    agent = container(one(default, "DaemonSet", "gpufrac-agent"))
+    assert arg_value(agent["args"], "--mps-daemons") == ["external"], "the agent only watches them"
+    own = render("--set", "mps.daemonSet.enabled=false")
+    assert not find(own, "DaemonSet", "gpufrac-mps")
+    assert "--mps-daemons" not in container(one(own, "DaemonSet", "gpufrac-agent"))["args"]
+
+
+def test_hostpath_delivery_has_no_csi_driver_and_no_kubelet_mounts() -> None:
+    objs = render("--set", "mps.delivery=hostPath")
+    assert not find(objs, "CSIDriver")
+    c = container(one(objs, "DaemonSet", "gpufrac-agent"))
+    assert "--csi" not in c["args"]
+    assert not [m for m in c["volumeMounts"] if m["mountPath"].startswith("/var/lib/kubelet")]
+    args = one(objs, "Deployment", "gpufrac-webhook")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert arg_value(args, "--delivery") == ["hostPath"]
+    failed = helm("template", "g", str(CHART), "--set", "mps.delivery=volume", check=False)
+    assert failed.returncode != 0 and "delivery" in failed.stderr
+
+
+def test_ready_condition_types_are_configurable() -> None:
+    c = container(one(render("--set", "agent.readyConditionTypes={gpu-fractioning.nvidia.com/Ready}"),
+                      "DaemonSet", "gpufrac-agent"))
+    assert arg_value(c["args"], "--ready-condition-type") == ["gpu-fractioning.nvidia.com/Ready"]
+    c = container(one(render("--set", "agent.readyConditionTypes=null"), "DaemonSet", "gpufrac-agent"))
+    assert arg_value(c["args"], "--ready-condition-type") == [""]
 
 
 def _rules(role: dict[str, Any]) -> set[tuple[str, str, str, tuple[str, ...]]]:
@@ -556,7 +618,7 @@ def test_agent_rbac(default: list[dict[str, Any]]) -> None:
     assert ("", "pods/eviction", "create", ()) in rules
     assert not any(v in {"delete", "*", "update"} for _, _, v, _ in rules)
     binding = one(default, "ClusterRoleBinding", "gpufrac-agent")
-    ds = one(default, "DaemonSet")
+    ds = one(default, "DaemonSet", "gpufrac-agent")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": ds["spec"]["template"]["spec"][
         "serviceAccountName"], "namespace": NS}]
 

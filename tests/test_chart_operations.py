@@ -73,7 +73,7 @@ def node_matches(affinity: dict[str, Any], labels: dict[str, str]) -> bool:
     ({}, False),
 ], ids=["nfd-pci", "nfd-tegra", "gpu-present", "labelled-false", "other-vendor", "unlabelled"])
 def test_agent_goes_where_the_device_plugin_goes(default, labels, scheduled):
-    spec = one(default, "DaemonSet")["spec"]["template"]["spec"]
+    spec = one(default, "DaemonSet", "gpufrac-agent")["spec"]["template"]["spec"]
     assert node_matches(spec["affinity"], labels) is scheduled
 
 
@@ -81,11 +81,12 @@ def test_every_pod_runs_on_linux_and_keeps_its_own_selector():
     objs = render("--set", "webhook.nodeSelector.pool=system", "--set", "agent.nodeSelector.gpu=yes",
                   "--set", "certs.selfManaged.nodeSelector.pool=system")
     specs = pod_specs(objs)
-    assert len(specs) == 5  # webhook, agent, two hook Jobs, CronJob
+    assert len(specs) == 6  # webhook, agent, MPS daemons, two hook Jobs, CronJob
     for name, spec in specs.items():
         assert spec["nodeSelector"]["kubernetes.io/os"] == "linux", name
     assert specs["Deployment/gpufrac-webhook"]["nodeSelector"] == {"kubernetes.io/os": "linux", "pool": "system"}
     assert specs["DaemonSet/gpufrac-agent"]["nodeSelector"] == {"kubernetes.io/os": "linux", "gpu": "yes"}
+    assert specs["DaemonSet/gpufrac-mps"]["nodeSelector"] == {"kubernetes.io/os": "linux", "gpu": "yes"}
     assert specs["CronJob/gpufrac-certs"]["nodeSelector"] == {"kubernetes.io/os": "linux", "pool": "system"}
 
 
@@ -113,9 +114,10 @@ def test_webhook_mounts_no_token_the_agent_and_jobs_do(default):
     specs = pod_specs(default)
     assert specs["Deployment/gpufrac-webhook"]["automountServiceAccountToken"] is False
     assert one(default, "ServiceAccount", "gpufrac-webhook")["automountServiceAccountToken"] is False
+    assert specs["DaemonSet/gpufrac-mps"]["automountServiceAccountToken"] is False, "the MPS daemons call no API"
     # The agent and the certificate jobs call the API server.
     for name, spec in specs.items():
-        if name != "Deployment/gpufrac-webhook":
+        if name not in ("Deployment/gpufrac-webhook", "DaemonSet/gpufrac-mps"):
             assert spec.get("automountServiceAccountToken", True) is True, name
 
 
@@ -149,7 +151,7 @@ def test_critical_pods_quota_is_a_toggle(default):
 
 def test_bind_addresses_follow_the_pods_family(default):
     for kind, flag in (("Deployment", "--bind"), ("Deployment", "--metrics-bind"), ("DaemonSet", "--metrics-bind")):
-        c = container(one(default, kind))
+        c = container(one(default, kind, "gpufrac-agent" if kind == "DaemonSet" else None))
         (bind,) = arg_value(c["args"], flag)
         assert bind.startswith(":"), f"{kind} {flag} {bind}: a fixed host pins one IP family"
         (pod_ip,) = [e for e in c["env"] if e["name"] == "POD_IP"]
@@ -246,7 +248,8 @@ def test_service_and_pod_monitors():
     assert endpoint["port"] == "metrics" and endpoint["scheme"] == "http"
     pm = one(objs, "PodMonitor")
     assert pm["metadata"]["labels"]["release"] == "prom"
-    assert pm["spec"]["selector"]["matchLabels"] == one(objs, "DaemonSet")["spec"]["selector"]["matchLabels"]
+    agent = one(objs, "DaemonSet", "gpufrac-agent")
+    assert pm["spec"]["selector"]["matchLabels"] == agent["spec"]["selector"]["matchLabels"]
     (endpoint,) = pm["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] == "metrics" and endpoint["honorLabels"] is True
     assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in endpoint["relabelings"]

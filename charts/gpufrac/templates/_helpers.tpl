@@ -37,6 +37,10 @@
 {{- printf "%s-agent" (include "gpufrac.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{- define "gpufrac.mps.fullname" -}}
+{{- printf "%s-mps" (include "gpufrac.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "gpufrac.certs.fullname" -}}
 {{- printf "%s-certs" (include "gpufrac.fullname" .) | trunc 52 | trimSuffix "-" }}
 {{- end }}
