@@ -369,7 +369,7 @@ class Agent:
 
     def find_pod(self, ref: PodRef) -> dict[str, Any] | None:
         """The pod a volume is for: from the watch cache, else from the API server (the kubelet can be faster than
-        the watch, and pods without the fractional label are not cached at all). Raises KubeApiError."""
+        the watch, and pods without the fractional label are not cached at all). Raises KubeError."""
         return self.pods.get(ref.uid) or self.kube.get_pod(ref.namespace, ref.name)
 
     # ---- probes ----

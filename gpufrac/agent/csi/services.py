@@ -24,8 +24,8 @@ from gpufrac.agent.csi.publish import (
     decide_request,
 )
 from gpufrac.agent.csi.stubs import csi_pb2, csi_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
-from gpufrac.agent.errors import KubeApiError
 from gpufrac.core import contract
+from gpufrac.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         mode, ref = decided
         try:
             pod = self._find_pod(ref)
-        except KubeApiError as err:
+        except KubeError as err:
             _refuse(context, Refusal(RefusalCode.UNAVAILABLE, f"cannot read pod {ref} from the API server ({err}); "
                                      "the kubelet retries the mount"), f"NodePublishVolume {publish.volume_id}")
         outcome = decide_pod(publish, mode, ref, pod, node)
