@@ -8,27 +8,20 @@ CERTS ?= certs/dev
 TOOLS_CACHE ?= $(HOME)/.cache/gpufrac/tools
 export GPUFRAC_TOOLS_CACHE := $(TOOLS_CACHE)
 
-.PHONY: venv run certs test unit lint tools clean stubs
+.PHONY: venv run certs test unit lint tools clean
 
 # Two stamps: `make run` installs what the programs need; `make test` and `make lint` add the test tools.
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -c constraints.txt -e .
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	touch $@
 
-# The CSI and kubelet plugin registration stubs, generated from the upstream protos (never committed).
-STUBS := gpufrac/agent/csi/generated/__init__.py
-$(STUBS): hack/grpc-stubs.sh $(VENV)/.installed-test
-	PYTHON=$(PY) bash hack/grpc-stubs.sh
-
-stubs: $(STUBS)
-
-venv: $(VENV)/.installed-test $(STUBS)
+venv: $(VENV)/.installed-test
 
 certs: $(VENV)/.installed
 	$(PY) -m gpufrac certs --out $(CERTS) --dns gpufrac-webhook.gpufrac-system.svc
@@ -41,6 +34,16 @@ run: certs
 tools:
 	bash e2e/build-tools.sh node
 
+# The gpufrac image from ./Dockerfile (and the local cluster's app and pause images) as OCI archives in
+# .e2e/images, built with buildah on a base made from Debian packages: no registry involved. See e2e/build-image.sh.
+image:
+	bash e2e/build-image.sh
+
+# The versions the image and the virtualenv install (-c constraints.txt): what the tests ran with.
+constraints: venv
+	{ sed -n '1,2p' constraints.txt; $(PY) -m pip freeze --exclude-editable | grep -v '^gpufrac'; } > constraints.tmp
+	mv constraints.tmp constraints.txt
+
 # ruff (with C901 at 15), the layering contracts (.importlinter) and the types (mypy, strict: pyproject.toml).
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -50,22 +53,30 @@ lint: venv
 unit: venv
 	$(PY) -m pytest -q -m 'not e2e'
 
-test: venv tools lint
+test: venv tools image lint
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(VENV) .e2e certs/dev .build gpufrac/agent/csi/generated
+	rm -rf $(VENV) .e2e certs/dev
 
-# Local control plane (etcd + kube-apiserver + the webhook, registered through the chart): see e2e/cluster.py.
-.PHONY: cluster-up cluster-down demo
-cluster-up: venv tools
+# A real one-node cluster (e2e/node.py): etcd, kube-apiserver, containerd + runc + CNI bridge, kubelet,
+# controller-manager, scheduler, kube-proxy; then `helm install ... -f charts/gpufrac/values-local.yaml`.
+# cluster-up-api: the API-only control plane (etcd + kube-apiserver + the webhook on the host, pods never run).
+.PHONY: cluster-up cluster-up-api cluster-down demo image constraints
+cluster-up: venv tools image
 	$(PY) -m e2e up
+
+cluster-up-api: venv tools
+	$(PY) -m e2e up --api-only
 
 cluster-down:
 	@if [ -x $(PY) ]; then $(PY) -m e2e down; else python3 -m e2e down; fi
 
-demo: venv tools
+demo: venv tools image
 	$(PY) -m e2e demo
+
+demo-api: venv tools
+	$(PY) -m e2e demo --api-only
 
 .PHONY: agent-demo
 # The node agent on fake GPUs (tests/fakes) against a local control plane: node labels, events, metrics.
@@ -73,7 +84,7 @@ agent-demo: venv tools
 	$(PY) -m tests.fakes.agent_demo
 
 # Benchmarks (bench/): gpufrac beside a do-nothing webhook, through kube-apiserver, in process, and the agent.
-# Prints one Markdown report and writes it to bench/results.md. QUICK=1: the short run (about 3 minutes).
+# Prints one Markdown report and writes it to bench/results.md. QUICK=1: the short run (under 2 minutes).
 .PHONY: bench
 bench: venv tools
 	$(PY) -m bench $(if $(QUICK),--quick,)

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from e2e.cluster import COMPONENTS, DEFAULT_WORKDIR, ClusterError, ControlPlane, private_workdir
+from e2e.cluster import DEFAULT_WORKDIR, ClusterError, ControlPlane, private_workdir
 
 
 def _workdirs(root: Path) -> list[Path]:
@@ -19,11 +19,17 @@ def _workdirs(root: Path) -> list[Path]:
 
 def cmd_up(args: argparse.Namespace) -> int:
     running = ControlPlane.load(args.workdir)
-    if running is not None and all(running.status().values()):
+    wanted = "api-only" if args.api_only else "real-node"
+    if running is not None and running.kind == wanted and all(running.status().values()):
         print(running.usage())
         print("(already running)")
         return 0
-    cp = ControlPlane(args.workdir, detach=True, quiet=False)
+    if args.api_only:
+        cp = ControlPlane(args.workdir, detach=True, quiet=False)
+    else:
+        from e2e.node import RealCluster
+
+        cp = RealCluster(args.workdir, detach=True, quiet=False)
     try:
         cp.start()
     except ClusterError as exc:
@@ -68,7 +74,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         if cp is None:
             continue
         st = cp.status()
-        print(f"{wd}: " + ", ".join(f"{n}={'up' if st[n] else 'DOWN'}" for n in COMPONENTS))
+        print(f"{wd} ({cp.kind}): " + ", ".join(f"{n}={'up' if st[n] else 'DOWN'}" for n in cp.components))
         if all(st.values()):
             rc = 0
             if args.json:
@@ -87,22 +93,29 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from e2e.demo import run_demo
+    if args.api_only:
+        from e2e.demo import run_demo
 
-    return run_demo(private_workdir("demo", args.workdir))
+        return run_demo(private_workdir("demo", args.workdir))
+    from e2e.node_demo import run_node_demo
+
+    return run_node_demo(private_workdir("demo", args.workdir))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e", description=__doc__)
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("up", help="start etcd, kube-apiserver and the webhook in the background")
+    up = sub.add_parser("up", help="start a real one-node cluster in the background (or --api-only)")
+    up.add_argument("--api-only", action="store_true",
+                    help="only etcd, kube-apiserver and the webhook on the host (pods are stored, never run)")
     down = sub.add_parser("down", help="stop what `up` started")
     down.add_argument("--all", action="store_true",
                       help="also clusters under the workdir that live processes still own (tests, demos)")
     status = sub.add_parser("status", help="what is running")
     status.add_argument("--json", action="store_true")
-    sub.add_parser("demo", help="bring a cluster up, show admissions of examples/, tear it down")
+    demo = sub.add_parser("demo", help="a real node, helm install, the seed examples running, helm uninstall")
+    demo.add_argument("--api-only", action="store_true", help="the API-only control plane: admissions only")
     args = parser.parse_args(argv)
     args.workdir = args.workdir.resolve()
     return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "demo": cmd_demo}[args.cmd](args)

@@ -36,7 +36,6 @@ from e2e.toolkit.server import wait_ready
 from e2e.toolkit.tools import Tools
 from e2e.toolkit.wait import WaitTimeoutError, wait_until
 from e2e.toolkit.web import https_get
-from gpufrac.core.contract import DEFAULT_SCHEDULER_USER, FRACTIONAL_LABEL
 
 __all__ = ["ClusterError", "ControlPlane", "Tools", "ToolsMissingError"]
 
@@ -51,7 +50,7 @@ WEBHOOK_TEMPLATES = (
 USER_NAMESPACE = "team-a"
 RELEASE_NAMESPACE = "gpufrac-system"
 NODE_NAME = "gpu-node-1"
-SCHEDULER_USER = DEFAULT_SCHEDULER_USER  # the identity the webhook trusts by default
+SCHEDULER_USER = "system:serviceaccount:kai-scheduler:binder"
 RS_CONTROLLER_USER = "system:serviceaccount:kube-system:replicaset-controller"
 
 # Order matters: started in this order, stopped in reverse.
@@ -82,6 +81,10 @@ class ControlPlane:
     `detach=True` leaves everything running when this Python process exits (``python -m e2e up``); stop it
     with ``ControlPlane.stop_recorded(workdir)`` / ``python -m e2e down``.
     """
+
+    kind = "api-only"
+    components: tuple[str, ...] = COMPONENTS
+    apiserver_host = "127.0.0.1"
 
     def __init__(
         self,
@@ -136,7 +139,7 @@ class ControlPlane:
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.ports['apiserver']}"
+        return f"https://{self.apiserver_host}:{self.ports['apiserver']}"
 
     @property
     def webhook_url(self) -> str:
@@ -222,10 +225,11 @@ class ControlPlane:
     def stop(self, remove_workdir: bool = False) -> None:
         """Stop every component this object started (reverse order) and forget the state file; with
         `remove_workdir`, delete the whole working directory too."""
-        for name in reversed(COMPONENTS):
+        for name in reversed(self.components):
             proc = self.procs.pop(name, None)
             if proc is not None:
                 proc.stop()
+        self._clean_machine()
         with contextlib.suppress(FileNotFoundError):
             self.state_file.unlink()
         if remove_workdir:
@@ -241,7 +245,7 @@ class ControlPlane:
         except (OSError, ValueError):
             return []
         stopped = []
-        for name in reversed(COMPONENTS):
+        for name in reversed(state.get("components", COMPONENTS)):
             rec = state.get("procs", {}).get(name)
             if not rec:
                 continue
@@ -249,9 +253,16 @@ class ControlPlane:
             if proc.alive():
                 proc.stop()
                 stopped.append(name)
+        if state.get("kind") == "real-node":
+            from e2e.node import clean_machine
+
+            clean_machine(Path(workdir), state)
         with contextlib.suppress(FileNotFoundError):
             state_file.unlink()
         return stopped
+
+    def _clean_machine(self) -> None:
+        """What a cluster changed outside its processes goes back (the real node's network, mounts, sysctls)."""
 
     @staticmethod
     def owner(workdir: Path | str) -> tuple[bool, bool] | None:
@@ -273,6 +284,10 @@ class ControlPlane:
             state = json.loads((workdir / "state.json").read_text())
         except (OSError, ValueError):
             return None
+        if state.get("kind") == "real-node" and cls.kind != "real-node":
+            from e2e.node import RealCluster
+
+            return RealCluster.load(workdir)
         cp = cls(workdir, detach=True)
         cp.ports = state["ports"]
         cp.tokens = state["tokens"]
@@ -285,10 +300,13 @@ class ControlPlane:
         return cp
 
     def status(self) -> dict[str, bool]:
-        return {name: (name in self.procs and self.procs[name].alive()) for name in COMPONENTS}
+        return {name: (name in self.procs and self.procs[name].alive()) for name in self.components}
 
     def _save_state(self) -> None:
         state = {
+            "kind": self.kind,
+            "components": list(self.components),
+            **self._extra_state(),
             "owner_pid": os.getpid(),
             "owner_start_time": proc_start_time(os.getpid()),
             "detach": self.detach,
@@ -303,6 +321,9 @@ class ControlPlane:
         tmp.write_text(json.dumps(state, indent=2))
         os.chmod(tmp, 0o600)
         os.replace(tmp, self.state_file)
+
+    def _extra_state(self) -> dict:
+        return {}
 
     def _register_cleanup(self) -> None:
         if self.detach or self._cleanup_registered:
@@ -448,9 +469,8 @@ class ControlPlane:
         serving = issue_serving_cert(ca, [f"gpufrac-webhook.{RELEASE_NAMESPACE}.svc"])
         write_serving_files(self.webhook_certs, ca, serving)
 
-    def start_webhook(self, timeout: float = 60, extra_args: tuple[str, ...] = ()) -> None:
-        """Start `python -m gpufrac webhook` on the recorded port and wait for /readyz; extra_args: policy flags
-        (e.g. `--delivery hostPath`)."""
+    def start_webhook(self, timeout: float = 60) -> None:
+        """Start `python -m gpufrac webhook` on the recorded port and wait for /readyz."""
         existing = self.procs.get("webhook")
         if existing is not None and existing.alive():
             return
@@ -480,7 +500,6 @@ class ControlPlane:
                 str(self.webhook_certs),
                 "--bind",
                 f"127.0.0.1:{self.ports['webhook']}",
-                *extra_args,
             ],
             env=env,
         )
@@ -561,7 +580,7 @@ class ControlPlane:
         def mutated() -> bool:
             res = self.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", user="admin",
                                input=json.dumps(probe))
-            return res.rc == 0 and FRACTIONAL_LABEL in res.stdout
+            return res.rc == 0 and "gpufrac.io/fractional" in res.stdout
 
         try:
             wait_until(mutated, timeout, "the webhook configurations to be active", interval=0.5)

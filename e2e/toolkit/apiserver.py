@@ -51,6 +51,7 @@ def argv(cfg: ApiserverConfig) -> list[str]:
     if cfg.real_node:
         args += [
             "--enable-aggregator-routing=true",
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
             f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
             f"--client-ca-file={pki / 'ca.crt'}",

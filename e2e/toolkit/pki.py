@@ -73,3 +73,35 @@ def write_kubeconfig(path: Path, server: str, ca_file: Path, user: str, *, token
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     write_private(path, json.dumps(cfg, indent=2))  # JSON is YAML; kubectl reads either
+
+
+def write_client_cert(ca, out: Path, name: str, common_name: str, organizations: list[str]) -> None:
+    """`<name>.crt`/`<name>.key` in `out`: a client certificate from `ca` (a gpufrac.certs KeyPair) for
+    `common_name` in groups `organizations`."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
+    now = dt.datetime.now(dt.UTC)
+    subject = x509.Name([*(x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations),
+                         x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca.certificate.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    )
+    (out / f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    write_private(out / f"{name}.key", key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))

@@ -169,8 +169,10 @@ def spawn(
     cwd: Path | None = None,
     die_with_parent_signal: int | None = signal.SIGKILL,
     own_session: bool = True,
+    pass_fds: tuple[int, ...] = (),
 ) -> Proc:
-    """Start `argv` (in its own session unless told otherwise) with stdout and stderr appended to `log`."""
+    """Start `argv` (in its own session unless told otherwise) with stdout and stderr appended to `log`;
+    `pass_fds` stay open in the child."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         out.write(f"\n=== {time.strftime('%H:%M:%S')} starting {name}: {' '.join(argv)}\n".encode())
@@ -185,6 +187,7 @@ def spawn(
                 cwd=cwd,
                 start_new_session=own_session,
                 close_fds=True,
+                pass_fds=pass_fds,
                 preexec_fn=die_with_parent(die_with_parent_signal) if die_with_parent_signal else None,
             )
         except OSError as exc:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufrac.webhook import workloads
 from gpufrac.webhook.errors import Violation
 from gpufrac.webhook.fractions import resolve
 from gpufrac.webhook.mutation import Mutation, mutate_bind, mutate_create, mutate_ephemeral
@@ -45,7 +44,7 @@ def mutate(request: ReviewRequest, policy: Policy) -> Outcome:
     if request.sub_resource:
         return Outcome()
     if request.operation == "CREATE":
-        fractions, violations = resolve(obj, bound=False, allow_multiple=policy.allow_multiple_fraction_containers)
+        fractions, violations = resolve(obj, bound=False)
         if violations:
             return Outcome(violations=violations)
         return _patch(obj, mutate_create(obj, fractions, policy))
@@ -53,7 +52,7 @@ def mutate(request: ReviewRequest, policy: Policy) -> Outcome:
     # fraction annotations is left for the validating webhook to deny, not quietly repaired.
     if not policy.is_scheduler(request.user):
         return Outcome()
-    fractions, violations = resolve(obj, bound=True, allow_multiple=policy.allow_multiple_fraction_containers)
+    fractions, violations = resolve(obj, bound=True)
     if violations:
         return Outcome()  # the validating webhook denies it, with who changed what as well as why it is wrong
     return _patch(obj, mutate_bind(obj, fractions))
@@ -61,15 +60,7 @@ def mutate(request: ReviewRequest, policy: Policy) -> Outcome:
 
 def validate(request: ReviewRequest, policy: Policy) -> Outcome:
     obj = request.obj
-    if obj is None or request.operation not in ("CREATE", "UPDATE"):
-        return Outcome()
-    workload = workloads.BY_RESOURCE.get(request.resource)
-    if workload is not None:
-        if request.sub_resource:
-            return Outcome()  # status and scale do not change the template
-        old = request.old_obj if request.operation == "UPDATE" else None
-        return Outcome(violations=workloads.validate_workload(obj, old, workload, policy))
-    if request.resource != "pods":
+    if obj is None or request.resource != "pods" or request.operation not in ("CREATE", "UPDATE"):
         return Outcome()
     if request.sub_resource == "binding":
         return Outcome(violations=validate_binding(obj))

@@ -77,7 +77,7 @@ class Running:
 
 
 def condition(kube: FakeKube) -> dict:
-    return kube.last_condition()
+    return kube.conditions[-1] if kube.conditions else {}
 
 
 @pytest.fixture

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# `make image`: builds the top-level Dockerfile on this machine with no registry at all, plus the two small
+# images the local cluster needs, as OCI archives that `ctr images import` takes:
+#   gpufrac.oci.tar   the gpufrac image (every component), from ./Dockerfile
+#   app.oci.tar       the tests' stand-in for the seed examples' CUDA base image: busybox (Debian's static one)
+#   pause.oci.tar     the pod sandbox image: catatonit -P (Debian's static init, waits for SIGTERM, reaps)
+# The Dockerfile's base (a slim Python 3.11 on bookworm) cannot be pulled here: it is made once from Debian's
+# packages with mmdebstrap and imported into buildah under the base's own name; Python packages come from PyPI
+# during the build. mmdebstrap, buildah, busybox-static and catatonit are Debian packages, installed when
+# missing. Caches live outside the repository ($GPUFRAC_IMAGE_CACHE, default ~/.cache/gpufrac/images).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${GPUFRAC_IMAGE_OUT:-.e2e/images}
+CACHE=${GPUFRAC_IMAGE_CACHE:-$HOME/.cache/gpufrac/images}
+BASE=docker.io/library/python:3.11-slim-bookworm
+IMAGE=${GPUFRAC_IMAGE:-localhost/gpufrac:dev}
+APP_IMAGE=nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04
+PAUSE_IMAGE=localhost/gpufrac-e2e/pause:catatonit
+mkdir -p "$OUT" "$CACHE"
+
+log() { echo "[build-image] $*" >&2; }
+
+missing=()
+for pair in mmdebstrap:mmdebstrap buildah:buildah busybox-static:/bin/busybox catatonit:/usr/bin/catatonit; do
+  command -v "${pair#*:}" >/dev/null 2>&1 || missing+=("${pair%%:*}")
+done
+if ((${#missing[@]})); then
+  log "installing Debian packages: ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+fi
+
+# One buildah store for these builds, in the cache; vfs works on any filesystem, chroot isolation needs no runc.
+bah() { buildah --root "$CACHE/storage" --runroot "$CACHE/run" --storage-driver vfs "$@"; }
+exec 9>"$CACHE/.lock"
+flock 9
+
+has_image() { bah inspect --type image "$1" >/dev/null 2>&1; }
+
+if ! has_image "$BASE"; then
+  rootfs=$CACHE/bookworm-python.tar
+  if [[ ! -s $rootfs ]]; then
+    log "making the base $BASE from Debian bookworm packages (mmdebstrap, a few minutes, once)"
+    mmdebstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+      --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+      --dpkgopt='path-exclude=/usr/share/locale/*' \
+      bookworm "$CACHE/bookworm-python.partial.tar" http://deb.debian.org/debian >&2
+    mv "$CACHE/bookworm-python.partial.tar" "$rootfs"
+  fi
+  log "importing the base into buildah as $BASE"
+  ctr=$(bah from scratch)
+  bah add "$ctr" "$rootfs" / >/dev/null
+  bah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --env LANG=C.UTF-8 \
+    --cmd python3 "$ctr"
+  bah commit -q "$ctr" "$BASE" >/dev/null
+  bah rm "$ctr" >/dev/null
+fi
+
+log "building $IMAGE from ./Dockerfile"
+# The host's CA bundle for pip reaches the build when it has one (a TLS-inspecting proxy in front of PyPI).
+build_args=()
+pip_ca=${PIP_CERT:-$(python3 -m pip config get global.cert 2>/dev/null || true)}
+[[ -n $pip_ca && -s $pip_ca ]] && build_args+=(--secret "id=pip-ca,src=$pip_ca")
+bah bud -q --isolation chroot --pull=never --layers "${build_args[@]}" -f Dockerfile -t "$IMAGE" . >&2
+rm -f "$OUT/gpufrac.oci.tar"
+bah push -q "$IMAGE" "oci-archive:$OUT/gpufrac.oci.tar:$IMAGE" >&2
+
+# A static binary in an empty image, named `name`, with `config` for buildah config.
+static_image() {
+  local name=$1 out=$2 binary=$3; shift 3
+  if ! has_image "$name"; then
+    log "making $name from $binary"
+    local ctr
+    ctr=$(bah from scratch)
+    bah copy "$ctr" "$binary" "/bin/$(basename "$binary")" >/dev/null
+    "$@" "$ctr"
+    bah commit -q "$ctr" "$name" >/dev/null
+    bah rm "$ctr" >/dev/null
+  fi
+  [[ -s $out ]] || bah push -q "$name" "oci-archive:$out:$name" >&2
+}
+
+app_config() {
+  # busybox answers to the name it is called by: the usual commands as links to it.
+  local ctr=$1 mnt
+  mnt=$(bah mount "$ctr")
+  for cmd in sh sleep cat ls env echo id ps grep test true; do ln -sf busybox "$mnt/bin/$cmd"; done
+  mkdir -p "$mnt/tmp" "$mnt/proc" "$mnt/sys" "$mnt/dev" "$mnt/etc"
+  echo "root:x:0:0:root:/:/bin/sh" > "$mnt/etc/passwd"
+  bah umount "$ctr" >/dev/null
+  bah config --env PATH=/bin --cmd /bin/sh "$ctr"
+}
+pause_config() { bah config --entrypoint '["/bin/catatonit", "-P"]' --cmd '' "$1"; }
+
+static_image "$APP_IMAGE" "$OUT/app.oci.tar" /bin/busybox app_config
+static_image "$PAUSE_IMAGE" "$OUT/pause.oci.tar" /usr/bin/catatonit pause_config
+log "images in $OUT: gpufrac.oci.tar ($IMAGE), app.oci.tar ($APP_IMAGE), pause.oci.tar ($PAUSE_IMAGE)"

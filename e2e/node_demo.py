@@ -1,0 +1,61 @@
+"""`make demo`: a real one-node cluster, gpufrac installed with helm as a user installs it, the two seed
+examples bound as KAI's binder binds them, what the process inside each sees, then helm uninstall."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from e2e.cluster import ClusterError
+from e2e.install import LOCAL_VALUES, Helm
+from e2e.node import RealCluster
+from e2e.pods import SEED_BINDS, bind, exec_in, wait_running
+from e2e.testing import example
+
+SEEDS = {"inference": "inference-sm-sharing.yaml", "notebook": "notebook-time-slicing.yaml"}
+SEEN = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_GPU_MEMORY_REQUEST", "NVIDIA_GPU_MEMORY_LIMIT",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_PIPE_DIRECTORY")
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def run_node_demo(workdir: Path) -> int:
+    say("== starting a real node: etcd, kube-apiserver, containerd, kubelet, controller-manager, scheduler, "
+        "kube-proxy ...")
+    node = RealCluster(workdir)
+    try:
+        node.start()
+        say(f"   ready in {node.timings['cold_start_s']} s")
+        helm = Helm(node)
+        say(f"== helm install gpufrac charts/gpufrac -n gpufrac-system --create-namespace -f "
+            f"{LOCAL_VALUES.relative_to(LOCAL_VALUES.parents[2])}")
+        helm.install()
+        say(node.kubectl("get", "pods", "-n", "gpufrac-system", "-o", "wide", user="admin").stdout.rstrip())
+        for name, filename in SEEDS.items():
+            say(f"\n== alice: kubectl apply -f examples/{filename}")
+            res = node.kubectl("create", "-f", "-", input=json.dumps(example(filename, name)))
+            if res.rc != 0:
+                raise ClusterError(res.stderr.strip())
+            say(f"== the binder: annotations {sorted(SEED_BINDS[name])}, then pods/binding to the node")
+            bind(node, name, SEED_BINDS[name])
+            wait_running(node, name)
+            say(f"== inside {name}: env, and the MPS pipe directory")
+            env = dict(line.split("=", 1) for line in exec_in(node, name, "env").splitlines() if "=" in line)
+            for key in SEEN:
+                say(f"   {key}={env.get(key, '(unset)')}")
+            pipe = env.get("CUDA_MPS_PIPE_DIRECTORY", "")
+            say(f"   ls {pipe}: {' '.join(exec_in(node, name, f'ls {pipe}').split())}")
+        say("\n== helm uninstall gpufrac -n gpufrac-system")
+        helm.uninstall()
+        left = node.kubectl("get", "mutatingwebhookconfigurations,validatingwebhookconfigurations", user="admin")
+        say(f"   webhook configurations left: {left.stdout.strip() or 'none'}")
+        return 0
+    except ClusterError as exc:
+        print(f"demo failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        say("== stopping the node and putting the machine back")
+        node.stop(remove_workdir=True)

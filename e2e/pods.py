@@ -1,0 +1,68 @@
+"""What tests and the demo do with pods on the real node: act as the scheduler's binder, wait for Running,
+run a command inside, find a container's processes on the host."""
+
+from __future__ import annotations
+
+import json
+
+from e2e.cluster import NODE_NAME, USER_NAMESPACE, ClusterError
+from e2e.node import GPU_UUIDS, RealCluster
+from e2e.toolkit.wait import wait_until
+
+NV = "nvidia.com/container.app."
+# The bind-time annotations KAI's binder writes for the two seed examples on this node's fake H200s.
+SEED_BINDS = {
+    "inference": {NV + "gpus.devices": ",".join(GPU_UUIDS)},
+    "notebook": {NV + "gpus.devices": ",".join(GPU_UUIDS[:2]),
+                 NV + "gpu-memory.request": "71885Mi",  # 143771 MiB x 0.5
+                 NV + "gpu-memory.limit": "115016Mi"},  # 143771 MiB x 0.8
+}
+
+
+def get_json(node: RealCluster, *args: str, user: str = "admin") -> dict:
+    res = node.kubectl(*args, "-o", "json", user=user)
+    if res.rc != 0:
+        raise ClusterError(f"kubectl {' '.join(args)}: {res.stderr.strip()}")
+    return json.loads(res.stdout)
+
+
+def bind(node: RealCluster, name: str, annotations: dict[str, str]) -> None:
+    """What KAI's binder does: one merge patch of the bind-time annotations, then POST pods/binding."""
+    res = node.kubectl("patch", "pod", name, "--type=merge", "-p",
+                       json.dumps({"metadata": {"annotations": annotations}}), user="binder")
+    if res.rc != 0:
+        raise ClusterError(f"the binder's annotation patch was refused: {res.stderr.strip()}")
+    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+               "target": {"apiVersion": "v1", "kind": "Node", "name": NODE_NAME}}
+    res = node.kubectl("create", "--raw", f"/api/v1/namespaces/{USER_NAMESPACE}/pods/{name}/binding", "-f", "-",
+                       input=json.dumps(binding), user="binder")
+    if res.rc != 0:
+        raise ClusterError(f"the binding was refused: {res.stderr.strip()}")
+
+
+def get_pod(node: RealCluster, name: str) -> dict:
+    return get_json(node, "get", "pod", name, "-n", USER_NAMESPACE)
+
+
+def wait_running(node: RealCluster, name: str, timeout: float = 120) -> dict:
+    def running():
+        p = get_pod(node, name)
+        return p if p["status"].get("phase") == "Running" else None
+
+    return wait_until(running, timeout, f"pod {name} Running", interval=0.5)
+
+
+def exec_in(node: RealCluster, name: str, script: str, container: str = "app") -> str:
+    res = node.kubectl("exec", "-n", USER_NAMESPACE, name, "-c", container, "--", "sh", "-c", script, user="admin")
+    if res.rc != 0:
+        raise ClusterError(f"kubectl exec {name}: {res.stderr.strip()}")
+    return res.stdout
+
+
+def host_pids(node: RealCluster, name: str, container: str = "app") -> list[int]:
+    """The host pids of a container's processes (what NVML reports on a real node)."""
+    status = next(s for s in get_pod(node, name)["status"]["containerStatuses"] if s["name"] == container)
+    res = node.containerd.ctr("tasks", "ps", status["containerID"].removeprefix("containerd://"))
+    if res.returncode != 0:
+        raise ClusterError(f"ctr tasks ps: {res.stderr.strip()}")
+    return [int(line.split()[0]) for line in res.stdout.splitlines()[1:] if line.strip()]

@@ -1,0 +1,80 @@
+"""Real-node fixtures: one real one-node cluster (e2e.node.RealCluster: containerd, kubelet, controller-manager,
+scheduler, kube-proxy) for the session, with gpufrac installed by `helm install` and the local values file.
+
+Without the node's tools or images (``make tools image``) these tests are skipped with a loud reason, unless
+``CI`` is set: then that is an error. Another real node on the machine (the lock) is waited for up to 15 min.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from e2e.cluster import ClusterError, ToolsMissingError, private_workdir  # noqa: E402
+from e2e.install import Helm  # noqa: E402
+from e2e.node import RealCluster, images_missing  # noqa: E402
+from e2e.toolkit.tools import node_binaries  # noqa: E402
+
+_notes: list[str] = []
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _unavailable(reason: str) -> None:
+    if _in_ci():
+        pytest.fail(f"CI is set and the real node cannot start: {reason}", pytrace=False)
+    _notes.append(f"REAL-NODE TESTS SKIPPED: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def node(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
+    if os.geteuid() != 0:
+        _unavailable("the real node needs root (network namespace, mounts, cgroups)")
+    try:
+        node_binaries()
+    except ToolsMissingError as exc:
+        _unavailable(str(exc))
+    if missing := images_missing():
+        _unavailable(f"missing images {', '.join(missing)}: run `make image`")
+    os.environ.setdefault("GPUFRAC_NODE_LOCK_WAIT", "900")
+    cluster = RealCluster(private_workdir("node"))
+    try:
+        cluster.start()
+    except ClusterError as exc:
+        pytest.fail(f"the real node did not start: {exc}", pytrace=False)
+    _notes.append(f"[e2e] real node up in {cluster.timings.get('cold_start_s')} s (node Ready after "
+                  f"{cluster.timings.get('node_ready_s')} s)")
+    yield cluster
+    failed = request.session.testsfailed > 0
+    if failed:
+        _notes.append(f"[e2e] logs of the real node kept in {cluster.workdir}")
+    cluster.stop(remove_workdir=not failed)
+
+
+@pytest.fixture(scope="session")
+def helm(node: RealCluster) -> Helm:
+    return Helm(node)
+
+
+@pytest.fixture(scope="session")
+def installed(node: RealCluster, helm: Helm) -> Helm:
+    """gpufrac installed as a user installs it (the first test that needs it installs it)."""
+    if not helm.installed():
+        helm.install()
+    return helm
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    for line in _notes:
+        terminalreporter.write_line(line)

@@ -1,0 +1,283 @@
+"""gpufrac on a real node, installed with helm as a user installs it: fractional pods start and see their
+limits, the agent attributes their real processes, and the webhook survives a rollout and losing a replica.
+
+The tests run in file order against one cluster and one release (the last one uninstalls it).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from e2e.cluster import NODE_NAME, RELEASE_NAMESPACE, USER_NAMESPACE
+from e2e.install import Helm
+from e2e.node import APP_IMAGE, GPU_UUIDS, RealCluster
+from e2e.pods import SEED_BINDS, bind, exec_in, get_json, get_pod, host_pids, wait_running
+from e2e.testing import example, unique
+from e2e.toolkit.wait import wait_until
+from tests.fakes.agent_world import metric_value
+
+pytestmark = [pytest.mark.e2e, pytest.mark.real_node]
+
+MIB = 2**20
+
+
+# ---- helpers -------------------------------------------------------------------------------------------------
+
+
+def kubectl_json(node: RealCluster, *args: str) -> dict:
+    return get_json(node, *args)
+
+
+def create(node: RealCluster, obj: dict, user: str = "alice"):
+    return node.kubectl("create", "-f", "-", user=user, input=json.dumps(obj))
+
+
+def plain_pod(name: str) -> dict:
+    """A pod without any fraction key, for the default scheduler."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": USER_NAMESPACE},
+            "spec": {"containers": [{"name": "app", "image": APP_IMAGE, "command": ["sleep", "infinity"]}],
+                     "terminationGracePeriodSeconds": 1}}
+
+
+def fractional_pod(name: str) -> dict:
+    p = example("notebook-time-slicing.yaml", name)
+    p["spec"]["terminationGracePeriodSeconds"] = 1
+    return p
+
+
+def webhook_pods(node: RealCluster) -> list[dict]:
+    return kubectl_json(node, "get", "pods", "-n", RELEASE_NAMESPACE, "-l",
+                        "app.kubernetes.io/component=webhook")["items"]
+
+
+def agent_metrics(node: RealCluster) -> str:
+    [agent] = kubectl_json(node, "get", "pods", "-n", RELEASE_NAMESPACE, "-l",
+                           "app.kubernetes.io/component=agent")["items"]
+    port = agent["spec"]["containers"][0]["ports"][0]["containerPort"]
+    with urllib.request.urlopen(f"http://{agent['status']['podIP']}:{port}/metrics", timeout=5) as resp:
+        return resp.read().decode()
+
+
+# ---- install -------------------------------------------------------------------------------------------------
+
+
+def test_helm_install_brings_up_the_webhook_and_the_agent(node: RealCluster, installed: Helm):
+    deploy = kubectl_json(node, "get", "deployment", "gpufrac-webhook", "-n", RELEASE_NAMESPACE)
+    assert deploy["status"].get("readyReplicas") == 2
+    assert kubectl_json(node, "get", "pdb", "-n", RELEASE_NAMESPACE)["items"], "no PodDisruptionBudget"
+    # The chart's rotation job wrote the CA into both configurations (Service mode, no URL).
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+        cfg = kubectl_json(node, "get", kind, "-l", "app.kubernetes.io/instance=gpufrac")["items"]
+        assert cfg, f"no {kind}"
+        for hook in cfg[0]["webhooks"]:
+            assert hook["clientConfig"].get("caBundle") and "service" in hook["clientConfig"], hook
+    # The agent on the node publishes what it enforces.
+    labels = wait_until(lambda: (ls := kubectl_json(node, "get", "node", NODE_NAME)["metadata"]["labels"])
+                        .get("gpufrac.io/gpu-count") == str(len(GPU_UUIDS)) and ls, 60, "the agent's labels")
+    assert labels["gpufrac.io/enforcement.sm-sharing"] != "none"
+
+
+# ---- the seed pods -------------------------------------------------------------------------------------------
+
+
+SEEDS = {
+    # file, what the process must see, compute mode
+    "inference": ("inference-sm-sharing.yaml",
+                  {"NVIDIA_GPU_MEMORY_REQUEST": "40960", "NVIDIA_GPU_MEMORY_LIMIT": "61440",
+                   "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=61440M,1=61440M,2=61440M,3=61440M",
+                   "NVIDIA_VISIBLE_DEVICES": ",".join(GPU_UUIDS)}, "sm-sharing"),
+    "notebook": ("notebook-time-slicing.yaml",
+                 {"NVIDIA_GPU_MEMORY_REQUEST": "71885", "NVIDIA_GPU_MEMORY_LIMIT": "115016",
+                  "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=115016M,1=115016M",
+                  "NVIDIA_VISIBLE_DEVICES": ",".join(GPU_UUIDS[:2])}, "time-slicing"),
+}
+
+
+@pytest.mark.parametrize("seed", list(SEEDS))
+def test_seed_pods_start_after_the_bind_and_see_their_bind_time_limits(node: RealCluster, installed, seed):
+    filename, expected, mode = SEEDS[seed]
+    res = create(node, example(filename, seed))
+    assert res.rc == 0, res.stderr
+    assert get_pod(node, seed)["status"].get("phase") == "Pending"  # kai-scheduler's: nothing schedules it
+    bind(node, seed, SEED_BINDS[seed])
+    wait_running(node, seed)
+    env = dict(line.split("=", 1) for line in exec_in(node, seed, "env").splitlines() if "=" in line)
+    for key, value in expected.items():
+        assert env.get(key) == value, f"{key}: {env.get(key)!r} inside the container, expected {value!r}"
+    pipe_dir = f"/run/gpufrac/mps/{mode}"
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == pipe_dir
+    mounts = exec_in(node, seed, "cat /proc/mounts")
+    assert f" {pipe_dir} " in mounts, mounts
+    # The agent's MPS daemon for this mode listens in the mounted directory.
+    assert "control" in exec_in(node, seed, f"ls {pipe_dir}").split()
+
+
+# ---- workloads -----------------------------------------------------------------------------------------------
+
+
+def test_a_fractional_deployment_is_admitted_through_the_replicaset_controller(node: RealCluster, installed):
+    name = unique("fractional-deploy")
+    template = fractional_pod(name)
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": USER_NAMESPACE},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name},
+                                           "annotations": template["metadata"]["annotations"]},
+                              "spec": template["spec"]}},
+    }
+    assert create(node, deployment).rc == 0
+    pods = wait_until(lambda: (items := kubectl_json(node, "get", "pods", "-n", USER_NAMESPACE, "-l",
+                                                     f"app={name}")["items"]) and len(items) == 2 and items,
+                      60, "the ReplicaSet's two pods")
+    for p in pods:
+        assert p["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
+        assert p["metadata"]["labels"].get("gpufrac.io/fractional") == "true"
+        env = {e["name"] for e in p["spec"]["containers"][0].get("env", [])}
+        assert {"NVIDIA_GPU_MEMORY_LIMIT", "CUDA_MPS_PIPE_DIRECTORY"} <= env, env
+    node.kubectl("delete", "deployment", name, "-n", USER_NAMESPACE, "--wait=false")
+
+
+def test_a_pod_without_fractions_runs_untouched(node: RealCluster, installed):
+    name = unique("plain")
+    assert create(node, plain_pod(name)).rc == 0
+    p = wait_running(node, name)
+    assert "gpufrac.io/fractional" not in p["metadata"].get("labels", {})
+    assert not any(a.startswith("gpufrac.io/") for a in p["metadata"].get("annotations", {}))
+    assert "env" not in p["spec"]["containers"][0]
+    assert p["spec"]["nodeName"] == NODE_NAME  # the default scheduler placed it
+    node.kubectl("delete", "pod", name, "-n", USER_NAMESPACE, "--wait=false")
+
+
+# ---- the agent on real processes -----------------------------------------------------------------------------
+
+
+def test_the_agent_attributes_the_containers_real_processes(node: RealCluster, installed):
+    wait_running(node, "notebook")
+    pids = host_pids(node, "notebook")
+    assert pids, "no process in the notebook's container"
+    gpus = node.gpu_state()
+    gpus.processes(GPU_UUIDS[0], [{"pid": pids[0], "used_memory_mib": 1000, "sm_util": 10}])
+    labels = {"namespace": USER_NAMESPACE, "pod": "notebook", "container": "app", "UUID": GPU_UUIDS[0]}
+    wait_until(lambda: metric_value(agent_metrics(node), "gpufrac_container_gpu_memory_used_bytes",
+                                    **labels) == 1000 * MIB, 60, "the notebook's usage in the agent's metrics")
+    assert metric_value(agent_metrics(node), "gpufrac_container_gpu_memory_limit_bytes", **labels) == 115016 * MIB
+
+    # Over its limit: the agent says so on the pod.
+    gpus.processes(GPU_UUIDS[0], [{"pid": pids[0], "used_memory_mib": 120000, "sm_util": 10}])
+
+    def over_limit_events():
+        events = kubectl_json(node, "get", "events", "-n", USER_NAMESPACE, "--field-selector",
+                              "involvedObject.name=notebook")["items"]
+        return [e for e in events if e["reason"] == "GPUMemoryLimitExceeded"]
+
+    [event] = wait_until(over_limit_events, 60, "the over-limit event")
+    assert event["type"] == "Warning"
+    gpus.processes(GPU_UUIDS[0], [])
+
+
+# ---- the webhook under disruption ----------------------------------------------------------------------------
+
+
+class Creator(threading.Thread):
+    """Creates a fractional pod every `interval` seconds until stopped; records every failure."""
+
+    def __init__(self, node: RealCluster, prefix: str, interval: float = 0.3) -> None:
+        super().__init__(daemon=True)
+        self.node, self.prefix, self.interval = node, prefix, interval
+        self.stop_event = threading.Event()
+        self.created: list[str] = []
+        self.failures: list[str] = []
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            name = unique(self.prefix)
+            res = create(self.node, fractional_pod(name))
+            (self.created.append(name) if res.rc == 0 else self.failures.append(f"{name}: {res.stderr.strip()}"))
+            self.stop_event.wait(self.interval)
+
+    def finish(self) -> None:
+        self.stop_event.set()
+        self.join(60)
+        if self.created:
+            self.node.kubectl("delete", "pod", "-n", USER_NAMESPACE, "--wait=false", *self.created)
+
+
+def test_losing_one_webhook_pod_keeps_admission_working(node: RealCluster, installed):
+    victim = webhook_pods(node)[0]["metadata"]["name"]
+    creator = Creator(node, "during-kill")
+    creator.start()
+    try:
+        res = node.kubectl("delete", "pod", victim, "-n", RELEASE_NAMESPACE, "--grace-period=0", "--force",
+                           user="admin")
+        assert res.rc == 0, res.stderr
+        time.sleep(5)
+    finally:
+        creator.finish()
+    assert creator.failures == [], creator.failures[:5]
+    assert len(creator.created) >= 5
+    wait_until(lambda: len([p for p in webhook_pods(node) if p["status"].get("phase") == "Running"]) == 2, 120,
+               "the Deployment to replace the killed pod")
+
+
+def test_without_any_webhook_pod_fractional_pods_are_refused_and_others_are_not(node: RealCluster, installed):
+    assert node.kubectl("scale", "deployment", "gpufrac-webhook", "-n", RELEASE_NAMESPACE, "--replicas=0",
+                        user="admin").rc == 0
+    try:
+        wait_until(lambda: not webhook_pods(node), 120, "both webhook pods gone")
+        res = wait_until(lambda: (r := create(node, fractional_pod(unique("no-webhook")))).rc != 0 and r, 30,
+                         "a refusal")
+        assert "failed calling webhook" in res.stderr and "gpufrac.io" in res.stderr, res.stderr
+        plain = unique("plain-no-webhook")
+        assert create(node, plain_pod(plain)).rc == 0, "a pod without fractions must not depend on the webhook"
+        node.kubectl("delete", "pod", plain, "-n", USER_NAMESPACE, "--wait=false")
+    finally:
+        node.kubectl("scale", "deployment", "gpufrac-webhook", "-n", RELEASE_NAMESPACE, "--replicas=2", user="admin")
+        node.kubectl("rollout", "status", "deployment/gpufrac-webhook", "-n", RELEASE_NAMESPACE, "--timeout=180s",
+                     timeout=200, user="admin")
+
+
+def test_helm_upgrade_rolls_both_while_pods_are_created_without_a_failure(node: RealCluster, installed: Helm):
+    before = {p["metadata"]["name"] for p in webhook_pods(node)}
+    creator = Creator(node, "during-upgrade")
+    creator.start()
+    try:
+        stamp = f"r{int(time.time())}"
+        installed.upgrade(f"webhook.podAnnotations.e2e-rollout={stamp}", f"agent.podAnnotations.e2e-rollout={stamp}")
+    finally:
+        creator.finish()
+    after = {p["metadata"]["name"] for p in webhook_pods(node)}
+    assert not before & after, "the webhook Deployment did not roll"
+    ds = kubectl_json(node, "get", "daemonset", "gpufrac-agent", "-n", RELEASE_NAMESPACE)
+    assert ds["spec"]["template"]["metadata"]["annotations"]["e2e-rollout"] == stamp
+    assert ds["status"].get("updatedNumberScheduled") == 1
+    assert creator.failures == [], creator.failures[:5]
+    assert len(creator.created) >= 10, creator.created
+
+
+# ---- uninstall -----------------------------------------------------------------------------------------------
+
+
+def test_helm_uninstall_leaves_no_webhook_configuration(node: RealCluster, installed: Helm):
+    installed.uninstall()
+    for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+        names = [c["metadata"]["name"] for c in kubectl_json(node, "get", kind)["items"]]
+        assert not [n for n in names if "gpufrac" in n], names
+    # Pod creation does not depend on anything gpufrac left behind.
+    name = unique("after-uninstall")
+    assert create(node, fractional_pod(name)).rc == 0
+    node.kubectl("delete", "pod", name, "-n", USER_NAMESPACE, "--wait=false")
+
+
+@pytest.mark.xfail(strict=True, reason="helm uninstall deletes the agent's RBAC and ServiceAccount together with "
+                   "its DaemonSet, so the stopping agent cannot patch the node; a pre-delete hook that stops the "
+                   "agents first and withdraws their labels and condition is still to be written")
+def test_after_uninstall_the_node_carries_no_gpufrac_labels_or_conditions(node: RealCluster):
+    node_obj = wait_until(lambda: (n := kubectl_json(node, "get", "node", NODE_NAME)) and not any(
+        k.startswith("gpufrac.io/") for k in n["metadata"]["labels"]) and n, 30, "the agent's labels gone")
+    assert not [c for c in node_obj["status"]["conditions"] if c["type"].startswith("gpufrac.io/")]
