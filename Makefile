@@ -8,7 +8,7 @@ CERTS ?= certs/dev
 TOOLS_CACHE ?= $(HOME)/.cache/gpufrac/tools
 export GPUFRAC_TOOLS_CACHE := $(TOOLS_CACHE)
 
-.PHONY: venv run certs test unit lint tools clean
+.PHONY: venv run certs test unit lint tools clean stubs
 
 # Two stamps: `make run` installs what the programs need; `make test` and `make lint` add the test tools.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -21,7 +21,14 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	touch $@
 
-venv: $(VENV)/.installed-test
+# The CSI and kubelet plugin registration stubs, generated from the upstream protos (never committed).
+STUBS := gpufrac/agent/csi/generated/__init__.py
+$(STUBS): hack/grpc-stubs.sh $(VENV)/.installed-test
+	PYTHON=$(PY) bash hack/grpc-stubs.sh
+
+stubs: $(STUBS)
+
+venv: $(VENV)/.installed-test $(STUBS)
 
 certs: $(VENV)/.installed
 	$(PY) -m gpufrac certs --out $(CERTS) --dns gpufrac-webhook.gpufrac-system.svc
@@ -57,7 +64,7 @@ test: venv tools image lint
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(VENV) .e2e certs/dev
+	rm -rf $(VENV) .e2e certs/dev .build gpufrac/agent/csi/generated
 
 # A real one-node cluster (e2e/node.py): etcd, kube-apiserver, containerd + runc + CNI bridge, kubelet,
 # controller-manager, scheduler, kube-proxy; then `helm install ... -f charts/gpufrac/values-local.yaml`.
@@ -84,7 +91,7 @@ agent-demo: venv tools
 	$(PY) -m tests.fakes.agent_demo
 
 # Benchmarks (bench/): gpufrac beside a do-nothing webhook, through kube-apiserver, in process, and the agent.
-# Prints one Markdown report and writes it to bench/results.md. QUICK=1: the short run (under 2 minutes).
+# Prints one Markdown report and writes it to bench/results.md. QUICK=1: the short run (about 3 minutes).
 .PHONY: bench
 bench: venv tools
 	$(PY) -m bench $(if $(QUICK),--quick,)

@@ -38,7 +38,7 @@ MODES = {
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="shorter runs (make bench QUICK=1, under 2 minutes)")
+    mode.add_argument("--quick", action="store_true", help="shorter runs (make bench QUICK=1, about 3 minutes)")
     mode.add_argument("--smoke", action="store_true",
                       help="the shortest run that exercises every section (for tests; numbers mean little)")
     parser.add_argument("--skip", action="append", default=[], choices=SECTIONS, help="leave a section out")

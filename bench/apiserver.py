@@ -16,10 +16,10 @@ import yaml
 
 from bench.reviews import INFERENCE, NOTEBOOK
 from e2e.toolkit.wait import wait_until
+from gpufrac.core.contract import FRACTIONAL_LABEL
 
 NAMESPACE = "team-a"
 IMAGE = "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"
-FRACTIONAL_LABEL = "gpufrac.io/fractional"
 
 
 @dataclass

@@ -25,6 +25,18 @@ from typing import Any
 
 from bench.procs import rss_mib
 from e2e.toolkit.wait import wait_until
+from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.contract import (
+    DEFAULT_MPS_ROOT,
+    FRACTIONAL_LABEL,
+    FRACTIONAL_VALUE,
+    CanonicalFraction,
+    LimitEnv,
+    format_pinned_mem_limit,
+    mps_pipe_dir,
+    pinned_limits,
+    write_canonical,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUS = 8
@@ -75,16 +87,15 @@ class MemoryKube:
 
 
 def _annotations(request_mib: int, limit_mib: int, device: str) -> dict[str, str]:
-    p = "gpufrac.io/container.app."
-    return {f"{p}gpu-memory.request-mib": str(request_mib), f"{p}gpu-memory.limit-mib": str(limit_mib),
-            f"{p}mps-pinned-mem-limit": f"0={limit_mib}M", f"{p}compute-mode": "time-slicing",
-            "nvidia.com/container.app.gpus.devices": device}
+    """What the webhook writes for one time-slicing container on one device (the contract's writer)."""
+    return write_canonical([CanonicalFraction("app", ComputeMode.TIME_SLICING, request_mib, limit_mib,
+                                              pinned_limits(limit_mib, 1), (device,))])
 
 
 def _pod(i: int, rv: int = 1) -> dict[str, Any]:
     return {
         "metadata": {"name": f"frac-{i}", "namespace": "team-a", "uid": f"uid-{i}", "resourceVersion": str(rv),
-                     "labels": {"gpufrac.io/fractional": "true", "bench/generation": str(rv)},
+                     "labels": {FRACTIONAL_LABEL: FRACTIONAL_VALUE, "bench/generation": str(rv)},
                      "annotations": _annotations(8192, 16384, _uuid(i % GPUS))},
         "spec": {"nodeName": "gpu-node-1", "containers": [{"name": "app", "image": "cuda"}]},
         "status": {"phase": "Running", "containerStatuses": [
@@ -122,9 +133,10 @@ def _world(tmp: Path, pods: int) -> tuple[Path, Path, list[dict[str, Any]]]:
                                   ".scope\n")
         env = {"PATH": "/usr/bin", "HOME": "/root"}
         if owner is not None:
-            env.update({"CUDA_MPS_PIPE_DIRECTORY": "/run/gpufrac/mps/time-slicing",
-                        "NVIDIA_GPU_MEMORY_REQUEST": "8192", "NVIDIA_GPU_MEMORY_LIMIT": "16384",
-                        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=16384M", "NVIDIA_VISIBLE_DEVICES": _uuid(owner % GPUS)})
+            env.update({LimitEnv.PIPE_DIRECTORY: mps_pipe_dir(DEFAULT_MPS_ROOT, ComputeMode.TIME_SLICING),
+                        LimitEnv.MEMORY_REQUEST: "8192", LimitEnv.MEMORY_LIMIT: "16384",
+                        LimitEnv.PINNED_MEM_LIMIT: format_pinned_mem_limit(pinned_limits(16384, 1)),
+                        LimitEnv.VISIBLE_DEVICES: _uuid(owner % GPUS)})
         (d / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
     state = tmp / "nvml.json"
     state.write_text(json.dumps({"driver_version": "615.20", "cuda_driver_version": 13040, "gpus": gpus}))

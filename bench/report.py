@@ -83,7 +83,7 @@ class Report:
         if h is None or isinstance(h, str):
             return [*out, h or "skipped (--skip http)", ""]
         out += [f"wrk ({', '.join(f'-c {c} -t {t}' for c, t in h.wrk_threads.items())}), keep-alive, posting the "
-                f"three seed reviews in turn; {h.rounds} × {h.duration:g} s per server and concurrency, alternating "
+                f"seed reviews in turn; {h.rounds} × {h.duration:g} s per server and concurrency, alternating "
                 f"gpufrac and do-nothing. Both servers: {h.settings} (the chart's workers/threads). {h.pinned}. "
                 "errors = socket errors + non-200 + replies without `\"allowed\":true`. CPU columns: cores busy "
                 "(1.0 = one core), server = all its processes; a wrk CPU well below 1.0 while the do-nothing "
@@ -207,8 +207,9 @@ class Report:
                "PSS of each server's processes together (master and workers; a replica's memory, shared pages "
                "counted once): idle after warming, the highest sample under the seed load above, and with "
                f"maximum-size reviews posted by as many clients as the server has threads ({self.chart.workers} "
-               f"workers × {self.chart.threads}). The chart's memory limit: {h.memory_limit}. Load average at "
-               f"the start: {load}.", ""]
+               f"workers × {self.chart.threads}). The chart's memory limit: {h.memory_limit}. Reviews over 1 MiB "
+               "take turns in the whole server; one that waits past 2 s is answered 503 (counted apart from "
+               f"errors). Load average at the start: {load}.", ""]
         rows = []
         for server in ("gpufrac", "do-nothing"):
             seeds = [x.pss_mib for (_, _, name), c in h.per_review.items() if name == server for x in c.runs]
@@ -218,7 +219,8 @@ class Report:
             for (_review, name), cell in h.maximum.items():
                 if name == server:
                     run = cell.runs[-1]
-                    row.append(f"{run.pss_mib:.0f} ({run.rps:,.1f} req/s, {cell.errors} errors)")
+                    row.append(f"{run.pss_mib:.0f} ({cell.requests} answered, {cell.busy} of them 503, "
+                               f"{cell.errors} errors)")
             rows.append(row)
             if server == "gpufrac" and seeds:
                 self.targets.append([f"PSS ≤ {TARGET_PSS_MIB:g} MiB per replica under the seed load",
@@ -228,7 +230,8 @@ class Report:
                     if name == server:
                         peak = max(x.pss_mib for x in cell.runs)
                         self.targets.append([f"PSS ≤ {TARGET_PSS_MIB:g} MiB per replica, {review}",
-                                             f"{peak:.0f} MiB, {cell.errors} errors (chart limit {h.memory_limit})",
+                                             f"{peak:.0f} MiB, {cell.errors} errors, {cell.busy} of {cell.requests} "
+                                             f"answered 503 (chart limit {h.memory_limit}; load {load})",
                                              _met(peak <= TARGET_PSS_MIB and cell.errors == 0)])
         out += _table(["server", "idle PSS MiB", "PSS MiB under the seed load",
                        *[f"PSS MiB, {review}" for (review, name) in h.maximum if name == "gpufrac"]], rows)
@@ -336,7 +339,7 @@ class Report:
             return []
         own, cumulative, callers = self.profile
         return ["## Appendix: profile of the decision path", "",
-                "cProfile over the three seed reviews in turn through the handler's decision path (json.loads, "
+                "cProfile over the seed reviews in turn through the handler's decision path (json.loads, "
                 "parse_review, admission.mutate or .validate, build_response). Times include cProfile's "
                 "overhead, which inflates many small calls: read them as shares. Top 10 by own time:", "", own, "",
                 callers, "", "Top 10 by cumulative time (below `decide`):", "", cumulative, "", *self._handler()]
@@ -345,11 +348,11 @@ class Report:
         h = self.handler
         out = ["Where a request's time goes in gpufrac's Flask app (the app `gpufrac webhook` serves, with "
                "prometheus_client in multiprocess mode and the JSON log line written to /dev/null; Flask's test "
-               "client instead of gunicorn, so no TLS or socket work; cProfile, the three seed reviews in turn):", ""]
+               "client instead of gunicorn, so no TLS or socket work; cProfile, the seed reviews in turn):", ""]
         if h is None or isinstance(h, str):
             return [*out, h or "not measured", ""]
         whole = h["parts"][0][1] or 1.0
-        out += [f"Unprofiled: {h['us_per_request']:,.0f} µs per request.", ""]
+        out += [f"Unprofiled: {h['us_per_request']:,.0f} µs of CPU per request.", ""]
         out += _table(["part (cumulative, nested in the rows above it)", "µs / request (profiled)",
                        "share of the request"],
                       [[label, f"{us:,.0f}", f"{us / whole:.0%}"] for label, us in h["parts"]])

@@ -14,12 +14,13 @@ from typing import Any
 
 import jsonpatch
 
+from gpufrac.core.contract import DEFAULT_SCHEDULER_USER
 from gpufrac.webhook import admission
 from gpufrac.webhook.policy import Policy
 from gpufrac.webhook.review import parse_review
 from tests.webhook.builders import example_annotations
 
-BINDER = "system:serviceaccount:kai-scheduler:binder"
+BINDER = DEFAULT_SCHEDULER_USER
 IMAGE = "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"
 DEVICES = ("GPU-4a2e1f6c-8b1d-4c55-9f0e-1a2b3c4d5e6f", "GPU-7c9d0e1f-2a3b-4c5d-8e9f-a0b1c2d3e4f5")
 

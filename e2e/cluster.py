@@ -36,6 +36,7 @@ from e2e.toolkit.server import wait_ready
 from e2e.toolkit.tools import Tools
 from e2e.toolkit.wait import WaitTimeoutError, wait_until
 from e2e.toolkit.web import https_get
+from gpufrac.core.contract import DEFAULT_SCHEDULER_USER, FRACTIONAL_LABEL
 
 __all__ = ["ClusterError", "ControlPlane", "Tools", "ToolsMissingError"]
 
@@ -50,7 +51,7 @@ WEBHOOK_TEMPLATES = (
 USER_NAMESPACE = "team-a"
 RELEASE_NAMESPACE = "gpufrac-system"
 NODE_NAME = "gpu-node-1"
-SCHEDULER_USER = "system:serviceaccount:kai-scheduler:binder"
+SCHEDULER_USER = DEFAULT_SCHEDULER_USER  # the identity the webhook trusts by default
 RS_CONTROLLER_USER = "system:serviceaccount:kube-system:replicaset-controller"
 
 # Order matters: started in this order, stopped in reverse.
@@ -469,8 +470,9 @@ class ControlPlane:
         serving = issue_serving_cert(ca, [f"gpufrac-webhook.{RELEASE_NAMESPACE}.svc"])
         write_serving_files(self.webhook_certs, ca, serving)
 
-    def start_webhook(self, timeout: float = 60) -> None:
-        """Start `python -m gpufrac webhook` on the recorded port and wait for /readyz."""
+    def start_webhook(self, timeout: float = 60, extra_args: tuple[str, ...] = ()) -> None:
+        """Start `python -m gpufrac webhook` on the recorded port and wait for /readyz; extra_args: policy flags
+        (e.g. `--delivery hostPath`)."""
         existing = self.procs.get("webhook")
         if existing is not None and existing.alive():
             return
@@ -500,6 +502,7 @@ class ControlPlane:
                 str(self.webhook_certs),
                 "--bind",
                 f"127.0.0.1:{self.ports['webhook']}",
+                *extra_args,
             ],
             env=env,
         )
@@ -580,7 +583,7 @@ class ControlPlane:
         def mutated() -> bool:
             res = self.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", user="admin",
                                input=json.dumps(probe))
-            return res.rc == 0 and "gpufrac.io/fractional" in res.stdout
+            return res.rc == 0 and FRACTIONAL_LABEL in res.stdout
 
         try:
             wait_until(mutated, timeout, "the webhook configurations to be active", interval=0.5)

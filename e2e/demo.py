@@ -48,10 +48,14 @@ def _show_pod(cp: ControlPlane, name: str) -> None:
                 print(f"      env {env['name']} = {env.get('value')!r}")
         for mount in ctr.get("volumeMounts", []):
             if "kube-api-access" not in mount["name"]:
-                print(f"      mount {mount['name']} at {mount['mountPath']}")
+                sub = f" (subPath {mount['subPath']})" if "subPath" in mount else ""
+                print(f"      mount {mount['name']} at {mount['mountPath']}{sub}")
     for vol in pod["spec"].get("volumes", []):
         if "hostPath" in vol:
             print(f"    volume {vol['name']}: hostPath {vol['hostPath'].get('path')}")
+        elif "csi" in vol:
+            csi = vol["csi"]
+            print(f"    volume {vol['name']}: CSI driver {csi['driver']} {csi.get('volumeAttributes', {})}")
 
 
 def run_demo(workdir: Path) -> int:

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpufrac.core.buildinfo import version
-from gpufrac.core.contract import DEFAULT_MPS_ROOT, DEFAULT_SCHEDULER_USER
+from gpufrac.core.contract import DEFAULT_DRIVER_NAME, DEFAULT_MPS_ROOT, DEFAULT_SCHEDULER_USER, Delivery
 from gpufrac.core.jsonlog import LEVELS
 
 if TYPE_CHECKING:
     from gpufrac.webhook.policy import Policy
+    from gpufrac.webhook.server import ServeOptions
 
 DEFAULT_DNS = ("gpufrac-webhook", "gpufrac-webhook.gpufrac-system", "gpufrac-webhook.gpufrac-system.svc")
 DEFAULT_CERTS_OUT = "certs/dev"
@@ -52,6 +53,14 @@ class _HelpFormatter(argparse.HelpFormatter):
         return text + f" [${variable}{', comma-separated' if many else ''}]"
 
 
+class _EnvironmentList(list[Any]):
+    """A repeatable flag's values from the environment. argparse copies the default before it appends the first
+    flag's value: this copy starts empty, so flags on the command line replace the variable's list."""
+
+    def __copy__(self) -> list[Any]:
+        return []
+
+
 def _from_environment(action: argparse.Action, value: str, variable: str) -> None:
     """Make an environment value the flag's default; argparse converts and checks it like a typed-in value."""
     if isinstance(action, argparse.BooleanOptionalAction | argparse._StoreTrueAction | argparse._StoreFalseAction):
@@ -60,7 +69,7 @@ def _from_environment(action: argparse.Action, value: str, variable: str) -> Non
         action.default = value.strip().lower() in _TRUE
     elif isinstance(action, argparse._AppendAction | argparse._ExtendAction):
         convert: Callable[[str], Any] = action.type if callable(action.type) else str
-        action.default = [convert(v.strip()) for v in value.split(",") if v.strip()]
+        action.default = _EnvironmentList(convert(v.strip()) for v in value.split(",") if v.strip())
     else:
         action.default = value
     action.required = False
@@ -92,6 +101,9 @@ def _policy(args: argparse.Namespace) -> Policy:  # imported lazily: `gpufrac ag
         scheduler_groups=frozenset(args.scheduler_group or ()),
         mps_root=args.mps_root,
         require_enforcing_node=args.require_enforcing_node,
+        allow_multiple_fraction_containers=args.allow_multiple_fraction_containers,
+        delivery=Delivery(args.delivery),
+        csi_driver=args.csi_driver,
     )
 
 
@@ -102,10 +114,18 @@ def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduler-group", action="append", metavar="GROUP",
                         help="group whose members may write bind-time values (repeatable)")
     parser.add_argument("--mps-root", default=DEFAULT_MPS_ROOT, metavar="PATH",
-                        help="host directory holding one MPS pipe directory per mode, <PATH>/<mode>: the agent's "
-                             "--mps-root")
+                        help="host directory holding one MPS pipe directory per mode, <PATH>/<mode>, and the daemons' "
+                             "shared memory, <PATH>/shm: the agent's --mps-root")
+    parser.add_argument("--delivery", choices=[str(d) for d in Delivery], default=str(Delivery.CSI),
+                        help="how fractional containers get the MPS directories: csi (an inline volume served by "
+                             "the node agent; Pod Security baseline allows it) or hostPath (needs a privileged "
+                             "namespace)")
+    parser.add_argument("--csi-driver", default=DEFAULT_DRIVER_NAME, help="the agent's CSI driver (delivery csi)")
     parser.add_argument("--require-enforcing-node", action=argparse.BooleanOptionalAction, default=False,
                         help="add a required node affinity on gpufrac.io/enforcement.<mode> in (driver, mps)")
+    parser.add_argument("--allow-multiple-fraction-containers", action=argparse.BooleanOptionalAction,
+                        default=False, help="admit pods in which several containers hold a fraction (KAI's binder "
+                                            "binds one per pod; only for a binder that binds each)")
 
 
 def _certs(args: argparse.Namespace) -> int:
@@ -149,28 +169,33 @@ def _webhook(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_yaml(path: str) -> Any:
-    import yaml
-    with open(path, encoding="utf-8") as handle:
-        return yaml.safe_load(handle)
-
-
 def _review(args: argparse.Namespace) -> int:
-    from gpufrac.webhook.errors import BadReviewError
-    from gpufrac.webhook.offline import review
+    """Exit 0: every manifest allowed; 1: something denied; 2: the input could not be reviewed (one line on
+    stderr naming the file and the problem)."""
+    from gpufrac.webhook.offline import UnreadableError, review_files
     from gpufrac.webhook.policy import UserInfo
     try:
-        result = review(_load_yaml(args.pod), _load_yaml(args.old) if args.old else None,
-                        UserInfo(args.user, tuple(args.group or ())), _policy(args))
-    except BadReviewError as exc:
-        print(json.dumps({"allowed": False, "message": exc.message}), file=sys.stdout)
+        results = review_files(args.manifests, args.old, UserInfo(args.user, tuple(args.group or ())),
+                               _policy(args), sys.stdin)
+    except UnreadableError as exc:
+        print(f"gpufrac review: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(result.as_dict(), indent=2))
-    return 0 if result.allowed else 1
+    code = 0 if all(r["allowed"] for r in results) else 1
+    try:
+        print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `gpufrac review x.yaml | head`: the reader left; the exit code still says it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return code
 
 
 def _agent(args: argparse.Namespace) -> int:
     from gpufrac.agent.cli import run
+    return run(args)
+
+
+def _mps(args: argparse.Namespace) -> int:
+    from gpufrac.agent.mps_service import run
     return run(args)
 
 
@@ -179,6 +204,11 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text}: must be at least 1")
     return value
+
+
+def _serve_defaults() -> type[ServeOptions]:
+    from gpufrac.webhook.server import ServeOptions
+    return ServeOptions  # its class attributes are the defaults
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -208,23 +238,29 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         rotate.set_defaults(func=run_rotate)
 
     webhook = subcommand("webhook", "serve the admission webhook over HTTPS")
+    serve_defaults = _serve_defaults() if command in (None, "webhook") else None
     webhook.add_argument("--certs", required=True, metavar="DIR",
                          help="directory with tls.crt and tls.key (re-read when they change)")
     webhook.add_argument("--bind", default="0.0.0.0:8443", metavar="HOST:PORT",
                          help="admission port (HTTPS); no host (:8443): every address of the pod's IP family")
     webhook.add_argument("--metrics-bind", default="", metavar="HOST:PORT",
                          help="plain-HTTP port serving /metrics (default: none; /metrics is on --bind too)")
-    webhook.add_argument("--workers", type=_positive_int, default=2, metavar="N", help="worker processes")
-    webhook.add_argument("--threads", type=_positive_int, default=8, metavar="N",
-                         help="reviews each worker answers at once")
+    webhook.add_argument("--workers", type=_positive_int, metavar="N", help="worker processes",
+                         default=serve_defaults and serve_defaults.workers)
+    webhook.add_argument("--threads", type=_positive_int, metavar="N", help="reviews each worker answers at once",
+                         default=serve_defaults and serve_defaults.threads)
     webhook.add_argument("--log-level", default="info", choices=LEVELS, type=str.lower,
                          help="the least severe log lines written (JSON, on stdout)")
     _add_policy_arguments(webhook)
     webhook.set_defaults(func=_webhook)
 
-    review = subcommand("review", "run a pod through mutation and validation offline, as the API server would")
-    review.add_argument("pod", help="Pod manifest (YAML or JSON)")
-    review.add_argument("--old", metavar="FILE", help="the pod before an UPDATE (default: none, a CREATE)")
+    review = subcommand("review", "review manifests offline as the API server would: pods through both webhooks, "
+                                  "workloads' pod templates through the validating one")
+    review.add_argument("manifests", nargs="+", metavar="FILE",
+                        help="YAML or JSON, any number of documents: Pod, Deployment, StatefulSet, DaemonSet, "
+                             "ReplicaSet, Job, CronJob, PodTemplate (or a List of them); - for standard input")
+    review.add_argument("--old", metavar="FILE", help="the object before an UPDATE (one document, as the manifest; "
+                                                      "default: none, a CREATE)")
     review.add_argument("--user", default="alice", help="username of the requester")
     review.add_argument("--group", action="append", help="group of the requester (repeatable)")
     _add_policy_arguments(review)
@@ -235,6 +271,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         from gpufrac.agent.cli import add_arguments
         add_arguments(agent)
     agent.set_defaults(func=_agent)
+
+    mps = subcommand("mps", "run one compute mode's MPS control daemon, supervised (the <release>-mps DaemonSet)")
+    if command in (None, "mps"):
+        from gpufrac.agent.mps_service import add_arguments as add_mps_arguments
+        add_mps_arguments(mps)
+    mps.set_defaults(func=_mps)
     apply_environment(parser, os.environ)
     return parser
 

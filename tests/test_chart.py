@@ -22,6 +22,7 @@ from gpufrac.core import annotations as ann
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import DEFAULT_MPS_ROOT, DEFAULT_SCHEDULER_USER, FRACTIONAL_LABEL, mps_pipe_dir
 from gpufrac.webhook.policy import Policy
+from gpufrac.webhook.workloads import BY_KIND, WORKLOADS
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "gpufrac"
@@ -62,18 +63,26 @@ def one(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[
     return found[0]
 
 
-def webhook(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+def webhook(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     cfg = one(objs, kind)
-    assert len(cfg["webhooks"]) == 1
-    return cfg["webhooks"][0]
+    names = [w["name"] for w in cfg["webhooks"]]
+    expected = ["mutate.gpufrac.io"] if kind == "MutatingWebhookConfiguration" else \
+        ["validate.gpufrac.io", "validate-workloads.gpufrac.io"]
+    assert names == expected
+    return cfg["webhooks"][names.index(name)]
 
 
 def mutating(objs: list[dict[str, Any]]) -> dict[str, Any]:
-    return webhook(objs, "MutatingWebhookConfiguration")
+    return webhook(objs, "MutatingWebhookConfiguration", "mutate.gpufrac.io")
 
 
 def validating(objs: list[dict[str, Any]]) -> dict[str, Any]:
-    return webhook(objs, "ValidatingWebhookConfiguration")
+    return webhook(objs, "ValidatingWebhookConfiguration", "validate.gpufrac.io")
+
+
+def workloads(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The validating webhook for the pod templates of Deployments, Jobs, ...."""
+    return webhook(objs, "ValidatingWebhookConfiguration", "validate-workloads.gpufrac.io")
 
 
 def container(workload: dict[str, Any]) -> dict[str, Any]:
@@ -111,6 +120,7 @@ def test_lint_strict(mode: list[str]) -> None:
         "certs.mode=helm",
         "webhook.clientConfig.url=http://127.0.0.1:18443",
         "webhook.requireEnforcingNode=maybe",
+        "webhook.allowMultipleFractionContainers=sometimes",
         "agent.metricsPort=99999",
         "webhook.notAKey=1",
     ],
@@ -126,7 +136,7 @@ def test_the_mps_pipe_directories_come_from_one_value() -> None:
     objs = render("--set", "mps.root=/srv/mps/")
     webhook_root = arg_value(container(one(objs, "Deployment"))["args"], "--mps-root")
     assert webhook_root == ["/srv/mps/"]
-    agent = one(objs, "DaemonSet")
+    agent = one(objs, "DaemonSet", "gpufrac-agent")
     assert arg_value(container(agent)["args"], "--mps-root") == ["/srv/mps/"]
     served = {mps_pipe_dir("/srv/mps/", mode) for mode in ComputeMode}
     host_paths = {v["hostPath"]["path"] for v in agent["spec"]["template"]["spec"]["volumes"] if "hostPath" in v}
@@ -153,7 +163,7 @@ def test_every_object_passes_kubernetes_schema(mode: list[str]) -> None:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
         assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "gpufrac"
         if obj["kind"] not in {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
-                               "ValidatingWebhookConfiguration"}:
+                               "ValidatingWebhookConfiguration", "CSIDriver"}:
             assert obj["metadata"]["namespace"] == NS, obj["metadata"]["name"]
 
 
@@ -183,14 +193,15 @@ def test_failure_policy_is_configurable() -> None:
     assert mutating(objs)["failurePolicy"] == "Ignore" and validating(objs)["failurePolicy"] == "Ignore"
     objs = render("--set", "webhook.mutating.failurePolicy=Ignore")
     assert mutating(objs)["failurePolicy"] == "Ignore" and validating(objs)["failurePolicy"] == "Fail"
+    assert workloads(objs)["failurePolicy"] == "Fail"
     objs = render("--set", "webhook.validating.timeoutSeconds=2")
-    assert validating(objs)["timeoutSeconds"] == 2
+    assert validating(objs)["timeoutSeconds"] == 2 and workloads(objs)["timeoutSeconds"] == 2
 
 
 @pytest.mark.parametrize("namespace", [NS, "gpu-admission"])
 def test_namespace_selector_excludes_system_and_release_namespace(namespace: str) -> None:
     objs = render("--set", "webhook.excludedNamespaces={monitoring}", namespace=namespace)
-    for w in (mutating(objs), validating(objs)):
+    for w in (mutating(objs), validating(objs), workloads(objs)):
         (expr,) = w["namespaceSelector"]["matchExpressions"]
         assert expr["key"] == "kubernetes.io/metadata.name" and expr["operator"] == "NotIn"
         assert set(expr["values"]) == {"kube-system", namespace, "monitoring"}
@@ -200,7 +211,8 @@ def test_namespace_selector_excludes_system_and_release_namespace(namespace: str
 def test_service_mode_client_config(default: list[dict[str, Any]]) -> None:
     svc = one(default, "Service", "gpufrac-webhook")
     dep = one(default, "Deployment")
-    for w, path in ((mutating(default), "/mutate"), (validating(default), "/validate")):
+    for w, path in ((mutating(default), "/mutate"), (validating(default), "/validate"),
+                    (workloads(default), "/validate")):
         cc = w["clientConfig"]
         assert "url" not in cc
         assert cc["service"] == {"name": svc["metadata"]["name"], "namespace": NS, "path": path, "port": 443}
@@ -216,7 +228,7 @@ def test_service_mode_client_config(default: list[dict[str, Any]]) -> None:
 
 def test_url_mode_switches_client_config() -> None:
     objs = render(*URL_MODE)
-    for w, path in ((mutating(objs), "/mutate"), (validating(objs), "/validate")):
+    for w, path in ((mutating(objs), "/mutate"), (validating(objs), "/validate"), (workloads(objs), "/validate")):
         assert w["clientConfig"] == {"url": URL + path, "caBundle": CA_BUNDLE}
     # The harness's certificates are not the chart's to manage.
     assert not find(objs, "Job") and not find(objs, "CronJob") and not find(objs, "Certificate")
@@ -375,6 +387,51 @@ def test_match_conditions_logic(
         assert _matches(cond["expression"], obj, old) is expected
 
 
+def test_workload_templates_go_to_their_own_validating_webhook(default: list[dict[str, Any]]) -> None:
+    w = workloads(default)
+    resources = {(g, r) for rule in w["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert resources == {(gw.group, gw.resource) for gw in WORKLOADS}
+    for rule in w["rules"]:
+        assert sorted(rule["operations"]) == ["CREATE", "UPDATE"] and rule["apiVersions"] == ["v1"]
+    assert w["sideEffects"] == "None" and w["admissionReviewVersions"] == ["v1"]
+    # Never mutated: no mutating webhook sees workloads.
+    assert mutating(default)["rules"][0]["resources"] == ["pods", "pods/ephemeralcontainers"]
+    expr = w["matchConditions"][0]["expression"]
+    for key in FRACTION_KEYS:
+        assert f'"{key}"' in expr
+    assert expr.count("(") == expr.count(")")
+
+
+def workload_obj(kind: str, annotations: dict[str, str] | None, metadata: bool = True) -> dict[str, Any]:
+    template: dict[str, Any] = {"spec": {"containers": [{"name": "app"}]}}
+    if metadata:
+        template["metadata"] = {} if annotations is None else {"annotations": annotations}
+    obj: dict[str, Any] = {"apiVersion": "v1", "kind": kind, "metadata": {"name": "w"}}
+    node = obj
+    path = BY_KIND[kind].template_path
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+    node[path[-1]] = template
+    return obj
+
+
+@pytest.mark.parametrize("kind", [w.kind for w in WORKLOADS])
+@pytest.mark.parametrize(("annotations", "metadata", "expected"), [
+    ({"gpu-fraction": "0.5"}, True, True),
+    ({"kai.scheduler/gpu-compute-sharing-mode": "sm-sharing"}, True, True),
+    ({"nvidia.com/container.app.gpu-memory.request": "1Gi"}, True, True),
+    ({"kai.scheduler/container.app.gpu-memory.portion.limit": "0.6"}, True, True),
+    ({"prometheus.io/scrape": "true"}, True, False),
+    (None, True, False),
+    (None, False, False),  # a template without metadata: guarded, not a CEL error
+])
+def test_workload_match_conditions_send_only_templates_with_fractions(
+    default: list[dict[str, Any]], kind: str, annotations: dict[str, str] | None, metadata: bool, expected: bool
+) -> None:
+    expr = workloads(default)["matchConditions"][0]["expression"]
+    assert _matches(expr, workload_obj(kind, annotations, metadata), None) is expected
+
+
 # --- webhook Deployment -------------------------------------------------------------------------------------
 
 
@@ -411,6 +468,8 @@ def test_webhook_container(default: list[dict[str, Any]]) -> None:
     assert arg_value(args, "--scheduler-group") == []
     assert arg_value(args, "--mps-root") == [DEFAULT_MPS_ROOT]
     assert "--require-enforcing-node" in args and "--no-require-enforcing-node" not in args
+    # KAI's binder binds one fraction container per pod: several are denied unless a binder binds each.
+    assert "--no-allow-multiple-fraction-containers" in args and "--allow-multiple-fraction-containers" not in args
     assert arg_value(args, "--workers") == ["2"] and arg_value(args, "--threads") == ["4"]
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         get = c[probe]["httpGet"]
@@ -430,16 +489,18 @@ def test_webhook_container(default: list[dict[str, Any]]) -> None:
 
 def test_webhook_args_follow_values() -> None:
     objs = render("--set", "webhook.requireEnforcingNode=false",
+                  "--set", "webhook.allowMultipleFractionContainers=true",
                   "--set", "webhook.schedulerUsers={u1,u2}", "--set", "webhook.schedulerGroups={g1}",
                   "--set", "webhook.workers=3", "--set", "webhook.threads=8",
                   "--set", "mps.root=/srv/mps")
     args = container(one(objs, "Deployment"))["args"]
     assert "--no-require-enforcing-node" in args and "--require-enforcing-node" not in args
+    assert "--allow-multiple-fraction-containers" in args and "--no-allow-multiple-fraction-containers" not in args
     assert arg_value(args, "--scheduler-user") == ["u1", "u2"]
     assert arg_value(args, "--scheduler-group") == ["g1"]
     assert arg_value(args, "--workers") == ["3"] and arg_value(args, "--threads") == ["8"]
     assert arg_value(args, "--mps-root") == ["/srv/mps"]
-    agent_args = container(one(objs, "DaemonSet"))["args"]
+    agent_args = container(one(objs, "DaemonSet", "gpufrac-agent"))["args"]
     assert arg_value(agent_args, "--mps-root") == ["/srv/mps"]
 
 
@@ -448,7 +509,7 @@ def test_image_defaults_and_overrides(default: list[dict[str, Any]]) -> None:
     assert container(one(default, "Deployment"))["image"] == f"ghcr.io/gpufrac/gpufrac:{chart['appVersion']}"
     objs = render("--set", "image.tag=v9", "--set", "agent.image.repository=example.com/agent",
                   "--set", "webhook.image.digest=sha256:" + "a" * 64)
-    assert container(one(objs, "DaemonSet"))["image"] == "example.com/agent:v9"
+    assert container(one(objs, "DaemonSet", "gpufrac-agent"))["image"] == "example.com/agent:v9"
     assert container(one(objs, "Deployment"))["image"] == "ghcr.io/gpufrac/gpufrac@sha256:" + "a" * 64
 
 
@@ -472,10 +533,72 @@ def test_agent_daemonset(default: list[dict[str, Any]]) -> None:
     host_paths = {v["hostPath"]["path"]: v["hostPath"]["type"] for v in spec["volumes"] if "hostPath" in v}
     assert host_paths == {
         **{mps_pipe_dir(DEFAULT_MPS_ROOT, mode): "DirectoryOrCreate" for mode in ComputeMode},
+        "/run/gpufrac/mps/shm": "DirectoryOrCreate",
         "/var/log/gpufrac/mps": "DirectoryOrCreate",
+        "/var/lib/kubelet/plugins/mps.gpufrac.io": "DirectoryOrCreate",
+        "/var/lib/kubelet/plugins_registry": "Directory",
+        "/var/lib/kubelet/pods": "Directory",
     }
     assert {m["mountPath"] for m in c["volumeMounts"]} == set(host_paths)
+    (pods,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/var/lib/kubelet/pods"]
+    assert pods["mountPropagation"] == "Bidirectional", "the plugin's mounts must reach the kubelet"
+    assert "--csi" in c["args"]
+    assert arg_value(c["args"], "--csi-driver") == ["mps.gpufrac.io"]
+    assert arg_value(c["args"], "--kubelet-dir") == ["/var/lib/kubelet"]
+    assert arg_value(c["args"], "--ready-condition-type") == ["gpu-sharing.nvidia.com/Ready"]
     assert not find(render("--set", "agent.enabled=false"), "DaemonSet")
+
+
+def test_csi_delivery_installs_the_csidriver_and_the_webhook_names_it(default: list[dict[str, Any]]) -> None:
+    driver = one(default, "CSIDriver", "mps.gpufrac.io")
+    assert driver["spec"] == {"attachRequired": False, "podInfoOnMount": True, "volumeLifecycleModes": ["Ephemeral"],
+                              "fsGroupPolicy": "None", "requiresRepublish": False, "storageCapacity": False}
+    args = one(default, "Deployment", "gpufrac-webhook")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert arg_value(args, "--delivery") == ["csi"]
+    assert arg_value(args, "--csi-driver") == ["mps.gpufrac.io"]
+
+
+def test_the_mps_daemons_run_in_their_own_daemonset_that_upgrades_do_not_roll(default: list[dict[str, Any]]) -> None:
+    ds = one(default, "DaemonSet", "gpufrac-mps")
+    assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    assert [c["name"] for c in spec["containers"]] == ["time-slicing", "sm-sharing"]
+    for c in spec["containers"]:
+        assert c["args"][:3] == ["mps", "--mode", c["name"]]
+        assert arg_value(c["args"], "--mps-root") == ["/run/gpufrac/mps"]
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        assert mounts[f"/run/gpufrac/mps/{c['name']}"] == f"pipe-{c['name']}"
+        assert mounts["/dev/shm"] == "mps-shm", "clients get the same directory at /dev/shm"
+        assert c["resources"]["limits"]["memory"] == "640Mi"
+    host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host_paths == {"/run/gpufrac/mps/time-slicing", "/run/gpufrac/mps/sm-sharing", "/run/gpufrac/mps/shm",
+                          "/var/log/gpufrac/mps"}
+    agent = container(one(default, "DaemonSet", "gpufrac-agent"))
+    assert arg_value(agent["args"], "--mps-daemons") == ["external"], "the agent only watches them"
+    own = render("--set", "mps.daemonSet.enabled=false")
+    assert not find(own, "DaemonSet", "gpufrac-mps")
+    assert "--mps-daemons" not in container(one(own, "DaemonSet", "gpufrac-agent"))["args"]
+
+
+def test_hostpath_delivery_has_no_csi_driver_and_no_kubelet_mounts() -> None:
+    objs = render("--set", "mps.delivery=hostPath")
+    assert not find(objs, "CSIDriver")
+    c = container(one(objs, "DaemonSet", "gpufrac-agent"))
+    assert "--csi" not in c["args"]
+    assert not [m for m in c["volumeMounts"] if m["mountPath"].startswith("/var/lib/kubelet")]
+    args = one(objs, "Deployment", "gpufrac-webhook")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert arg_value(args, "--delivery") == ["hostPath"]
+    failed = helm("template", "g", str(CHART), "--set", "mps.delivery=volume", check=False)
+    assert failed.returncode != 0 and "delivery" in failed.stderr
+
+
+def test_ready_condition_types_are_configurable() -> None:
+    c = container(one(render("--set", "agent.readyConditionTypes={gpu-fractioning.nvidia.com/Ready}"),
+                      "DaemonSet", "gpufrac-agent"))
+    assert arg_value(c["args"], "--ready-condition-type") == ["gpu-fractioning.nvidia.com/Ready"]
+    c = container(one(render("--set", "agent.readyConditionTypes=null"), "DaemonSet", "gpufrac-agent"))
+    assert arg_value(c["args"], "--ready-condition-type") == [""]
 
 
 def _rules(role: dict[str, Any]) -> set[tuple[str, str, str, tuple[str, ...]]]:
@@ -495,7 +618,7 @@ def test_agent_rbac(default: list[dict[str, Any]]) -> None:
     assert ("", "pods/eviction", "create", ()) in rules
     assert not any(v in {"delete", "*", "update"} for _, _, v, _ in rules)
     binding = one(default, "ClusterRoleBinding", "gpufrac-agent")
-    ds = one(default, "DaemonSet")
+    ds = one(default, "DaemonSet", "gpufrac-agent")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": ds["spec"]["template"]["spec"][
         "serviceAccountName"], "namespace": NS}]
 

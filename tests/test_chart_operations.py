@@ -73,7 +73,7 @@ def node_matches(affinity: dict[str, Any], labels: dict[str, str]) -> bool:
     ({}, False),
 ], ids=["nfd-pci", "nfd-tegra", "gpu-present", "labelled-false", "other-vendor", "unlabelled"])
 def test_agent_goes_where_the_device_plugin_goes(default, labels, scheduled):
-    spec = one(default, "DaemonSet")["spec"]["template"]["spec"]
+    spec = one(default, "DaemonSet", "gpufrac-agent")["spec"]["template"]["spec"]
     assert node_matches(spec["affinity"], labels) is scheduled
 
 
@@ -81,11 +81,12 @@ def test_every_pod_runs_on_linux_and_keeps_its_own_selector():
     objs = render("--set", "webhook.nodeSelector.pool=system", "--set", "agent.nodeSelector.gpu=yes",
                   "--set", "certs.selfManaged.nodeSelector.pool=system")
     specs = pod_specs(objs)
-    assert len(specs) == 5  # webhook, agent, two hook Jobs, CronJob
+    assert len(specs) == 6  # webhook, agent, MPS daemons, two hook Jobs, CronJob
     for name, spec in specs.items():
         assert spec["nodeSelector"]["kubernetes.io/os"] == "linux", name
     assert specs["Deployment/gpufrac-webhook"]["nodeSelector"] == {"kubernetes.io/os": "linux", "pool": "system"}
     assert specs["DaemonSet/gpufrac-agent"]["nodeSelector"] == {"kubernetes.io/os": "linux", "gpu": "yes"}
+    assert specs["DaemonSet/gpufrac-mps"]["nodeSelector"] == {"kubernetes.io/os": "linux", "gpu": "yes"}
     assert specs["CronJob/gpufrac-certs"]["nodeSelector"] == {"kubernetes.io/os": "linux", "pool": "system"}
 
 
@@ -113,9 +114,10 @@ def test_webhook_mounts_no_token_the_agent_and_jobs_do(default):
     specs = pod_specs(default)
     assert specs["Deployment/gpufrac-webhook"]["automountServiceAccountToken"] is False
     assert one(default, "ServiceAccount", "gpufrac-webhook")["automountServiceAccountToken"] is False
+    assert specs["DaemonSet/gpufrac-mps"]["automountServiceAccountToken"] is False, "the MPS daemons call no API"
     # The agent and the certificate jobs call the API server.
     for name, spec in specs.items():
-        if name != "Deployment/gpufrac-webhook":
+        if name not in ("Deployment/gpufrac-webhook", "DaemonSet/gpufrac-mps"):
             assert spec.get("automountServiceAccountToken", True) is True, name
 
 
@@ -149,7 +151,7 @@ def test_critical_pods_quota_is_a_toggle(default):
 
 def test_bind_addresses_follow_the_pods_family(default):
     for kind, flag in (("Deployment", "--bind"), ("Deployment", "--metrics-bind"), ("DaemonSet", "--metrics-bind")):
-        c = container(one(default, kind))
+        c = container(one(default, kind, "gpufrac-agent" if kind == "DaemonSet" else None))
         (bind,) = arg_value(c["args"], flag)
         assert bind.startswith(":"), f"{kind} {flag} {bind}: a fixed host pins one IP family"
         (pod_ip,) = [e for e in c["env"] if e["name"] == "POD_IP"]
@@ -172,6 +174,13 @@ def test_secure_port_host_network_and_dns_policy(default):
     assert mutating(objs)["clientConfig"]["service"]["port"] == 443  # the Service port stays
     spec = one(render("--set", "webhook.dnsPolicy=Default"), "Deployment")["spec"]["template"]["spec"]
     assert spec["dnsPolicy"] == "Default" and "hostNetwork" not in spec
+
+
+def test_metrics_port_must_not_be_the_admission_port():
+    r = helm("template", "gpufrac", str(CHART), "--namespace", NS, "--set", "webhook.metrics.port=8443",
+             check=False)
+    assert r.returncode != 0 and "webhook.metrics.port must differ from webhook.containerPort" in r.stderr
+    assert render("--set", "webhook.metrics.port=8443", "--set", "webhook.metrics.enabled=false")
 
 
 def test_metrics_port_can_be_turned_off():
@@ -239,7 +248,8 @@ def test_service_and_pod_monitors():
     assert endpoint["port"] == "metrics" and endpoint["scheme"] == "http"
     pm = one(objs, "PodMonitor")
     assert pm["metadata"]["labels"]["release"] == "prom"
-    assert pm["spec"]["selector"]["matchLabels"] == one(objs, "DaemonSet")["spec"]["selector"]["matchLabels"]
+    agent = one(objs, "DaemonSet", "gpufrac-agent")
+    assert pm["spec"]["selector"]["matchLabels"] == agent["spec"]["selector"]["matchLabels"]
     (endpoint,) = pm["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] == "metrics" and endpoint["honorLabels"] is True
     assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in endpoint["relabelings"]
@@ -252,11 +262,13 @@ def test_prometheus_rule_covers_the_failures_operators_page_on():
     rules = {r["alert"]: r for g in one(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
     assert set(rules) == {
         "GpufracWebhookUnavailable", "GpufracWebhookCallsFailing", "GpufracWebhookErrors", "GpufracWebhookSlow",
-        "GpufracCertificateExpiringSoon", "GpufracCertificateRotationFailed", "GpufracAgentNotScheduled",
+        "GpufracCertificateExpiringSoon", "GpufracCertificateRotationFailed", "GpufracCertificateRotationStale",
+        "GpufracAgentNotScheduled",
         "GpufracMpsDaemonDown", "GpufracNvmlDown", "GpufracViolations"}
     assert "< 1209600" in rules["GpufracCertificateExpiringSoon"]["expr"]  # 14 days
     assert 'daemonset="gpufrac-agent"' in rules["GpufracAgentNotScheduled"]["expr"]
     assert 'deployment="gpufrac-webhook"' in rules["GpufracWebhookUnavailable"]["expr"]
+    assert 'cronjob="gpufrac-certs"' in rules["GpufracCertificateRotationStale"]["expr"]
     for rule in rules.values():
         assert rule["labels"]["severity"] in ("warning", "critical")
         assert rule["annotations"]["summary"] and "{{ $labels" not in rule["expr"]
@@ -264,6 +276,7 @@ def test_prometheus_rule_covers_the_failures_operators_page_on():
                   "--set", "monitoring.prometheusRule.certificateExpiryDays=30")
     rules = {r["alert"]: r for g in one(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
     assert "GpufracCertificateRotationFailed" not in rules and "GpufracMpsDaemonDown" not in rules
+    assert "GpufracCertificateRotationStale" not in rules
     assert "< 2592000" in rules["GpufracCertificateExpiringSoon"]["expr"]
 
 

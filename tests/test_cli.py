@@ -63,6 +63,9 @@ def test_the_environment_sets_flags_and_the_command_line_wins(monkeypatch: pytes
     args = build_parser("webhook").parse_args(["webhook", "--workers", "5", "--log-level", "debug",
                                                "--no-require-enforcing-node"])
     assert (args.workers, args.log_level, args.require_enforcing_node) == (5, "debug", False)
+    assert build_parser("webhook").parse_args(["webhook", "--scheduler-user", "u3"]).scheduler_user == ["u3"]
+    assert build_parser("webhook").parse_args(
+        ["webhook", "--scheduler-user", "u3", "--scheduler-user", "u4"]).scheduler_user == ["u3", "u4"]
     monkeypatch.setenv("GPUFRAC_INTERVAL", "2.5")
     assert build_parser("agent").parse_args(["agent"]).interval == 2.5
 

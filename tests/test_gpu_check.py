@@ -26,9 +26,9 @@ from gpufrac.agent.model import GpuInfo, Inventory
 from gpufrac.agent.mps_config import daemon_spec, render_config
 from gpufrac.core import contract
 from gpufrac.core.annotations import CanonicalField, ComputeMode
-from gpufrac.core.contract import DEFAULT_MPS_ROOT, LimitEnv
+from gpufrac.core.contract import DEFAULT_MPS_ROOT, Delivery, LimitEnv
 from gpufrac.webhook.fractions import ContainerFraction, Memory, PodFractions
-from gpufrac.webhook.mutation import canonical_annotations, injected_env, injected_mount, injected_volume
+from gpufrac.webhook.mutation import canonical_annotations, injected_env, injected_mounts, injected_volumes
 from gpufrac.webhook.policy import Policy
 from tests.fakes.build import MPS_CONTROL, fake_cuda_library, fake_nvml_library
 
@@ -119,10 +119,16 @@ def test_limit_values_are_formatted_as_the_webhook_writes_them(limit_mib: int, d
 
 
 def test_pods_get_the_pipe_directory_at_its_host_path_as_the_webhook_mounts_it(tmp_path: Path) -> None:
+    for policy in (Policy(), Policy(delivery=Delivery.HOST_PATH)):
+        for mode in ComputeMode:  # the pod emulation binds the pipe directory at the same path, like the webhook
+            pipe_mount, shm_mount = injected_mounts(mode, policy)
+            assert pipe_mount["mountPath"] == policy.mps_dirs[mode]
+            assert shm_mount["mountPath"] == "/dev/shm"
+            assert injected_env("c", mode, policy)[-1] == {"name": gc.ENV_PIPE_DIRECTORY,
+                                                           "value": policy.mps_dirs[mode]}
+            if policy.delivery is Delivery.HOST_PATH:  # the CSI driver binds the same host directory there
+                assert injected_volumes(mode, policy)[0]["hostPath"]["path"] == policy.mps_dirs[mode]
     policy = Policy()
-    for mode in ComputeMode:  # the pod emulation binds the pipe directory at the same path, like the webhook
-        assert injected_volume(mode, policy)["hostPath"]["path"] == injected_mount(mode, policy)["mountPath"]
-        assert injected_env("c", mode, policy)[-1] == {"name": gc.ENV_PIPE_DIRECTORY, "value": policy.mps_dirs[mode]}
     run = gc.Run(gc.parse_args(["--workdir", str(tmp_path)]))
     run.mps_control = "/bin/true"
     spec = run.pod_spec(shm_delivered=True)

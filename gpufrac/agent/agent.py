@@ -7,28 +7,40 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
 from gpufrac.agent import capabilities
 from gpufrac.agent.audit import Findings, Snapshot, decide, in_fractional_container
+from gpufrac.agent.csi.publish import NodeDirs, PodRef
 from gpufrac.agent.errors import MpsStartError, NvmlError, ProcReadError
-from gpufrac.agent.events import EventSink, ViolationRecorder
+from gpufrac.agent.events import EventSink, ViolationRecorder, daemon_restart_event
+from gpufrac.agent.external import ExternalDaemon
 from gpufrac.agent.metrics import AgentMetrics
 from gpufrac.agent.model import DaemonState, DaemonStatus, EnforcementViolation, GpuProcess, Inventory, ViolationKind
-from gpufrac.agent.mps_config import daemon_spec, memory_problem
+from gpufrac.agent.mps_config import MpsDaemonSpec, daemon_spec, memory_problem
 from gpufrac.agent.node import NodePublisher, NodeSink
 from gpufrac.agent.pods import index_by_container_id
 from gpufrac.agent.podwatch import PodCache, PodSource
 from gpufrac.agent.procfs import read_cgroup, read_environ, read_memory_limit
 from gpufrac.agent.supervisor import MpsSupervisor, RestartPolicy, remove_stale
 from gpufrac.core.annotations import ComputeMode
-from gpufrac.core.contract import DEFAULT_MPS_ROOT, Enforcement, mps_pipe_dir
+from gpufrac.core.contract import DEFAULT_DRIVER_NAME, DEFAULT_MPS_ROOT, Enforcement, mps_pipe_dir, mps_shm_dir
 
 log = logging.getLogger(__name__)
 
+KAI_CONDITION_TYPE = "gpu-sharing.nvidia.com/Ready"
+
 # Evicting does not fix a placement the scheduler made; the other kinds are the pod's own.
 EVICTABLE = frozenset(ViolationKind) - {ViolationKind.MIXED_MODES}
+
+
+class DaemonOwner(StrEnum):
+    """Who runs the MPS control daemons."""
+
+    AGENT = "agent"  # the agent, as its children: they stop with it (outside Kubernetes, tests)
+    EXTERNAL = "external"  # `gpufrac mps` in the gpufrac-mps DaemonSet; the agent finds and watches them
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,20 @@ class AgentConfig:
     quit_timeout: float = 60.0
     watch_timeout: int = 300
     startup_wait: float = 10.0  # how long a first tick waits for new daemons before publishing labels
+    # Published with the same status as gpufrac.io/Ready: KAI's NvFractions mode places fractions only where it is True
+    extra_condition_types: tuple[str, ...] = (KAI_CONDITION_TYPE,)
+    csi_driver: str = DEFAULT_DRIVER_NAME
+    mps_daemons: DaemonOwner = DaemonOwner.AGENT
+
+
+class Daemon(Protocol):
+    spec: MpsDaemonSpec
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def status(self) -> DaemonStatus: ...
 
 
 class GpuSource(Protocol):
@@ -57,6 +83,8 @@ class GpuSource(Protocol):
 
 class KubeSink(NodeSink, EventSink, PodSource, Protocol):
     def evict_pod(self, namespace: str, name: str) -> bool: ...
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
 
 class Agent:
@@ -77,9 +105,9 @@ class Agent:
         self.pods = PodCache(
             kube, config.node, watch_timeout=config.watch_timeout, on_reconnect=metrics.watch_reconnects.inc
         )
-        self.publisher = NodePublisher(kube, config.node)
+        self.publisher = NodePublisher(kube, config.node, extra_condition_types=config.extra_condition_types)
         self.recorder = ViolationRecorder(kube, config.node)
-        self.supervisors: dict[ComputeMode, MpsSupervisor] = {}
+        self.supervisors: dict[ComputeMode, Daemon] = {}
         self.start_failures: dict[ComputeMode, str] = {}
         self.inventory: Inventory | None = None
         self.nvml_error: str | None = None
@@ -93,7 +121,18 @@ class Agent:
     # ---- lifecycle ----
 
     def start(self) -> None:
+        self._prepare_shm()
         self.pods.start()
+
+    def _prepare_shm(self) -> None:
+        """The MPS daemons' shared memory, which the CSI plugin mounts at /dev/shm in fractional containers:
+        writable by clients of any UID, each keeping its own files (sticky), like /dev/shm itself."""
+        shm = Path(mps_shm_dir(str(self.config.mps_root)))
+        try:
+            shm.mkdir(parents=True, exist_ok=True)
+            shm.chmod(0o1777)
+        except OSError as err:
+            log.error("preparing %s: %s", shm, err)
 
     def run(self, stop: threading.Event) -> int:
         self.start()
@@ -158,12 +197,13 @@ class Agent:
             self.metrics.nvml_up.set(0)
             self.metrics.set_usage(())  # the last snapshot's usage is no longer known: no stale series
 
-    def _ensure_daemons(self, inventory: Inventory) -> list[MpsSupervisor]:
-        started = []
+    def _ensure_daemons(self, inventory: Inventory) -> list[Daemon]:
+        started: list[Daemon] = []
         mps_v3 = capabilities.has_driver_memory_limits(inventory)
         served = capabilities.modes_to_serve(inventory, self.config.modes)
+        external = self.config.mps_daemons is DaemonOwner.EXTERNAL
         for mode in ComputeMode:
-            if mode not in served and mode not in self._unserved_cleaned:
+            if not external and mode not in served and mode not in self._unserved_cleaned:
                 # a socket left from a daemon of a former driver would make this mode's clients fail, not
                 # fall back; without it they run unshared, which is what the labels say
                 removed = remove_stale(Path(mps_pipe_dir(str(self.config.mps_root), mode)))
@@ -181,24 +221,30 @@ class Agent:
                 log_root=self.config.mps_log_root,
                 config_dir=self.config.mps_config_dir,
             )
-            supervisor = MpsSupervisor(
-                spec,
-                self.config.restart_policy,
-                quit_timeout=self.config.quit_timeout,
-                proc_root=self.config.proc_root,
-            )
+            supervisor: Daemon
+            if external:
+                supervisor = ExternalDaemon(spec, self.config.proc_root)
+                log.info("watching the %s MPS daemon of %s (run by the gpufrac-mps DaemonSet)", mode, spec.pipe_dir)
+            else:
+                supervisor = MpsSupervisor(
+                    spec,
+                    self.config.restart_policy,
+                    quit_timeout=self.config.quit_timeout,
+                    proc_root=self.config.proc_root,
+                )
             try:
                 supervisor.start()
             except MpsStartError as err:
                 log.error("%s", err)
                 self.start_failures[mode] = f"could not be prepared ({err})"
                 continue
-            log.info("started the %s MPS daemon: %s", mode, " ".join(spec.argv))
+            if not external:
+                log.info("started the %s MPS daemon: %s", mode, " ".join(spec.argv))
             self.supervisors[mode] = supervisor
             started.append(supervisor)
         return started
 
-    def _wait_for_daemons(self, started: list[MpsSupervisor]) -> None:
+    def _wait_for_daemons(self, started: list[Daemon]) -> None:
         """Let new daemons come up before the node is labelled, so a restart does not flap the labels."""
         deadline = self._clock() + self.config.startup_wait
         for supervisor in started:
@@ -221,6 +267,13 @@ class Agent:
             if status.restarts > seen:
                 self.metrics.daemon_restarts.labels(mode=str(mode)).inc(status.restarts - seen)
                 self._restarts_seen[mode] = status.restarts
+                self._record_restart(status)
+
+    def _record_restart(self, status: DaemonStatus) -> None:
+        try:
+            self.kube.create_event("default", daemon_restart_event(self.config.node, status))
+        except Exception as err:  # an Event is worth a warning, not a failed loop
+            log.warning("recording the %s MPS daemon restart: %s", status.mode, err)
 
     def _enforcement(self) -> dict[ComputeMode, Enforcement]:
         if self.inventory is None:
@@ -230,9 +283,8 @@ class Agent:
     def _memory_problem(self) -> str | None:
         if self.inventory is None:
             return None
-        return memory_problem(
-            read_memory_limit(self.config.memory_limit_file), len(self.inventory.gpus), len(self.supervisors)
-        )
+        own = sum(1 for s in self.supervisors.values() if isinstance(s, MpsSupervisor))
+        return memory_problem(read_memory_limit(self.config.memory_limit_file), len(self.inventory.gpus), own)
 
     def _audit(self, inventory: Inventory) -> None:
         """Observe (one snapshot), decide (pure), act."""
@@ -297,6 +349,28 @@ class Agent:
                     self._evicted.add(c.pod_uid)
             except Exception as err:
                 log.warning("evicting %s/%s: %s", c.namespace, c.pod, err)
+
+    # ---- what the CSI node plugin asks ----
+
+    def node_dirs(self) -> NodeDirs:
+        """This node's MPS directories and, per mode, why a pod cannot get them now (None: it can)."""
+        enforced = self._enforcement()
+        statuses = self.daemon_statuses()
+        return NodeDirs(
+            node=self.config.node,
+            driver=self.config.csi_driver,
+            pipe_dirs={mode: Path(mps_pipe_dir(str(self.config.mps_root), mode)) for mode in ComputeMode},
+            shm_dir=Path(mps_shm_dir(str(self.config.mps_root))),
+            not_served={
+                mode: capabilities.unserved_reason(mode, self.inventory, self.config.modes, enforced, statuses)
+                for mode in ComputeMode
+            },
+        )
+
+    def find_pod(self, ref: PodRef) -> dict[str, Any] | None:
+        """The pod a volume is for: from the watch cache, else from the API server (the kubelet can be faster than
+        the watch, and pods without the fractional label are not cached at all). Raises KubeError."""
+        return self.pods.get(ref.uid) or self.kube.get_pod(ref.namespace, ref.name)
 
     # ---- probes ----
 

@@ -131,12 +131,21 @@ def node_condition(
         )
     for mode in modes_to_serve(inventory, enabled):
         status = daemons.get(mode)
-        if status is None or (status.state is not DaemonState.FAILED and not status.up):
+        if status is not None and status.state is DaemonState.BACKOFF:
+            problems.append(
+                (
+                    "MpsDaemonRestarting",
+                    f"the {mode} MPS control daemon {status.last_exit or 'exited'} and is being restarted with "
+                    f"backoff; {mode} fractions wait for it; if it keeps exiting, see its control.log",
+                )
+            )
+        elif status is None or (status.state is not DaemonState.FAILED and not status.up):
             problems.append(
                 (
                     "MpsDaemonNotReady",
                     f"the {mode} MPS control daemon is not up yet"
-                    f"{f' ({status.state})' if status else ''}; {mode} fractions wait for it",
+                    f"{f' ({status.state})' if status else ''}; {mode} fractions wait for it"
+                    f"{f'; it {status.last_exit}' if status and status.last_exit else ''}",
                 )
             )
     if problems:
@@ -162,3 +171,31 @@ def stopped_condition() -> NodeCondition:
         "the gpufrac agent on this node stopped: enforcement is not being checked; "
         "check the gpufrac agent DaemonSet pod on this node",
     )
+
+
+def unserved_reason(
+    mode: ComputeMode,
+    inventory: Inventory | None,
+    enabled: Collection[ComputeMode],
+    enforced: Mapping[ComputeMode, Enforcement],
+    daemons: Mapping[ComputeMode, DaemonStatus],
+) -> str | None:
+    """Why this node cannot hand a pod the mode's MPS directories right now (None: it can). For the CSI plugin."""
+    if mode not in enabled:
+        return f"the gpufrac agent here does not serve {mode} (its --modes)"
+    if inventory is None:
+        return "NVML is not available, so no GPU can be inspected"
+    if not inventory.gpus:
+        return "NVML reports no GPUs"
+    if mode not in modes_to_serve(inventory, enabled):
+        return (
+            f"driver {inventory.driver_version} has no CUDA 13.4 memory limits (r{MIN_DRIVER_MAJOR}+ needed), so "
+            f"{mode} gets no MPS daemon"
+        )
+    status = daemons.get(mode)
+    if status is None or not status.up:
+        state = "not started" if status is None else str(status.state)
+        return f"its MPS control daemon is {state}{f' ({status.failure})' if status and status.failure else ''}"
+    if enforced.get(mode, Enforcement.NONE) is Enforcement.NONE:
+        return "its memory limits are not enforced"
+    return None

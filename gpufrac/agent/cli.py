@@ -9,14 +9,18 @@ import os
 import signal
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gpufrac.agent.agent import Agent, AgentConfig
+from gpufrac.agent.agent import KAI_CONDITION_TYPE, Agent, AgentConfig, DaemonOwner
 from gpufrac.agent.errors import AgentError, ConfigError
 from gpufrac.agent.metrics import AgentMetrics
 from gpufrac.agent.serve import AgentHttpServer
 from gpufrac.agent.supervisor import RestartPolicy
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.jsonlog import LEVELS, setup_logging
+
+if TYPE_CHECKING:
+    from gpufrac.agent.csi.server import CsiPlugin
 
 DEFAULT_METRICS_BIND = ":9475"  # not 9400: DCGM exporter's port
 
@@ -72,6 +76,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="uptime after which a daemon's restart budget starts over")
     parser.add_argument("--quit-timeout", type=float, default=_DEFAULTS.quit_timeout, metavar="SECONDS",
                         help="time a daemon gets to exit after `quit` before it is killed")
+    parser.add_argument("--ready-condition-type", action="append", metavar="TYPE",
+                        help="node condition published with gpufrac.io/Ready's status, besides it (repeatable; "
+                             f"default {KAI_CONDITION_TYPE}, which KAI's NvFractions mode gates fractional placement "
+                             "on; '' for none)")
+    parser.add_argument("--mps-daemons", type=DaemonOwner, choices=list(DaemonOwner), default=_DEFAULTS.mps_daemons,
+                        help="agent: run the MPS daemons as the agent's children (they stop with it); external: "
+                             "`gpufrac mps` runs them in their own containers (the chart's <release>-mps DaemonSet) "
+                             "and the agent finds and watches them, so its restarts and upgrades leave them running")
+    parser.add_argument("--csi", action=argparse.BooleanOptionalAction, default=False,
+                        help="serve the CSI node plugin that mounts each mode's MPS directories into fractional pods")
+    parser.add_argument("--csi-driver", default=_DEFAULTS.csi_driver, help="the CSI driver's name (CSIDriver object)")
+    parser.add_argument("--kubelet-dir", type=Path, default=Path("/var/lib/kubelet"), metavar="PATH",
+                        help="the kubelet's root directory, mounted at the same path: plugins/<driver>/csi.sock is "
+                             "served there and plugins_registry/<driver>-reg.sock announces it")
     parser.add_argument("--log-level", default="info", choices=LEVELS, type=str.lower,
                         help="the least severe log lines written (JSON, on stderr)")
 
@@ -99,7 +117,26 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
             args.stable_after,
         ),
         quit_timeout=args.quit_timeout,
+        extra_condition_types=_condition_types(args.ready_condition_type),
+        csi_driver=args.csi_driver,
+        mps_daemons=args.mps_daemons,
     )
+
+
+def _condition_types(values: list[str] | None) -> tuple[str, ...]:
+    if values is None:
+        return (KAI_CONDITION_TYPE,)
+    return tuple(v.strip() for v in values if v.strip())
+
+
+def csi_plugin(args: argparse.Namespace, agent: Agent) -> CsiPlugin | None:
+    if not args.csi:
+        return None
+    from gpufrac.agent.csi.server import CsiConfig, CsiPlugin, plugin_paths
+
+    endpoint, registration = plugin_paths(args.kubelet_dir, args.csi_driver)
+    return CsiPlugin(CsiConfig(args.csi_driver, endpoint, registration), agent.node_dirs, agent.find_pod,
+                     agent.pods.synced.is_set)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -113,6 +150,9 @@ def run(args: argparse.Namespace) -> int:
         kube = KubeClient.from_config(args.kubeconfig)
         agent = Agent(config, kube, NvmlSource(), metrics)
         server = AgentHttpServer(args.metrics_bind, metrics.registry, agent.healthz, agent.readyz)
+        plugin = csi_plugin(args, agent)
+        if plugin is not None:
+            plugin.start()
     except AgentError as err:
         log.error("%s", err)
         return 2
@@ -132,4 +172,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         return agent.run(stop)
     finally:
+        if plugin is not None:
+            plugin.stop()
         server.stop()

@@ -10,7 +10,7 @@ import datetime as dt
 import hashlib
 from typing import Any, Protocol
 
-from gpufrac.agent.model import EnforcementViolation
+from gpufrac.agent.model import DaemonStatus, EnforcementViolation
 
 COMPONENT = "gpufrac-agent"
 
@@ -83,3 +83,26 @@ class ViolationRecorder:
     def forget_pods(self, live_pod_uids: set[str]) -> None:
         """Drop memory of pods that are gone (their Events stay in the cluster until they expire)."""
         self._emitted = {i for i in self._emitted if i[3] in live_pod_uids}
+
+
+def daemon_restart_event(node: str, status: DaemonStatus, now: dt.datetime | None = None) -> dict[str, Any]:
+    """A Warning Event on the Node for one restart of a mode's MPS control daemon (one per restart seen)."""
+    stamp = (now or dt.datetime.now(dt.UTC)).astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    how = status.last_exit or "exited"
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{node[:200]}.gpufrac-mps-{status.mode}-", "namespace": "default",
+                     "labels": {"gpufrac.io/mps-daemon": str(status.mode)}},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+        "reason": "MpsDaemonRestarted",
+        "message": f"the {status.mode} MPS control daemon {how} and was restarted (restart {status.restarts}); "
+                   f"{status.mode} fractions on this node wait while it is down",
+        "type": "Warning",
+        "source": {"component": COMPONENT, "host": node},
+        "reportingComponent": f"gpufrac.io/{COMPONENT}",
+        "reportingInstance": node,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }

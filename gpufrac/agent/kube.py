@@ -20,6 +20,11 @@ STRATEGIC = "application/strategic-merge-patch+json"
 FIELD_MANAGER = "gpufrac-agent"
 
 
+def _event_name(body: dict[str, Any]) -> str:
+    metadata = body["metadata"]
+    return str(metadata.get("name") or metadata.get("generateName", "") + "*")
+
+
 def pod_selectors(node: str) -> dict[str, str]:
     return {"label_selector": f"{FRACTIONAL_LABEL}={FRACTIONAL_VALUE}", "field_selector": f"spec.nodeName={node}"}
 
@@ -55,7 +60,7 @@ class KubeClient:
     def create_event(self, namespace: str, body: dict[str, Any]) -> bool:
         """False when the event exists already (its name is derived from the violation)."""
         try:
-            with translated(f"creating event {body['metadata']['name']}"):
+            with translated(f"creating event {_event_name(body)}"):
                 self.core.create_namespaced_event(namespace, body, field_manager=FIELD_MANAGER)
         except ConflictError:
             return False
@@ -76,6 +81,16 @@ class KubeClient:
         return True
 
     # ---- pods ----
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod as the API server has it now; None when it does not exist."""
+        try:
+            with translated(f"reading pod {namespace}/{name}"):
+                resp = self.core.read_namespaced_pod(name, namespace, _preload_content=False)
+        except NotFoundError:
+            return None
+        pod: dict[str, Any] = json.loads(resp.data)
+        return pod
 
     def list_pods(self, node: str) -> tuple[list[dict[str, Any]], str]:
         with translated(f"listing pods on {node}"):

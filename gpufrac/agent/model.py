@@ -58,6 +58,8 @@ class DaemonStatus:
     up: bool  # running and its control socket exists
     restarts: int
     failure: str | None = None  # why it is FAILED, for the node condition
+    last_exit: str | None = None  # how the last run ended ("exited with code 1"), while a restart is pending
+    pid: int | None = None  # the control daemon's process (host PID namespace)
 
 
 class ConditionStatus(StrEnum):

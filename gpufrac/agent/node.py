@@ -1,4 +1,8 @@
-"""Publishes the node's labels and gpufrac.io/Ready condition, only when they change (plus a heartbeat)."""
+"""Publishes the node's labels and Ready conditions, only when they change (plus a heartbeat).
+
+The one readiness is published under gpufrac's own type and under the types other schedulers gate on (KAI's
+`gpu-sharing.nvidia.com/Ready` in NvFractions mode), so they all say the same thing at the same time.
+"""
 
 from __future__ import annotations
 
@@ -20,10 +24,11 @@ class NodeSink(Protocol):
     def patch_node_condition(self, node: str, condition: dict[str, Any]) -> None: ...
 
 
-def condition_body(condition: NodeCondition, now: dt.datetime, transitioned: bool) -> dict[str, Any]:
+def condition_body(condition: NodeCondition, now: dt.datetime, transitioned: bool,
+                   condition_type: str = CONDITION_TYPE) -> dict[str, Any]:
     stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     body = {
-        "type": CONDITION_TYPE,
+        "type": condition_type,
         "status": str(condition.status),
         "reason": condition.reason,
         "message": condition.message,
@@ -42,8 +47,10 @@ class NodePublisher:
         *,
         heartbeat: float = 300.0,
         now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        extra_condition_types: tuple[str, ...] = (),
     ) -> None:
         self._sink = sink
+        self.condition_types = (CONDITION_TYPE, *(t for t in extra_condition_types if t != CONDITION_TYPE))
         self._node = node
         self._heartbeat = heartbeat
         self._now = now
@@ -61,12 +68,15 @@ class NodePublisher:
         due = self._condition_at is None or (now - self._condition_at).total_seconds() >= self._heartbeat
         if condition != self._condition or due:
             transitioned = self._condition is None or condition.status != self._condition.status
-            self._sink.patch_node_condition(self._node, condition_body(condition, now, transitioned))
+            for condition_type in self.condition_types:
+                self._sink.patch_node_condition(
+                    self._node, condition_body(condition, now, transitioned, condition_type)
+                )
             if condition != self._condition:
                 log.info(
                     "node %s %s=%s %s: %s",
                     self._node,
-                    CONDITION_TYPE,
+                    ",".join(self.condition_types),
                     condition.status,
                     condition.reason,
                     condition.message,

@@ -59,6 +59,10 @@ class PodCache:
         with self._lock:
             return list(self._pods.values())
 
+    def get(self, uid: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._pods.get(uid)
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run, name="pod-watch", daemon=True)
         self._thread.start()

@@ -99,7 +99,7 @@ def _programs(pid_dir: Path) -> set[str]:
     return names
 
 
-def mps_processes(proc_root: Path, pipe_dir: Path) -> list[int]:
+def mps_processes(proc_root: Path, pipe_dir: Path, programs: frozenset[str] = MPS_PROGRAMS) -> list[int]:
     """PIDs of MPS control daemons and servers of this pipe directory (their environment names it): what a
     killed daemon or a killed agent left behind. Those of other pipe directories are not ours: left alone."""
     found: list[int] = []
@@ -108,7 +108,7 @@ def mps_processes(proc_root: Path, pipe_dir: Path) -> list[int]:
     except OSError:
         return found
     for entry in entries:
-        if not entry.name.isdigit() or int(entry.name) == os.getpid() or not _programs(entry) & MPS_PROGRAMS:
+        if not entry.name.isdigit() or int(entry.name) == os.getpid() or not _programs(entry) & programs:
             continue
         try:
             env = parse_environ((entry / "environ").read_bytes())
@@ -117,3 +117,16 @@ def mps_processes(proc_root: Path, pipe_dir: Path) -> list[int]:
         if env.get(LimitEnv.PIPE_DIRECTORY, "").rstrip("/") == str(pipe_dir).rstrip("/"):
             found.append(int(entry.name))
     return sorted(found)
+
+
+def mps_control_processes(proc_root: Path, pipe_dir: Path) -> list[int]:
+    """The control daemons (`-f`; not their servers, nor a short-lived client) of this pipe directory: one."""
+    found = []
+    for pid in mps_processes(proc_root, pipe_dir, frozenset({"nvidia-cuda-mps-control"})):
+        try:
+            argv = (proc_root / str(pid) / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"-f" in argv:
+            found.append(pid)
+    return found

@@ -108,6 +108,7 @@ class MpsSupervisor:
         self._proc: subprocess.Popen[bytes] | None = None
         self._state = DaemonState.STARTING
         self._failure: str | None = None
+        self._last_exit: str | None = None
         self.restarts = 0
         self.restart_delays: list[float] = []  # the backoff before each restart, in order
         self.killed = False  # the last stop had to SIGKILL (the daemon ignored quit)
@@ -240,6 +241,7 @@ class MpsSupervisor:
             )
             with self._lock:
                 self._state = DaemonState.BACKOFF
+                self._last_exit = exit_text
                 self.restarts += 1
                 self.restart_delays.append(decision.delay)
             self._stopping.wait(decision.delay)
@@ -249,13 +251,11 @@ class MpsSupervisor:
     def status(self) -> DaemonStatus:
         with self._lock:
             proc, state, failure, restarts = self._proc, self._state, self._failure, self.restarts
-        up = (
-            state is DaemonState.RUNNING
-            and proc is not None
-            and proc.poll() is None
-            and is_socket(self.spec.control_socket)
-        )
-        return DaemonStatus(self.spec.mode, state, up, restarts, failure)
+            last_exit = self._last_exit
+        alive = proc is not None and proc.poll() is None
+        up = state is DaemonState.RUNNING and alive and is_socket(self.spec.control_socket)
+        pid = proc.pid if proc is not None and alive else None
+        return DaemonStatus(self.spec.mode, state, up, restarts, failure, last_exit, pid)
 
     @property
     def pid(self) -> int | None:

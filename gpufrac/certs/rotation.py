@@ -358,14 +358,17 @@ def add_rotate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--cluster-domain", default="cluster.local",
                         help="the cluster's DNS domain, in the serving certificate's names")
-    parser.add_argument("--ca-validity-days", type=_positive_int, default=3650, help="validity of a new CA")
-    parser.add_argument("--ca-renew-before-days", type=_positive_int, default=365,
+    defaults = Settings()  # the defaults are Settings'; the flags only name them
+    parser.add_argument("--ca-validity-days", type=_positive_int, default=defaults.ca_validity_days,
+                        help="validity of a new CA")
+    parser.add_argument("--ca-renew-before-days", type=_positive_int, default=defaults.ca_renew_before.days,
                         help="start a new CA when the current one has less than this left")
-    parser.add_argument("--cert-validity-days", type=_positive_int, default=365,
+    parser.add_argument("--cert-validity-days", type=_positive_int, default=defaults.cert_validity_days,
                         help="validity of a new serving certificate")
-    parser.add_argument("--renew-before-days", type=_positive_int, default=30,
+    parser.add_argument("--renew-before-days", type=_positive_int, default=defaults.renew_before.days,
                         help="renew the serving certificate when less than this is left")
-    parser.add_argument("--overlap-minutes", type=_positive_int, default=60,
+    parser.add_argument("--overlap-minutes", type=_positive_int,
+                        default=defaults.overlap // dt.timedelta(minutes=1),
                         help="wait between the steps of a CA rollover")
     parser.add_argument("--ignore-missing-webhook-configs", action="store_true",
                         help="skip configurations that do not exist yet (pre-install)")

@@ -17,7 +17,9 @@ MEMORY = "gpu-memory"
 MEMORY_LIMIT = "gpu-memory.limit"
 NUM_DEVICES = "gpu-fraction-num-devices"
 CONTAINER_NAME = "gpu-fraction-container-name"
-SHORTHAND_KEYS = (FRACTION, FRACTION_LIMIT, MEMORY, MEMORY_LIMIT, NUM_DEVICES, CONTAINER_NAME)
+# KAI's pod-level compute mode (its gpu-sharing docs), translated to `nvidia.com/container.<c>.gpu-compute.mode`.
+COMPUTE_MODE = "kai.scheduler/gpu-compute-sharing-mode"
+SHORTHAND_KEYS = (FRACTION, FRACTION_LIMIT, MEMORY, MEMORY_LIMIT, NUM_DEVICES, CONTAINER_NAME, COMPUTE_MODE)
 
 NVIDIA_PREFIX = "nvidia.com/container."
 KAI_PREFIX = "kai.scheduler/container."
@@ -29,7 +31,7 @@ WHOLE_GPU_RESOURCE = "nvidia.com/gpu"
 # A container name is a DNS-1123 label, so it holds no dot and the key splits unambiguously.
 _CONTAINER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 # The name part of an annotation key (after the `prefix/`) is at most 63 characters.
-_KEY_NAME_MAX = 63
+KEY_NAME_MAX = 63
 
 
 class ComputeMode(StrEnum):
@@ -123,6 +125,15 @@ def parse_container_key(key: str) -> ContainerKey | None:
     return None
 
 
+def key_name_length(key: str) -> int:
+    """Length of the name part of an annotation key (after `prefix/`); Kubernetes allows at most 63."""
+    return len(key.partition("/")[2])
+
+
+def key_fits(key: str) -> bool:
+    return key_name_length(key) <= KEY_NAME_MAX
+
+
 def longest_key_name(container: str) -> int:
     """Length of the longest annotation key name gpufrac may need for this container (limit: 63)."""
     return max(len(k.partition("/")[2]) for k in (
@@ -134,7 +145,7 @@ def longest_key_name(container: str) -> int:
 
 def max_container_name_length() -> int:
     """Longest container name whose keys are all valid annotation keys."""
-    return _KEY_NAME_MAX - longest_key_name("")
+    return KEY_NAME_MAX - longest_key_name("")
 
 
 _DEVICE_ID = re.compile(

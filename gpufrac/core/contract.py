@@ -9,7 +9,9 @@ One owner for each piece, so the two programs cannot drift apart:
 - the MPS pinned-memory limit format (`0=4096M,1=4096M`);
 - MiB, the unit of every canonical value, and its rounding;
 - the canonical annotations themselves: `write_canonical` and `read_canonical` are inverse;
-- who the scheduler is by default (the identity allowed to write bind-time values).
+- who the scheduler is by default (the identity allowed to write bind-time values);
+- how a fractional container gets its mode's MPS directories (`Delivery`): the CSI inline volume of the agent's
+  driver, with `pipe` and `shm` directories mounted by subPath, or hostPath volumes.
 
 Pure: no I/O besides logging. See docs/architecture.md, "The contract".
 """
@@ -79,6 +81,37 @@ def pipe_dir_mode(path: str) -> ComputeMode | None:
     return ComputeMode(name) if name in tuple(ComputeMode) else None
 
 
+# ---- how the MPS directories reach a fractional container ----
+# The CSI inline ephemeral volume of a mode holds two directories, each mounted into the container by subPath:
+# `pipe` (the mode's pipe directory, at the path CUDA_MPS_PIPE_DIRECTORY names) and `shm` (the shared memory the MPS
+# server uses with its clients, at /dev/shm: as NVIDIA's device plugin hands its MPS clients a shared /dev/shm, since
+# a container's own /dev/shm is private to its pod).
+
+
+class Delivery(StrEnum):
+    """How the webhook hands a fractional container its MPS directories."""
+
+    CSI = "csi"  # an inline ephemeral volume served by the agent: allowed by Pod Security baseline and restricted
+    HOST_PATH = "hostPath"  # hostPath volumes: needs a privileged Pod Security level in the pod's namespace
+
+
+DEFAULT_DRIVER_NAME = "mps.gpufrac.io"
+MODE_ATTRIBUTE = "mode"  # the one volume attribute the webhook writes: whose directories the volume holds
+PIPE_SUBDIR = "pipe"
+SHM_SUBDIR = "shm"
+SHM_MOUNT_PATH = "/dev/shm"
+# The volume context keys the kubelet adds when the CSIDriver has podInfoOnMount: true.
+POD_NAME_KEY = "csi.storage.k8s.io/pod.name"
+POD_NAMESPACE_KEY = "csi.storage.k8s.io/pod.namespace"
+POD_UID_KEY = "csi.storage.k8s.io/pod.uid"
+EPHEMERAL_KEY = "csi.storage.k8s.io/ephemeral"
+
+
+def mps_shm_dir(root: str) -> str:
+    """The MPS daemons' shared memory on the host, beside the pipe directories (one for every mode)."""
+    return posixpath.join(root, SHM_SUBDIR)
+
+
 # ---- labels ----
 
 FRACTIONAL_LABEL = "gpufrac.io/fractional"  # on every pod the webhook made fractional; the agent watches these
@@ -125,7 +158,7 @@ DEFAULT_SCHEDULER_USER = "system:serviceaccount:kai-scheduler:binder"  # KAI's b
 
 # ---- the MPS pinned device memory limit ----
 
-_PINNED_ENTRY = re.compile(r"^([0-9]{1,3})=([0-9]{1,9})M$")
+_PINNED_ENTRY = re.compile(r"^([0-9]{1,3})=([0-9]{1,13})M$")  # up to 2**40 MiB, the most the webhook admits
 
 
 def pinned_limits(limit_mib: int, num_devices: int) -> dict[int, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufrac.webhook import workloads
 from gpufrac.webhook.errors import Violation
 from gpufrac.webhook.fractions import resolve
 from gpufrac.webhook.mutation import Mutation, mutate_bind, mutate_create, mutate_ephemeral
@@ -44,7 +45,7 @@ def mutate(request: ReviewRequest, policy: Policy) -> Outcome:
     if request.sub_resource:
         return Outcome()
     if request.operation == "CREATE":
-        fractions, violations = resolve(obj, bound=False)
+        fractions, violations = resolve(obj, bound=False, allow_multiple=policy.allow_multiple_fraction_containers)
         if violations:
             return Outcome(violations=violations)
         return _patch(obj, mutate_create(obj, fractions, policy))
@@ -52,7 +53,7 @@ def mutate(request: ReviewRequest, policy: Policy) -> Outcome:
     # fraction annotations is left for the validating webhook to deny, not quietly repaired.
     if not policy.is_scheduler(request.user):
         return Outcome()
-    fractions, violations = resolve(obj, bound=True)
+    fractions, violations = resolve(obj, bound=True, allow_multiple=policy.allow_multiple_fraction_containers)
     if violations:
         return Outcome()  # the validating webhook denies it, with who changed what as well as why it is wrong
     return _patch(obj, mutate_bind(obj, fractions))
@@ -60,7 +61,15 @@ def mutate(request: ReviewRequest, policy: Policy) -> Outcome:
 
 def validate(request: ReviewRequest, policy: Policy) -> Outcome:
     obj = request.obj
-    if obj is None or request.resource != "pods" or request.operation not in ("CREATE", "UPDATE"):
+    if obj is None or request.operation not in ("CREATE", "UPDATE"):
+        return Outcome()
+    workload = workloads.BY_RESOURCE.get(request.resource)
+    if workload is not None:
+        if request.sub_resource:
+            return Outcome()  # status and scale do not change the template
+        old = request.old_obj if request.operation == "UPDATE" else None
+        return Outcome(violations=workloads.validate_workload(obj, old, workload, policy))
+    if request.resource != "pods":
         return Outcome()
     if request.sub_resource == "binding":
         return Outcome(violations=validate_binding(obj))

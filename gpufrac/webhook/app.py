@@ -162,6 +162,14 @@ def _read_body(environ: dict[str, Any]) -> bytes:
     return raw
 
 
+def _restart_client_deadline(environ: dict[str, Any]) -> None:
+    """A client has a deadline to send its request (server.DeadlineSSLSocket); time spent waiting for the
+    large-review turn is the server's, not the client's."""
+    restart = getattr(environ.get("gunicorn.socket"), "restart_deadline", None)
+    if restart is not None:
+        restart()
+
+
 def _discard_body(environ: dict[str, Any], size: int) -> None:
     stream: BinaryIO = environ["wsgi.input"]
     while size > 0:
@@ -226,9 +234,11 @@ class ReviewEndpoints:
         if declared is not None and LARGE_REVIEW_BYTES < declared <= MAX_BODY_BYTES:
             try:
                 with self.gate.turn():  # before reading: a waiting body stays in the socket, not in memory
+                    _restart_client_deadline(environ)
                     return self._judge(_read_body(environ), endpoint, decide, note)
             except _RefusedError as refused:
                 if refused.status == 503:  # read past it, so the connection stays usable
+                    _restart_client_deadline(environ)
                     _discard_body(environ, declared)
                 raise
         raw = _read_body(environ)

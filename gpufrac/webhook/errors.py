@@ -26,11 +26,12 @@ class Violation:
     subject: str  # e.g. "annotation gpu-fraction", "container app"
     problem: str  # e.g. "must be a decimal number strictly between 0 and 1, such as 0.5"
     value: str | None = None
+    where: str = ""  # in a workload, the pod template it is about: "spec.template"
 
     def __str__(self) -> str:
-        if self.value is None:
-            return f"{self.subject}: {self.problem}"
-        return f"{self.subject}: {show_value(self.value)} {self.problem}"
+        said = f"{self.subject}: {self.problem}" if self.value is None else \
+            f"{self.subject}: {show_value(self.value)} {self.problem}"
+        return f"{self.where}: {said}" if self.where else said
 
 
 def annotation(key: str, value: str | None, problem: str) -> Violation:

@@ -16,8 +16,13 @@ from gpufrac.core.contract import (
     ENFORCING,
     FRACTIONAL_LABEL,
     FRACTIONAL_VALUE,
+    MODE_ATTRIBUTE,
     NO_GPU,
+    PIPE_SUBDIR,
+    SHM_MOUNT_PATH,
+    SHM_SUBDIR,
     CanonicalFraction,
+    Delivery,
     LimitEnv,
     enforcement_label,
     pinned_limits,
@@ -72,14 +77,45 @@ def injected_env(container: str, mode: ComputeMode, policy: Policy) -> list[dict
     ]
 
 
-def injected_volume(mode: ComputeMode, policy: Policy) -> dict[str, Any]:
-    # type Directory: if the node agent has not made the pipe directory, the pod does not start, rather than
-    # starting without MPS and so without its limits.
-    return {"name": volume_name(mode), "hostPath": {"path": policy.mps_dirs[mode], "type": "Directory"}}
+SHM_VOLUME = "gpufrac-mps-shm"  # hostPath delivery: the daemons' shared memory, one for every mode
 
 
-def injected_mount(mode: ComputeMode, policy: Policy) -> dict[str, Any]:
-    return {"name": volume_name(mode), "mountPath": policy.mps_dirs[mode]}
+def injected_volumes(mode: ComputeMode, policy: Policy) -> list[dict[str, Any]]:
+    """The pod volumes a container of this mode mounts."""
+    if policy.delivery is Delivery.CSI:
+        # An inline ephemeral volume: the agent's CSI plugin refuses it unless this is a fractional pod of this
+        # mode on a node enforcing it, so the pod does not start without its limits.
+        return [{"name": volume_name(mode),
+                 "csi": {"driver": policy.csi_driver, "volumeAttributes": {MODE_ATTRIBUTE: str(mode)}}}]
+    # type Directory: if the node agent has not made the directory, the pod does not start, rather than starting
+    # without MPS and so without its limits.
+    return [{"name": volume_name(mode), "hostPath": {"path": policy.mps_dirs[mode], "type": "Directory"}},
+            {"name": SHM_VOLUME, "hostPath": {"path": policy.mps_shm_dir, "type": "Directory"}}]
+
+
+def injected_mounts(mode: ComputeMode, policy: Policy) -> list[dict[str, Any]]:
+    """The pipe directory where CUDA_MPS_PIPE_DIRECTORY says, and the daemons' shared memory at /dev/shm (a
+    container's own /dev/shm is private to its pod, and MPS clients share memory with their server)."""
+    if policy.delivery is Delivery.CSI:
+        return [{"name": volume_name(mode), "mountPath": policy.mps_dirs[mode], "subPath": PIPE_SUBDIR},
+                {"name": volume_name(mode), "mountPath": SHM_MOUNT_PATH,
+                 "subPath": SHM_SUBDIR}]
+    return [{"name": volume_name(mode), "mountPath": policy.mps_dirs[mode]},
+            {"name": SHM_VOLUME, "mountPath": SHM_MOUNT_PATH}]
+
+
+def _upsert_mount(mounts: list[dict[str, Any]], wanted: dict[str, Any]) -> bool:
+    """Make `wanted` the one mount at its mountPath (two mounts cannot share a path); whether one that differed
+    was replaced or dropped."""
+    positions = [i for i, m in enumerate(mounts) if m.get("mountPath") == wanted["mountPath"]]
+    if not positions:
+        mounts.append(wanted)
+        return False
+    changed = mounts[positions[0]] != wanted or len(positions) > 1
+    mounts[positions[0]] = wanted
+    for index in reversed(positions[1:]):
+        del mounts[index]
+    return changed
 
 
 def _set_annotations(obj: dict[str, Any], wanted: dict[str, str], stale_prefix: str, warnings: list[str],
@@ -136,6 +172,27 @@ def _require_enforcing_node(obj: dict[str, Any], mode: ComputeMode) -> None:
             expressions.append(expression)
 
 
+def _hide_gpus(ref: podview.ContainerRef) -> None:
+    """Images such as CUDA's set NVIDIA_VISIBLE_DEVICES=all; a container beside a fraction must not see the GPUs."""
+    env = ref.spec["env"] = podview.env(ref)
+    if not any(e.get("name") == LimitEnv.VISIBLE_DEVICES for e in env):
+        env.append({"name": LimitEnv.VISIBLE_DEVICES, "value": NO_GPU})
+
+
+def _inject_container(ref: podview.ContainerRef, mode: ComputeMode, policy: Policy, warnings: list[str]) -> None:
+    """A fractional container's env and mounts, replacing what it had under those names and paths."""
+    env = ref.spec["env"] = podview.env(ref)
+    for wanted in injected_env(ref.name, mode, policy):
+        if _upsert_by_name(env, wanted):
+            warnings.append(f"container {ref.name}: env {wanted['name']} was replaced by gpufrac "
+                            "(it carries the fraction's limits)")
+    mounts = ref.spec["volumeMounts"] = podview.volume_mounts(ref)
+    for mount in injected_mounts(mode, policy):
+        if _upsert_mount(mounts, mount):
+            warnings.append(f"container {ref.name}: the volume mount at {mount['mountPath']} was replaced by gpufrac "
+                            "(it carries the MPS directories)")
+
+
 def mutate_create(obj: dict[str, Any], fractions: PodFractions, policy: Policy) -> Mutation:
     """The whole mutation of a pod being created."""
     result = Mutation(working_copy(obj))
@@ -154,25 +211,16 @@ def mutate_create(obj: dict[str, Any], fractions: PodFractions, policy: Policy) 
 
     modes = {c.mode for c in fractions.containers.values()}
     for ref in podview.containers(pod, podview.ContainerKind.CONTAINER, podview.ContainerKind.INIT):
-        env = ref.spec["env"] = podview.env(ref)
         fraction = fractions.containers.get(ref.name)
         if fraction is None:
-            # Images such as CUDA's set NVIDIA_VISIBLE_DEVICES=all; a sidecar must not see the GPUs.
-            if not any(e.get("name") == LimitEnv.VISIBLE_DEVICES for e in env):
-                env.append({"name": LimitEnv.VISIBLE_DEVICES, "value": NO_GPU})
-            continue
-        for wanted in injected_env(ref.name, fraction.mode, policy):
-            if _upsert_by_name(env, wanted):
-                result.warnings.append(f"container {ref.name}: env {wanted['name']} was replaced by gpufrac "
-                                       "(it carries the fraction's limits)")
-        mounts = ref.spec["volumeMounts"] = podview.volume_mounts(ref)
-        if _upsert_by_name(mounts, injected_mount(fraction.mode, policy)):
-            result.warnings.append(f"container {ref.name}: volume mount {volume_name(fraction.mode)} was replaced "
-                                   "by gpufrac")
+            _hide_gpus(ref)
+        else:
+            _inject_container(ref, fraction.mode, policy, result.warnings)
     volumes = pod["spec"]["volumes"] = podview.volumes(pod)
     for mode in sorted(modes):
-        if _upsert_by_name(volumes, injected_volume(mode, policy)):
-            result.warnings.append(f"volume {volume_name(mode)} was replaced by gpufrac")
+        for volume in injected_volumes(mode, policy):
+            if _upsert_by_name(volumes, volume):
+                result.warnings.append(f"volume {volume['name']} was replaced by gpufrac")
     if policy.require_enforcing_node:
         for mode in sorted(modes):
             _require_enforcing_node(pod, mode)

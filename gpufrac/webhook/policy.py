@@ -6,7 +6,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpufrac.core.annotations import ComputeMode
-from gpufrac.core.contract import DEFAULT_MPS_ROOT, DEFAULT_SCHEDULER_USER, mps_pipe_dirs
+from gpufrac.core.contract import (
+    DEFAULT_DRIVER_NAME,
+    DEFAULT_MPS_ROOT,
+    DEFAULT_SCHEDULER_USER,
+    Delivery,
+    mps_pipe_dirs,
+    mps_shm_dir,
+)
 
 
 @dataclass(frozen=True)
@@ -22,11 +29,20 @@ class Policy:
     # Host directory holding each mode's MPS pipe directory (the agent's --mps-root); mounted at the same path.
     mps_root: str = DEFAULT_MPS_ROOT
     mps_dirs: Mapping[ComputeMode, str] = field(init=False, repr=False, compare=False)
+    # The daemons' shared memory on the host, <mps_root>/shm (hostPath delivery; the CSI driver knows its own).
+    mps_shm_dir: str = field(init=False, repr=False, compare=False)
+    # How fractional containers get the MPS directories: a CSI inline volume served by the node agent (allowed by
+    # Pod Security baseline), or hostPath volumes (needs a privileged namespace).
+    delivery: Delivery = Delivery.CSI
+    csi_driver: str = DEFAULT_DRIVER_NAME
     # Add a required node affinity on `gpufrac.io/enforcement.<mode>` so fractions only land where enforced.
     require_enforcing_node: bool = False
+    # Let several containers of one pod each hold a fraction; KAI's binder binds one per pod.
+    allow_multiple_fraction_containers: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mps_dirs", mps_pipe_dirs(self.mps_root))  # derived once: read per container
+        object.__setattr__(self, "mps_shm_dir", mps_shm_dir(self.mps_root))
 
     def is_scheduler(self, user: UserInfo) -> bool:
         return user.username in self.scheduler_users or any(g in self.scheduler_groups for g in user.groups)

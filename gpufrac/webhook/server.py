@@ -52,6 +52,11 @@ class DeadlineSSLSocket(ssl.SSLSocket):
         self._deadline = time.monotonic() + CLIENT_DEADLINE_SECONDS
         self.settimeout(CLIENT_DEADLINE_SECONDS)
 
+    def restart_deadline(self) -> None:
+        """The rest of the request gets its own time from now (the app held it back, waiting for its turn)."""
+        if self._deadline is not None:
+            self._start_deadline()
+
     def setblocking(self, flag: bool) -> None:
         if flag:
             self._start_deadline()

@@ -10,16 +10,25 @@ import posixpath
 from typing import Any
 
 from gpufrac.core import annotations as ann
-from gpufrac.core.annotations import Field
-from gpufrac.core.contract import FRACTIONAL_LABEL, FRACTIONAL_VALUE, LIMIT_ENV_PREFIXES, NO_GPU_VALUES, LimitEnv
+from gpufrac.core.annotations import ComputeMode, Field
+from gpufrac.core.contract import (
+    FRACTIONAL_LABEL,
+    FRACTIONAL_VALUE,
+    LIMIT_ENV_PREFIXES,
+    NO_GPU_VALUES,
+    Delivery,
+    LimitEnv,
+)
 from gpufrac.webhook import pod as podview
 from gpufrac.webhook.errors import Violation, annotation
 from gpufrac.webhook.fractions import PodFractions, resolve
 from gpufrac.webhook.mutation import (
+    SHM_VOLUME,
     canonical_annotations,
     injected_env,
-    injected_mount,
-    injected_volume,
+    injected_mounts,
+    injected_volumes,
+    volume_name,
 )
 from gpufrac.webhook.policy import Policy, UserInfo
 
@@ -71,14 +80,33 @@ def _authorship(old: dict[str, Any] | None, new: dict[str, Any], user: UserInfo,
             out.append(annotation(key, old_keys[key], f"was removed; {_IMMUTABLE}"))
         elif key not in old_keys:
             if not (old_fractions is not None and _is_bind_key(key, old_fractions)):
-                who = "only the scheduler may add it, at bind" if _bind_shape(key) else _IMMUTABLE
-                out.append(annotation(key, new_keys[key], f"cannot be added by {user.username or 'this user'}: {who}"))
+                if old_fractions is not None:
+                    why = _not_a_bind_key(key, old_fractions)
+                else:
+                    why = "only the scheduler may add it, at bind" if _bind_shape(key) else _IMMUTABLE
+                out.append(annotation(key, new_keys[key], f"cannot be added by {user.username or 'this user'}: {why}"))
         elif old_keys[key] != new_keys[key]:
             out.append(annotation(key, new_keys[key], f"was changed from {old_keys[key]}; {_IMMUTABLE}"))
     old_label = podview.labels(old).get(FRACTIONAL_LABEL)
     if old_label is not None and podview.labels(new).get(FRACTIONAL_LABEL) != old_label:
         out.append(Violation(f"label {FRACTIONAL_LABEL}", "is set by gpufrac and cannot be changed or removed"))
     return out
+
+
+def _not_a_bind_key(key: str, old_fractions: PodFractions) -> str:
+    """Why the scheduler may not add this key (it is the scheduler: "only the scheduler may" would not help)."""
+    try:
+        parsed = ann.parse_container_key(key)
+    except ann.MalformedKeyError:
+        parsed = None  # `resolve` reports the key itself
+    if parsed is None or not _bind_shape(key):
+        return _IMMUTABLE
+    name = parsed.container
+    if name not in old_fractions.containers:
+        return (f"container {name} holds no GPU fraction, so there is nothing to bind for it; "
+                f"{', '.join(sorted(old_fractions.names())) or 'no container'} of this pod holds one")
+    return (f"container {name} asked for absolute memory, which is written on create; the scheduler adds "
+            f"gpu-memory.request and .limit at bind only for a portion ({ann.FRACTION})")
 
 
 def _bind_shape(key: str) -> bool:
@@ -121,9 +149,10 @@ def _injection(obj: dict[str, Any], fractions: PodFractions, policy: Policy) -> 
         env = {e["name"]: e for e in podview.env(ref)}
         mounts = podview.volume_mounts(ref)
         missing = [w["name"] for w in injected_env(ref.name, fraction.mode, policy) if env.get(w["name"]) != w]
-        mount = injected_mount(fraction.mode, policy)
-        if mount not in mounts or volumes.get(mount["name"]) != injected_volume(fraction.mode, policy):
-            missing.append(f"the {mount['name']} volume mount")
+        wanted_volumes = {v["name"]: v for v in injected_volumes(fraction.mode, policy)}
+        for mount in injected_mounts(fraction.mode, policy):
+            if mount not in mounts or volumes.get(mount["name"]) != wanted_volumes[mount["name"]]:
+                missing.append(f"the {mount['name']} volume mount at {mount['mountPath']}")
         if missing:
             out.append(Violation(f"container {ref.name}", f"lacks what gpufrac injects ({', '.join(missing)}): the "
                                  "gpufrac mutating webhook did not run or its changes were undone"))
@@ -140,11 +169,26 @@ def _host_path(path: str) -> str:
 
 def _is_mps_path(path: str, policy: Policy) -> bool:
     path = _host_path(path)
-    for directory in policy.mps_dirs.values():
+    for directory in (*policy.mps_dirs.values(), policy.mps_shm_dir):
         directory = _host_path(directory)
         if path == directory or path.startswith(directory + "/") or directory.startswith(path.rstrip("/") + "/"):
             return True
     return False
+
+
+def _foreign_mps_volume(volume: dict[str, Any], policy: Policy) -> list[Violation]:
+    """A volume gpufrac did not write that reaches the node's MPS directories: a hostPath into them, or a volume
+    of gpufrac's CSI driver."""
+    host_path = volume.get("hostPath")
+    if isinstance(host_path, dict) and isinstance(host_path.get("path"), str) and \
+            _is_mps_path(host_path["path"], policy):
+        return [Violation(f"volume {volume['name']}", f"mounts {host_path['path']}, the node's MPS directories; "
+                          "gpufrac mounts the right one into each fractional container")]
+    csi = volume.get("csi")
+    if isinstance(csi, dict) and csi.get("driver") == policy.csi_driver:
+        return [Violation(f"volume {volume['name']}", f"uses gpufrac's CSI driver {policy.csi_driver}; gpufrac "
+                          "writes the one volume each fractional container's mode needs (gpufrac-mps-<mode>)")]
+    return []
 
 
 def _boundaries(obj: dict[str, Any], fractions: PodFractions, policy: Policy) -> list[Violation]:
@@ -155,16 +199,15 @@ def _boundaries(obj: dict[str, Any], fractions: PodFractions, policy: Policy) ->
         if pod_spec.get(field) is True:
             out.append(Violation("pod", f"sets {field}: true; a pod with GPU fractions cannot share the host's "
                                         "process or IPC namespace, which would reach other pods' GPU work"))
-    ours = {injected_volume(mode, policy)["name"]: mode for mode in policy.mps_dirs}
-    volumes = podview.volumes(obj)
-    for volume in volumes:
-        host_path = volume.get("hostPath")
-        if volume["name"] in ours and volume == injected_volume(ours[volume["name"]], policy):
+    # volume name -> the mode whose directories it holds (None: the shared memory of every mode)
+    ours: dict[str, ComputeMode | None] = {volume_name(mode): mode for mode in policy.mps_dirs}
+    if policy.delivery is Delivery.HOST_PATH:
+        ours[SHM_VOLUME] = None
+    written = {v["name"]: v for mode in policy.mps_dirs for v in injected_volumes(mode, policy)}
+    for volume in podview.volumes(obj):
+        if written.get(volume["name"]) == volume:
             continue
-        if isinstance(host_path, dict) and isinstance(host_path.get("path"), str) and \
-                _is_mps_path(host_path["path"], policy):
-            out.append(Violation(f"volume {volume['name']}", f"mounts {host_path['path']}, the node's MPS "
-                                 "directories; gpufrac mounts the right one into each fractional container"))
+        out += _foreign_mps_volume(volume, policy)
     for ref in podview.containers(obj):
         fraction = fractions.containers.get(ref.name) if ref.kind is not podview.ContainerKind.EPHEMERAL else None
         where = f"{'ephemeral ' if ref.kind is podview.ContainerKind.EPHEMERAL else ''}container {ref.name}"
@@ -172,8 +215,12 @@ def _boundaries(obj: dict[str, Any], fractions: PodFractions, policy: Policy) ->
             out.append(Violation(where, f"asks for whole GPUs ({ann.WHOLE_GPU_RESOURCE}) in a pod with GPU "
                                         "fractions; put whole-GPU and fractional work in separate pods"))
         for mount in podview.volume_mounts(ref):
-            mode = ours.get(mount["name"])
-            if mode is not None and (fraction is None or fraction.mode != mode):
+            if mount["name"] not in ours:
+                continue
+            mode = ours[mount["name"]]
+            if mode is None and fraction is None:
+                out.append(Violation(where, "mounts the MPS daemons' shared memory but is not a GPU fraction"))
+            elif mode is not None and (fraction is None or fraction.mode != mode):
                 out.append(Violation(where, f"mounts the {mode} MPS directory but is not a {mode} fraction"))
         # Any container of a fractional pod, not only the fractional one: a privileged sidecar would hand the pod
         # every GPU of the node.
@@ -208,7 +255,7 @@ def _limit_env_outside_fractions(where: str, ref: podview.ContainerRef, fraction
 
 def validate_pod(obj: dict[str, Any], old: dict[str, Any] | None, user: UserInfo, policy: Policy) -> list[Violation]:
     """Every rule for a pod being created (old is None) or updated."""
-    fractions, out = resolve(obj, bound=old is not None)
+    fractions, out = resolve(obj, bound=old is not None, allow_multiple=policy.allow_multiple_fraction_containers)
     authorship = _authorship(old, obj, user, policy)
     if not out and not authorship:
         # Otherwise the canonical values differ only as a consequence of what is already denied: saying so
@@ -219,6 +266,16 @@ def validate_pod(obj: dict[str, Any], old: dict[str, Any] | None, user: UserInfo
         if old is None:
             out += _injection(obj, fractions, policy)
         out += _boundaries(obj, fractions, policy)
+    return out
+
+
+def validate_template(template: dict[str, Any], policy: Policy) -> list[Violation]:
+    """The rules a pod made from this template meets on CREATE before anything is injected: its values, the
+    scheduler's keys (a controller creates these pods, never the scheduler), and the boundaries of a fraction."""
+    fractions, out = resolve(template, bound=False, allow_multiple=policy.allow_multiple_fraction_containers)
+    out += _authorship(None, template, UserInfo(""), policy)
+    if fractions.is_fractional:
+        out += _boundaries(template, fractions, policy)
     return out
 
 

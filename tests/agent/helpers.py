@@ -125,9 +125,13 @@ class FakeKube:
     def patch_node_condition(self, node: str, condition: dict[str, Any]) -> None:
         self.conditions.append(condition)
 
+    def last_condition(self, condition_type: str = "gpufrac.io/Ready") -> dict[str, Any]:
+        return next((c for c in reversed(self.conditions) if c["type"] == condition_type), {})
+
     def create_event(self, namespace: str, body: dict[str, Any]) -> bool:
         self.create_event_calls += 1
-        key = (namespace, body["metadata"]["name"])
+        metadata = body["metadata"]
+        key = (namespace, metadata.get("name") or f"{metadata['generateName']}{self.create_event_calls}")
         if key in self.events:
             return False
         self.events[key] = body
@@ -139,6 +143,10 @@ class FakeKube:
 
     def list_pods(self, node: str) -> tuple[list[dict[str, Any]], str]:
         return list(self.pods), "100"
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return next((p for p in self.pods if p["metadata"]["namespace"] == namespace
+                     and p["metadata"]["name"] == name), None)
 
     def watch_pods(self, node: str, resource_version: str, timeout_seconds: int):
         import threading

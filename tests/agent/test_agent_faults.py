@@ -77,7 +77,7 @@ class Running:
 
 
 def condition(kube: FakeKube) -> dict:
-    return kube.conditions[-1] if kube.conditions else {}
+    return kube.last_condition()
 
 
 @pytest.fixture

@@ -53,8 +53,11 @@ def test_labels_condition_and_daemons(world):
     assert world.kube.labels == {
         "gpufrac.io/driver-version.major": "615", "gpufrac.io/gpu-count": "2",
         "gpufrac.io/enforcement.time-slicing": "driver", "gpufrac.io/enforcement.sm-sharing": "driver"}
-    last = world.kube.conditions[-1]
+    last = world.kube.last_condition()
     assert (last["type"], last["status"], last["reason"]) == ("gpufrac.io/Ready", "True", "FractionsEnforced")
+    kai = world.kube.last_condition("gpu-sharing.nvidia.com/Ready")
+    assert (kai["status"], kai["reason"]) == ("True", "FractionsEnforced"), "KAI's NvFractions gate follows ours"
+    assert agent.node_dirs().not_served == dict.fromkeys(ComputeMode)
     for mode in ("time-slicing", "sm-sharing"):
         assert value(agent.metrics, "gpufrac_mps_daemon_up", mode=mode) == 1
         assert (world.tmp / "mps" / mode / "control").is_socket()
@@ -80,7 +83,7 @@ def test_old_driver_labels_and_only_the_sm_sharing_daemon(world):
     assert world.kube.labels["gpufrac.io/enforcement.time-slicing"] == "none"
     assert world.kube.labels["gpufrac.io/enforcement.sm-sharing"] == "mps"
     assert world.kube.labels["gpufrac.io/driver-version.major"] == "550"
-    last = world.kube.conditions[-1]
+    last = world.kube.last_condition()
     assert (last["status"], last["reason"]) == ("False", "DriverWithoutMemoryLimits")
     assert not stale.exists()
 
@@ -204,19 +207,34 @@ def test_exhausted_daemon_makes_the_node_not_ready(world):
     sup = agent.supervisors[ComputeMode.SM_SHARING]
     wait_until(lambda: str(sup.status().state) == "failed")
     agent.tick()
-    last = world.kube.conditions[-1]
+    last = world.kube.last_condition()
     assert (last["status"], last["reason"]) == ("False", "MpsDaemonFailed")
     assert "restarted 3 times in a row" in last["message"]
+    kai = world.kube.last_condition("gpu-sharing.nvidia.com/Ready")
+    assert (kai["status"], kai["reason"], kai["message"]) == ("False", "MpsDaemonFailed", last["message"])
     assert world.kube.labels["gpufrac.io/enforcement.sm-sharing"] == "none"
     ok, text = agent.readyz()
     assert not ok and "sm-sharing MPS daemon failed" in text
+    dirs = agent.node_dirs()
+    assert dirs.not_served[ComputeMode.TIME_SLICING] is None
+    assert dirs.not_served[ComputeMode.SM_SHARING].startswith("its MPS control daemon is failed (exited with code 1")
+
+
+def test_the_kai_condition_type_is_configurable_and_can_be_left_out(world):
+    agent = world.make_agent(extra_condition_types=("gpu-fractioning.nvidia.com/Ready",))
+    agent.tick()
+    types = {c["type"] for c in world.kube.conditions}
+    assert types == {"gpufrac.io/Ready", "gpu-fractioning.nvidia.com/Ready"}
+    world.kube.conditions.clear()
+    world.make_agent(extra_condition_types=()).tick()
+    assert {c["type"] for c in world.kube.conditions} == {"gpufrac.io/Ready"}
 
 
 def test_nvml_down_is_reported_not_fatal(world):
     world.gpus.set(error=9)
     agent = world.make_agent()
     agent.tick()
-    last = world.kube.conditions[-1]
+    last = world.kube.last_condition()
     assert (last["status"], last["reason"]) == ("False", "NvmlUnavailable")
     assert value(agent.metrics, "gpufrac_nvml_up") == 0
     assert agent.supervisors == {}
@@ -233,7 +251,7 @@ def test_memory_budget_check(world):
     agent.tick()
     wait_until(lambda: all(s.up for s in agent.daemon_statuses().values()))
     agent.tick()
-    last = world.kube.conditions[-1]
+    last = world.kube.last_condition()
     assert (last["status"], last["reason"]) == ("False", "MpsMemoryBudgetTooSmall")
     assert "384Mi" in last["message"]  # 128Mi + 64Mi x 2 GPUs x 2 daemons
 
@@ -248,8 +266,9 @@ def test_shutdown_quits_daemons_and_marks_the_node_unknown(world):
         text = (sup.spec.log_dir / "fake-mps-record.jsonl").read_text()
         assert '"command": "quit", "via": "stdin"' in text
         assert not sup.killed
-    last = world.kube.conditions[-1]
+    last = world.kube.last_condition()
     assert (last["status"], last["reason"]) == ("Unknown", "AgentStopped")
+    assert world.kube.last_condition("gpu-sharing.nvidia.com/Ready")["status"] == "Unknown"
     assert world.kube.labels["gpufrac.io/enforcement.sm-sharing"] == "none"
     assert value(agent.metrics, "gpufrac_mps_daemon_up", mode="sm-sharing") == 0
 

@@ -507,6 +507,15 @@ def test_sidecar_reaches_the_mps_directories(alice, admin, mode_annotations, vol
     _absent(admin, manifest["metadata"]["name"])
 
 
+def test_sidecar_with_its_own_volume_of_gpufracs_csi_driver_is_denied(alice, admin):
+    manifest = pod(unique("esc-csi"), {"gpu-fraction": "0.5"}, [*_CUDA])
+    manifest["spec"]["volumes"] = [{"name": "mine", "csi": {"driver": "mps.gpufrac.io",
+                                                            "volumeAttributes": {"mode": "sm-sharing"}}}]
+    manifest["spec"]["containers"].append(_sidecar(mounts=[{"name": "mine", "mountPath": "/mps"}]))
+    _denied(create(alice, manifest), "volume mine", "uses gpufrac's CSI driver mps.gpufrac.io")
+    _absent(admin, manifest["metadata"]["name"])
+
+
 def test_fractional_container_mounts_the_other_modes_directory(alice, admin):
     manifest = pod(
         unique("esc-mount-other"),

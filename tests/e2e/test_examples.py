@@ -12,8 +12,8 @@ C = "gpufrac.io/container.app."
 
 
 def _assert_injected(pod: dict, mode: str) -> None:
-    """Env from the downward API on the annotations that hold each value, the MPS pipe directory of `mode`, a
-    hostPath mount of it, and the fractional label."""
+    """Env from the downward API on the annotations that hold each value, the MPS pipe directory of `mode`, mounted
+    from the mode's CSI inline volume (no hostPath: Pod Security baseline allows it), and the fractional label."""
     assert pod["metadata"]["labels"].get("gpufrac.io/fractional") == "true"
     app = container(pod)
     env = env_of(app)
@@ -30,10 +30,13 @@ def _assert_injected(pod: dict, mode: str) -> None:
     pipe_dir = f"/run/gpufrac/mps/{mode}"
     assert env["CUDA_MPS_PIPE_DIRECTORY"].get("value") == pipe_dir
     mounts = [m for m in app.get("volumeMounts", []) if m["mountPath"] == pipe_dir]
-    assert len(mounts) == 1, app.get("volumeMounts")
+    assert len(mounts) == 1 and mounts[0].get("subPath") == "pipe", app.get("volumeMounts")
+    shm = [m for m in app.get("volumeMounts", []) if m["mountPath"] == "/dev/shm"]
+    assert len(shm) == 1 and shm[0] == {**mounts[0], "mountPath": "/dev/shm", "subPath": "shm"}, shm
     volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
     vol = volumes[mounts[0]["name"]]
-    assert vol.get("hostPath", {}).get("path") == pipe_dir, vol
+    assert vol.get("csi") == {"driver": "mps.gpufrac.io", "volumeAttributes": {"mode": mode}}, vol
+    assert not [v for v in volumes.values() if "hostPath" in v], volumes
     # The ServiceAccount admission plugin's token mount survives our patch.
     assert any(m["name"].startswith("kube-api-access-") for m in app["volumeMounts"])
 

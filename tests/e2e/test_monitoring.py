@@ -36,6 +36,7 @@ EXTERNAL = {
     "kube_daemonset_status_desired_number_scheduled": "kube-state-metrics",
     "kube_daemonset_status_number_available": "kube-state-metrics",
     "kube_job_status_failed": "kube-state-metrics",
+    "kube_cronjob_status_last_successful_time": "kube-state-metrics",
     "apiserver_admission_webhook_rejection_count": "kube-apiserver",
 }
 # Labels Prometheus adds to every series of a target scraped through the chart's ServiceMonitor/PodMonitor

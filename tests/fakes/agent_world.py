@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.cluster import NODE_NAME, REPO_ROOT, USER_NAMESPACE, ControlPlane
-from e2e.toolkit.procs import Proc, free_port
+from e2e.toolkit.procs import Proc, free_port, spawn
 from e2e.toolkit.server import start_server
 from tests.fakes.build import MPS_CONTROL, fake_nvml_dir
 from tests.fakes.state import FakeGpuState, ProcRoot
@@ -51,14 +51,15 @@ class AgentWorld:
         self.log_root = workdir / "mps-log"
         self.port = free_port()
         self.agent: Proc | None = None
+        self.mps: dict[str, Proc] = {}  # `gpufrac mps` per mode (the gpufrac-mps DaemonSet's containers)
         self._next_pid = 40000
         self._next_cid = 1
         self.created: list[str] = []  # pod names, for cleanup
 
     # ---- the agent process ----
 
-    def start_agent(self, *extra: str) -> None:
-        env = {
+    def _env(self) -> dict[str, str]:
+        return {
             **os.environ,
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
@@ -66,6 +67,9 @@ class AgentWorld:
                                                              os.environ.get("LD_LIBRARY_PATH")])),
             "GPUFRAC_FAKE_NVML": str(self.gpus.path),
         }
+
+    def start_agent(self, *extra: str) -> None:
+        env = self._env()
         argv = [
             sys.executable, "-m", "gpufrac", "agent", "--node", self.node,
             "--kubeconfig", str(self.cp.kubeconfigs["admin"]),
@@ -78,6 +82,32 @@ class AgentWorld:
         # In our session: SIGTERM goes to the agent alone, which quits its MPS daemons itself.
         self.agent = start_server("agent", argv, self.workdir / "agent.log", self._serving, timeout=60, env=env,
                                   cwd=REPO_ROOT, die_with_parent_signal=signal.SIGTERM, own_session=False)
+
+    def start_mps(self, mode: str, *extra: str) -> Proc:
+        """`gpufrac mps --mode <mode>`, as the gpufrac-mps DaemonSet's container runs it: the daemon outside the
+        agent's process tree."""
+        argv = [
+            sys.executable, "-m", "gpufrac", "mps", "--mode", mode, "--mps-binary", str(MPS_CONTROL),
+            "--mps-root", str(self.mps_root), "--mps-log-root", str(self.log_root),
+            "--mps-config-dir", str(self.workdir / "mps-config"), "--quit-timeout", "10", *extra,
+        ]
+        # SIGTERM to it alone: it quits its daemon itself, as the container does when its pod is deleted.
+        self.mps[mode] = spawn(f"mps-{mode}", argv, self.workdir / f"mps-{mode}.log", env=self._env(), cwd=REPO_ROOT,
+                               die_with_parent_signal=signal.SIGTERM, own_session=False)
+        return self.mps[mode]
+
+    def stop_mps(self, mode: str, timeout: float = 30.0) -> int:
+        proc = self.mps.pop(mode)
+        proc.stop(timeout)
+        return proc.returncode if proc.returncode is not None else 0
+
+    def expose_daemons(self) -> None:
+        """What hostPID gives the agent: the real MPS control daemons, in its (fake) /proc."""
+        for mode in ("time-slicing", "sm-sharing"):
+            for pid in self.live_daemons(mode):
+                entry = self.proc.root / str(pid)
+                if not entry.is_symlink():
+                    self.expose_process(pid)
 
     def _serving(self) -> bool:
         try:
@@ -218,9 +248,9 @@ class AgentWorld:
     def get_node(self) -> dict[str, Any]:
         return json.loads(self._kubectl("admin", "get", "node", self.node, "-o", "json"))
 
-    def node_condition(self) -> dict[str, Any] | None:
+    def node_condition(self, condition_type: str = "gpufrac.io/Ready") -> dict[str, Any] | None:
         for cond in self.get_node().get("status", {}).get("conditions", []):
-            if cond["type"] == "gpufrac.io/Ready":
+            if cond["type"] == condition_type:
                 return cond
         return None
 

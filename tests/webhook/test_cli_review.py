@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -57,9 +58,87 @@ def test_review_of_a_bind_update_as_the_scheduler(tmp_path):
     assert gpufrac(*args, "--user", "alice").returncode == 1
 
 
-def test_review_refuses_what_is_not_a_pod(tmp_path):
-    result = gpufrac("review", write(tmp_path / "x.yaml", {"kind": "Deployment"}))
-    assert result.returncode == 2 and "single Pod" in result.stdout
+def test_review_refuses_a_kind_it_does_not_review_in_one_line(tmp_path):
+    result = gpufrac("review", write(tmp_path / "x.yaml", {"kind": "Service", "metadata": {"name": "s"}}))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"gpufrac review: {tmp_path / 'x.yaml'}, document 1: kind Service is not one gpufrac " \
+                            "reviews; it reviews Pod, Deployment, StatefulSet, DaemonSet, ReplicaSet, Job, CronJob, " \
+                            "PodTemplate\n"
+
+
+WORKLOAD_KINDS = ["Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "PodTemplate"]
+
+
+def workload(kind: str, annotations: dict[str, str]) -> dict:
+    template = {"metadata": {"annotations": annotations}, "spec": {"containers": [{"name": "app", "image": "x"}]}}
+    if kind == "PodTemplate":
+        return {"apiVersion": "v1", "kind": kind, "metadata": {"name": "t"}, "template": template}
+    if kind == "CronJob":
+        return {"apiVersion": "batch/v1", "kind": kind, "metadata": {"name": "c"},
+                "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": template}}}}
+    return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": "w"}, "spec": {"template": template}}
+
+
+def test_review_judges_every_document_of_every_kind(tmp_path):
+    docs = [workload(kind, {"gpu-fraction": "0.5"}) for kind in WORKLOAD_KINDS] + [pod(INFERENCE)]
+    path = tmp_path / "all.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    result = gpufrac("review", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = json.loads(result.stdout)
+    assert [r["kind"] for r in out] == [*WORKLOAD_KINDS, "Pod"] and all(r["allowed"] for r in out)
+    assert [r["document"] for r in out] == list(range(1, 9))
+    assert all(r["patch"] == [] for r in out[:-1]) and out[-1]["patch"]  # templates are never mutated
+
+
+def test_review_exits_1_when_one_document_is_denied_and_says_where(tmp_path):
+    docs = [workload("Deployment", {"gpu-fraction": "0.5"}), workload("CronJob", {"gpu-fraction": "1.5"})]
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    result = gpufrac("review", str(path))
+    assert result.returncode == 1
+    first, second = json.loads(result.stdout)
+    assert first["allowed"] and not second["allowed"]
+    assert second["message"].startswith("spec.jobTemplate.spec.template: annotation gpu-fraction: 1.5 must be")
+
+
+def test_review_reads_standard_input_and_lists():
+    listing = {"apiVersion": "v1", "kind": "List", "items": [pod({"gpu-fraction": "0.5"}), pod({"gpu-memory": "x"})]}
+    result = subprocess.run([sys.executable, "-m", "gpufrac", "review", "-"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60, input=json.dumps(listing))
+    assert result.returncode == 1
+    assert [r["allowed"] for r in json.loads(result.stdout)] == [True, False]
+    assert [r["file"] for r in json.loads(result.stdout)] == ["-", "-"]
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (None, "cannot be read: No such file or directory"),
+    ("kind: Pod\nmetadata: [\n", "is not YAML at line 3, column 1"),
+    ("", "holds no manifest"),
+    ("---\n---\n", "holds no manifest"),
+    ("- 1\n- 2\n", "document 1: the manifest must be an object of kind Pod, Deployment"),
+    ("kind: Pod\nmetadata: {annotations: {gpu-fraction: 0.5}}\nspec: {containers: [{name: a}]}\n",
+     "document 1: object.metadata.annotations['gpu-fraction'] must be a string"),
+    ("kind: Deployment\nspec: {template: 5}\n", "document 1: object.spec.template must be an object"),
+    (b"\xff\xfe\x00", "cannot be read"),
+])
+def test_unreadable_input_is_one_line_and_exit_2(tmp_path, content, problem):
+    path = tmp_path / "in.yaml"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    result = gpufrac("review", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith(f"gpufrac review: {path}") and problem in result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_old_compares_one_manifest_with_one(tmp_path):
+    two = tmp_path / "two.yaml"
+    two.write_text(yaml.safe_dump_all([pod(INFERENCE), pod(INFERENCE)]))
+    result = gpufrac("review", str(two), "--old", write(tmp_path / "old.yaml", pod(INFERENCE)))
+    assert result.returncode == 2 and "--old compares one manifest with one" in result.stderr
 
 
 def test_certs_writes_a_ca_and_a_serving_cert_with_the_names(tmp_path):

@@ -6,6 +6,7 @@ import jsonpatch
 import kubernetes_validate
 import pytest
 
+from gpufrac.core.contract import Delivery
 from gpufrac.webhook import admission
 from gpufrac.webhook.policy import Policy
 from tests.webhook.builders import BINDER, INFERENCE, NOTEBOOK, POLICY, pod, review
@@ -45,10 +46,37 @@ def test_seed_inference_server_gets_its_limits():
         "metadata.annotations['gpufrac.io/container.app.mps-pinned-mem-limit']"
     assert env["CUDA_MPS_PIPE_DIRECTORY"]["value"] == "/run/gpufrac/mps/sm-sharing"
     assert final["spec"]["containers"][0]["volumeMounts"] == [
-        {"name": "gpufrac-mps-sm-sharing", "mountPath": "/run/gpufrac/mps/sm-sharing"}]
-    assert final["spec"]["volumes"] == [{"name": "gpufrac-mps-sm-sharing",
-                                         "hostPath": {"path": "/run/gpufrac/mps/sm-sharing", "type": "Directory"}}]
+        {"name": "gpufrac-mps-sm-sharing", "mountPath": "/run/gpufrac/mps/sm-sharing", "subPath": "pipe"},
+        {"name": "gpufrac-mps-sm-sharing", "mountPath": "/dev/shm", "subPath": "shm"}]
+    assert final["spec"]["volumes"] == [{"name": "gpufrac-mps-sm-sharing", "csi": {
+        "driver": "mps.gpufrac.io", "volumeAttributes": {"mode": "sm-sharing"}}}], "no hostPath: baseline allows it"
     assert outcome.warnings == []
+
+
+def test_hostpath_delivery_mounts_the_pipe_and_shared_memory_directories():
+    policy = Policy(delivery=Delivery.HOST_PATH)
+    final, _ = mutated(pod(INFERENCE), policy)
+    assert final["spec"]["containers"][0]["volumeMounts"] == [
+        {"name": "gpufrac-mps-sm-sharing", "mountPath": "/run/gpufrac/mps/sm-sharing"},
+        {"name": "gpufrac-mps-shm", "mountPath": "/dev/shm"}]
+    assert final["spec"]["volumes"] == [
+        {"name": "gpufrac-mps-sm-sharing", "hostPath": {"path": "/run/gpufrac/mps/sm-sharing", "type": "Directory"}},
+        {"name": "gpufrac-mps-shm", "hostPath": {"path": "/run/gpufrac/mps/shm", "type": "Directory"}}]
+    assert admission.mutate(review(final), policy).patch == []
+    assert admission.validate(review(final), policy).allowed
+
+
+def test_a_users_own_dev_shm_is_replaced_with_a_warning():
+    obj = pod(INFERENCE)
+    obj["spec"]["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    obj["spec"]["containers"][0]["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    final, outcome = mutated(obj)
+    mounts = final["spec"]["containers"][0]["volumeMounts"]
+    assert [m["mountPath"] for m in mounts] == ["/dev/shm", "/run/gpufrac/mps/sm-sharing"]
+    assert mounts[0] == {"name": "gpufrac-mps-sm-sharing", "mountPath": "/dev/shm", "subPath": "shm"}
+    assert outcome.warnings == ["container app: the volume mount at /dev/shm was replaced by gpufrac (it carries the "
+                                "MPS directories)"]
+    assert admission.validate(review(final), POLICY).allowed
 
 
 def test_seed_notebook_waits_for_bind_time_memory():
@@ -158,7 +186,7 @@ def test_required_node_affinity_is_added_to_every_term():
 
 
 def test_mps_directories_are_configurable():
-    policy = Policy(mps_root="/var/mps")
+    policy = Policy(mps_root="/var/mps", delivery=Delivery.HOST_PATH)
     final, _ = mutated(pod(INFERENCE), policy)
     assert env_of(final["spec"]["containers"][0])["CUDA_MPS_PIPE_DIRECTORY"]["value"] == "/var/mps/sm-sharing"
     assert final["spec"]["volumes"][0]["hostPath"]["path"] == "/var/mps/sm-sharing"

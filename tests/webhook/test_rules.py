@@ -6,26 +6,11 @@ from __future__ import annotations
 import pytest
 
 from gpufrac.webhook import admission
-from tests.webhook.builders import INFERENCE, NOTEBOOK, POLICY, pod, review
-
-
-def denial(obj) -> str:
-    outcome = admission.mutate(review(obj), POLICY)
-    assert not outcome.allowed, "expected a denial"
-    assert outcome.patch == []
-    again = admission.validate(review(obj), POLICY)
-    assert not again.allowed, "the validating webhook must deny it too"
-    return outcome.message
-
-
-def allowed(obj) -> admission.Outcome:
-    outcome = admission.mutate(review(obj), POLICY)
-    assert outcome.allowed, outcome.message
-    return outcome
+from tests.webhook.builders import INFERENCE, MULTIPLE, NOTEBOOK, POLICY, allowed, denial, pod, review
 
 
 @pytest.mark.parametrize("value", ["1", "0", "-0.5", "1.5", "NaN", "nan", "inf", "half", "0x1p-1", "", " 0.5",
-                                   "0.5 ", "1e0", "0,5", "+0.5", "5e-1000"])
+                                   "0.5 ", "1e0", "0,5", "++0.5", "5e-1000"])
 def test_gpu_fraction_outside_the_open_unit_interval_is_denied(value):
     message = denial(pod({"gpu-fraction": value}))
     assert message.startswith("annotation gpu-fraction: ")
@@ -33,7 +18,9 @@ def test_gpu_fraction_outside_the_open_unit_interval_is_denied(value):
     assert (value or '""') in message
 
 
-@pytest.mark.parametrize("value", ["0.25", "2.5e-1", ".5", "0.99999", "1e-3"])
+# 1e-3 was accepted here once: KAI's scheduler hands it to its binder as "0.00", which never binds
+# (test_kai_fidelity.py, repro 4's family).
+@pytest.mark.parametrize("value", ["0.25", "2.5e-1", ".5", "0.99999", "5e-3", "+0.5"])
 def test_gpu_fraction_decimal_numbers_are_accepted(value):
     allowed(pod({"gpu-fraction": value}))
 
@@ -174,9 +161,9 @@ def test_containers_of_one_pod_cannot_mix_modes():
     assert "pod: mixes compute modes across containers (a=sm-sharing, b=time-slicing)" in message
 
 
-def test_several_containers_of_one_pod_may_each_hold_a_fraction():
+def test_several_containers_of_one_pod_may_each_hold_a_fraction_where_the_binder_binds_each():
     outcome = allowed(pod({"nvidia.com/container.a.gpu-memory.request": "1Gi",
-                           "nvidia.com/container.b.gpu-memory.request": "2Gi"}, "a", "b"))
+                           "nvidia.com/container.b.gpu-memory.request": "2Gi"}, "a", "b"), MULTIPLE)
     added = {op["path"]: op["value"] for op in outcome.patch if op["op"] == "add"}
     assert added["/metadata/annotations/gpufrac.io~1container.a.gpu-memory.request-mib"] == "1024"
     assert added["/metadata/annotations/gpufrac.io~1container.b.gpu-memory.request-mib"] == "2048"
@@ -220,3 +207,9 @@ def test_the_container_list_in_a_message_stays_short():
     names = [f"c{i}" for i in range(500)]
     message = denial(pod({"nvidia.com/container.trainer.gpu-memory.request": "1Gi"}, *names))
     assert "but the pod has c0, c1, c2, c3, c4, c5, c6, c7, c8, c9 and 490 more" in message
+
+
+def test_shorthands_for_a_container_whose_name_cannot_be_in_a_key_are_denied_not_a_crash():
+    """Found by the property tests: the translation for container `App` is a key gpufrac cannot parse back."""
+    message = denial(pod({"gpu-memory": "1024", "kai.scheduler/gpu-compute-sharing-mode": "sm-sharing"}, "App"))
+    assert "container App: has a name that cannot be part of an annotation key" in message

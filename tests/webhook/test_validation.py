@@ -7,14 +7,15 @@ import copy
 import jsonpatch
 import pytest
 
+from gpufrac.core.contract import Delivery
 from gpufrac.webhook import admission
 from gpufrac.webhook.policy import Policy
 from tests.webhook.builders import BINDER, INFERENCE, NOTEBOOK, POLICY, pod, review
 
 
-def created(annotations, *containers, **fields):
+def created(annotations, *containers, policy=POLICY, **fields):
     obj = pod(annotations, *containers, **fields)
-    outcome = admission.mutate(review(obj), POLICY)
+    outcome = admission.mutate(review(obj), policy)
     assert outcome.allowed, outcome.message
     return jsonpatch.apply_patch(obj, outcome.patch)
 
@@ -252,6 +253,33 @@ def test_a_privileged_sidecar_of_a_fractional_pod_is_denied():
     obj = created(INFERENCE, "app", "sidecar")
     obj["spec"]["containers"][1]["securityContext"] = {"privileged": True}
     assert "container sidecar: is privileged" in admission.validate(review(obj), POLICY).message
+
+
+def test_volumes_of_gpufracs_csi_driver_are_written_by_gpufrac_only():
+    obj = created(INFERENCE, "app", "sidecar")
+    obj["spec"]["volumes"].append({"name": "extra", "csi": {"driver": "mps.gpufrac.io",
+                                                            "volumeAttributes": {"mode": "time-slicing"}}})
+    message = admission.validate(review(obj), POLICY).message
+    assert "volume extra: uses gpufrac's CSI driver mps.gpufrac.io; gpufrac writes the one volume" in message
+
+
+def test_the_csi_volume_must_be_the_one_gpufrac_wrote():
+    obj = created(INFERENCE)
+    volume = obj["spec"]["volumes"][0]
+    volume["csi"]["volumeAttributes"]["mode"] = "time-slicing"
+    message = admission.validate(review(obj), POLICY).message
+    assert "container app: lacks what gpufrac injects (the gpufrac-mps-sm-sharing volume mount at " \
+           "/run/gpufrac/mps/sm-sharing, the gpufrac-mps-sm-sharing volume mount at /dev/shm)" in message
+
+
+def test_hostpath_delivery_guards_the_shared_memory_directory_too():
+    policy = Policy(delivery=Delivery.HOST_PATH)
+    obj = created(INFERENCE, "app", "sidecar", policy=policy)
+    obj["spec"]["volumes"].append({"name": "peek", "hostPath": {"path": "/run/gpufrac/mps/shm/"}})
+    obj["spec"]["containers"][1]["volumeMounts"] = [{"name": "gpufrac-mps-shm", "mountPath": "/x"}]
+    message = admission.validate(review(obj), policy).message
+    assert "volume peek: mounts /run/gpufrac/mps/shm/, the node's MPS directories" in message
+    assert "container sidecar: mounts the MPS daemons' shared memory but is not a GPU fraction" in message
 
 
 @pytest.mark.parametrize("path", ["/var/run/gpufrac/mps/time-slicing", "/var/run", "//run//gpufrac/", "run/gpufrac"])

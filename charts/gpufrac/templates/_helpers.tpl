@@ -37,6 +37,10 @@
 {{- printf "%s-agent" (include "gpufrac.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{- define "gpufrac.mps.fullname" -}}
+{{- printf "%s-mps" (include "gpufrac.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "gpufrac.certs.fullname" -}}
 {{- printf "%s-certs" (include "gpufrac.fullname" .) | trunc 52 | trimSuffix "-" }}
 {{- end }}
@@ -127,7 +131,7 @@ and metadata.labels may be absent (has()); on pods/binding the object is a Bindi
 */}}
 {{- define "gpufrac.cel.hasFractionKey" -}}
 {{- $o := . -}}
-{{- $keys := list "gpu-fraction" "gpu-fraction.limit" "gpu-memory" "gpu-memory.limit" "gpu-fraction-num-devices" "gpu-fraction-container-name" -}}
+{{- $keys := include "gpufrac.shorthandKeys" . | fromJsonArray -}}
 {{- $prefixes := list "nvidia.com/container." "kai.scheduler/container." "gpufrac.io/" -}}
 {{- $quoted := list -}}
 {{- range $keys }}{{ $quoted = append $quoted (quote .) }}{{ end -}}
@@ -137,6 +141,45 @@ and metadata.labels may be absent (has()); on pods/binding the object is a Bindi
     k in [{{ join ", " $quoted }}]
     || {{ join "\n    || " $starts }}))
 || (has({{ $o }}.metadata.labels) && "gpufrac.io/fractional" in {{ $o }}.metadata.labels)
+{{- end }}
+
+{{/* KAI's pod-level shorthands (gpufrac.core.annotations.SHORTHAND_KEYS; tests/test_chart.py checks they agree). */}}
+{{- define "gpufrac.shorthandKeys" -}}
+["gpu-fraction", "gpu-fraction.limit", "gpu-memory", "gpu-memory.limit", "gpu-fraction-num-devices", "gpu-fraction-container-name", "kai.scheduler/gpu-compute-sharing-mode"]
+{{- end }}
+
+{{/*
+CEL: does the pod template at `t` (e.g. object.spec.template) carry a fraction annotation? Every level may be
+absent in a workload (a template without metadata is valid), so each is guarded: an unguarded one is a CEL error,
+i.e. failurePolicy for every workload.
+*/}}
+{{- define "gpufrac.cel.templateHasFractionKey" -}}
+{{- $t := . -}}
+{{- $quoted := list -}}
+{{- range (include "gpufrac.shorthandKeys" . | fromJsonArray) }}{{ $quoted = append $quoted (quote .) }}{{ end -}}
+has({{ $t }}.metadata) && has({{ $t }}.metadata.annotations) && {{ $t }}.metadata.annotations.exists(k,
+    k in [{{ join ", " $quoted }}]
+    || k.startsWith("nvidia.com/container.") || k.startsWith("kai.scheduler/container."))
+{{- end }}
+
+{{/*
+The matchConditions of the workloads webhook: only objects whose pod template asks for a fraction are sent.
+Deployment, StatefulSet, DaemonSet, ReplicaSet and Job hold it at spec.template, CronJob at
+spec.jobTemplate.spec.template, PodTemplate at template.
+*/}}
+{{- define "gpufrac.workloadMatchConditions" -}}
+{{- $root := . -}}
+- name: template-has-fraction-keys
+  expression: |-
+    (has(object.spec) && has(object.spec.template)
+     && ({{ include "gpufrac.cel.templateHasFractionKey" "object.spec.template" }}))
+    || (has(object.spec) && has(object.spec.jobTemplate) && has(object.spec.jobTemplate.spec)
+     && has(object.spec.jobTemplate.spec.template)
+     && ({{ include "gpufrac.cel.templateHasFractionKey" "object.spec.jobTemplate.spec.template" }}))
+    || (has(object.template) && ({{ include "gpufrac.cel.templateHasFractionKey" "object.template" }}))
+{{- with $root.Values.webhook.extraMatchConditions }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/*

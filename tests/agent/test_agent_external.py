@@ -1,0 +1,123 @@
+"""The agent with `--mps-daemons external`: the daemons belong to `gpufrac mps` processes (here: real supervisors
+of the fake nvidia-cuda-mps-control, as `gpufrac mps` runs them); the agent finds them through the real /proc,
+never starts or quits them, and reports their restarts."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gpufrac.agent.agent import Agent, DaemonOwner
+from gpufrac.agent.metrics import AgentMetrics
+from gpufrac.agent.model import DaemonState
+from gpufrac.agent.mps_config import daemon_spec
+from gpufrac.agent.mps_status import read_status, write_status
+from gpufrac.agent.nvml import NvmlSource
+from gpufrac.agent.supervisor import MpsSupervisor, RestartPolicy
+from gpufrac.cli import build_parser
+from gpufrac.core.annotations import ComputeMode
+from tests.agent.helpers import UUID_A, UUID_B, two_pod_node
+
+
+def wait_for(predicate, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while not (result := predicate()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+    return result
+
+
+@pytest.fixture
+def node(tmp_path: Path, fake_gpus, mps_binary):
+    fake_gpus.gpu(UUID_A, memory_total_mib=80000).gpu(UUID_B, memory_total_mib=80000)
+    _, kube, config = two_pod_node(tmp_path, mps_binary, RestartPolicy(0.01, 0.05, 3, 300.0))
+    config = replace(config, mps_daemons=DaemonOwner.EXTERNAL, proc_root=Path("/proc"))
+    supervisors = {}
+    for mode in ComputeMode:
+        spec = daemon_spec(mode, mps_v3=True, binary=mps_binary, mps_root=config.mps_root,
+                           log_root=config.mps_log_root, config_dir=tmp_path / "mps-svc-config")
+        supervisors[mode] = MpsSupervisor(spec, RestartPolicy(0.5, 1.0, 5, 300.0), quit_timeout=5.0)
+        supervisors[mode].start()
+    wait_for(lambda: all(s.status().up for s in supervisors.values()))
+    yield kube, config, supervisors
+    for s in supervisors.values():
+        s.stop()
+
+
+def records(supervisor: MpsSupervisor) -> str:
+    path = supervisor.spec.log_dir / "fake-mps-record.jsonl"
+    return path.read_text() if path.exists() else ""
+
+
+def test_the_agent_finds_the_daemons_and_its_shutdown_leaves_them_running(node):
+    kube, config, supervisors = node
+    pids = {mode: s.pid for mode, s in supervisors.items()}
+    agent = Agent(config, kube, NvmlSource(), AgentMetrics())
+    agent.start()
+    agent.tick()
+    statuses = agent.daemon_statuses()
+    assert {mode: (s.up, s.pid) for mode, s in statuses.items()} == {mode: (True, pid) for mode, pid in pids.items()}
+    assert kube.last_condition()["status"] == "True"
+    agent.shutdown()
+    assert {mode: s.pid for mode, s in supervisors.items()} == pids
+    assert all(s.status().up for s in supervisors.values())
+    assert all('"command": "quit"' not in records(s) for s in supervisors.values()), "the agent never quits them"
+    assert kube.last_condition()["reason"] == "AgentStopped"
+
+
+def test_a_restart_is_a_new_pid_counted_as_metric_event_and_condition_reason(node):
+    kube, config, supervisors = node
+    sm = supervisors[ComputeMode.SM_SHARING]
+    agent = Agent(config, kube, NvmlSource(), AgentMetrics())
+    agent.start()
+    agent.tick()
+    old = sm.pid
+    flag = sm.spec.log_dir / "fake-crash"
+    flag.write_text("")
+    wait_for(lambda: sm.status().state is DaemonState.BACKOFF)
+    write_status(sm.spec.log_dir, sm.status())  # what `gpufrac mps` keeps current
+    agent.tick()
+    condition = kube.last_condition("gpu-sharing.nvidia.com/Ready")
+    assert (condition["status"], condition["reason"]) == ("False", "MpsDaemonRestarting")
+    assert "the sm-sharing MPS control daemon exited with code 1 and is being restarted with backoff" in \
+        condition["message"]
+    assert agent.node_dirs().not_served[ComputeMode.SM_SHARING].startswith("its MPS control daemon is backoff")
+    flag.unlink()
+    wait_for(lambda: sm.status().up and sm.pid != old)
+    agent.tick()
+    assert agent.daemon_statuses()[ComputeMode.SM_SHARING].restarts == 1
+    assert agent.metrics.daemon_restarts.labels(mode="sm-sharing")._value.get() == 1
+    (event,) = [e for e in kube.events.values() if e["reason"] == "MpsDaemonRestarted"]
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-node-1",
+                                       "uid": "gpu-node-1"}
+    assert kube.last_condition("gpu-sharing.nvidia.com/Ready")["status"] == "True"
+    agent.shutdown()
+
+
+def test_a_missing_daemon_says_where_to_look(node):
+    kube, config, supervisors = node
+    supervisors[ComputeMode.TIME_SLICING].stop()
+    agent = Agent(replace(config, startup_wait=0.1), kube, NvmlSource(), AgentMetrics())
+    agent.start()
+    agent.tick()
+    condition = kube.last_condition()
+    assert (condition["status"], condition["reason"]) == ("False", "MpsDaemonNotReady")
+    assert "check the gpufrac-mps DaemonSet pod on this node" in condition["message"]
+    agent.shutdown()
+
+
+def test_the_status_file_round_trips_and_a_torn_one_reads_as_none(tmp_path: Path):
+    from gpufrac.agent.model import DaemonStatus
+    status = DaemonStatus(ComputeMode.SM_SHARING, DaemonState.BACKOFF, False, 2, None, "exited with code 1", None)
+    write_status(tmp_path, status)
+    assert read_status(tmp_path, ComputeMode.SM_SHARING) == status
+    (tmp_path / "supervisor.json").write_text('{"state": "runn')
+    assert read_status(tmp_path, ComputeMode.SM_SHARING) is None
+
+
+def test_gpufrac_mps_parses_its_flags():
+    args = build_parser().parse_args(["mps", "--mode", "sm-sharing", "--restart-backoff", "2"])
+    assert (args.mode, args.restart_backoff, args.quit_timeout) == (ComputeMode.SM_SHARING, 2.0, 60.0)
