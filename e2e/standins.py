@@ -5,7 +5,7 @@
   certificate rotation writes the real Secret and caBundle), and then marked Complete, or Failed if it failed;
 - every namespace gets its `default` ServiceAccount, as from the service-account controller;
 - Deployments and DaemonSets get the status their controllers would write once every pod is ready;
-- with `webhook_ip` (an address of this host that is not loopback, which EndpointSlices refuse), the chart's
+- with `webhook_ip` (a non-loopback address the harness added, see `harness_address`), the chart's
   webhook Deployment runs here as one `gpufrac webhook` process with its container's arguments and the files of
   its certificate Secret, behind an EndpointSlice of its Service: a kube-apiserver started with
   --enable-aggregator-routing=true then calls it through the Service, TLS name and caBundle exactly as the chart
@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import json
 import os
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from e2e.cluster import REPO_ROOT, ControlPlane
@@ -32,15 +34,31 @@ from e2e.toolkit.procs import free_port
 WEBHOOK_COMPONENT = "webhook"
 
 
-def host_address() -> str | None:
-    """A non-loopback IPv4 address of this host (the source address of its route out), or None."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect(("203.0.113.1", 9))  # TEST-NET-3: a UDP connect only picks a route, it sends nothing
-        except OSError:
-            return None
-        address = probe.getsockname()[0]
-    return None if address.startswith("127.") or address == "0.0.0.0" else address
+# The webhook stand-in listens on an address the harness adds itself (on a veth pair of its own, removed afterwards:
+# this kernel has no dummy links), never on
+# one of the machine's own interfaces: EndpointSlices refuse loopback, and traffic stays on this host.
+HARNESS_LINK = "gfe-standin0"
+HARNESS_ADDRESS = "10.251.0.1"
+
+
+@contextlib.contextmanager
+def harness_address() -> Iterator[str | None]:
+    """A non-loopback IPv4 address on a link of the harness's own for the time of the block, or None where links
+    cannot be made (not root, no `ip`)."""
+    subprocess.run(["ip", "link", "del", HARNESS_LINK], capture_output=True)  # one left by a killed run
+    try:
+        for cmd in (["ip", "link", "add", HARNESS_LINK, "type", "veth", "peer", "name", HARNESS_LINK + "p"],
+                    ["ip", "addr", "add", f"{HARNESS_ADDRESS}/32", "dev", HARNESS_LINK],
+                    ["ip", "link", "set", HARNESS_LINK, "up"]):
+            subprocess.run(cmd, capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        subprocess.run(["ip", "link", "del", HARNESS_LINK], capture_output=True)
+        yield None
+        return
+    try:
+        yield HARNESS_ADDRESS
+    finally:
+        subprocess.run(["ip", "link", "del", HARNESS_LINK], capture_output=True)
 
 
 def _now() -> str:

@@ -23,7 +23,7 @@ import yaml
 
 from e2e.cluster import REPO_ROOT, ControlPlane, Tools, ToolsMissingError, private_workdir
 from e2e.crds import PROMETHEUS_OPERATOR, crd_files
-from e2e.standins import StandInControllers, host_address
+from e2e.standins import StandInControllers, harness_address
 
 pytestmark = pytest.mark.e2e
 
@@ -77,9 +77,14 @@ def docs_env(tmp_path_factory):
         tools = Tools.find()
     except ToolsMissingError as exc:
         pytest.skip(str(exc))
-    address = host_address()
-    if address is None:
-        pytest.skip("no non-loopback IPv4 address on this host for the webhook's EndpointSlice")
+    with harness_address() as address:
+        if address is None:
+            pytest.skip("cannot add the harness's own link (root and iproute2 are needed) for the webhook's "
+                        "EndpointSlice")
+        yield from _docs_env(tools, address, tmp_path_factory)
+
+
+def _docs_env(tools, address, tmp_path_factory):
     cp = ControlPlane(private_workdir("docs"), tools=tools, register_webhook=False,
                       apiserver_flags=("--enable-aggregator-routing=true",))
     cp.start()
@@ -100,10 +105,12 @@ def docs_env(tmp_path_factory):
            "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
            "HELM_CACHE_HOME": str(shell / ".helm/cache"), "HELM_CONFIG_HOME": str(shell / ".helm/config"),
            "HELM_DATA_HOME": str(shell / ".helm/data")}
-    with StandInControllers(cp, shell, webhook_ip=address) as standins:
-        yield cp, standins, shell, env
-    cp.stop()
-    shutil.rmtree(cp.workdir, ignore_errors=True)
+    try:
+        with StandInControllers(cp, shell, webhook_ip=address) as standins:
+            yield cp, standins, shell, env
+    finally:
+        cp.stop()
+        shutil.rmtree(cp.workdir, ignore_errors=True)
 
 
 def run_block(block: Block, standins: StandInControllers, shell: Path, env: dict[str, str]) -> None:
