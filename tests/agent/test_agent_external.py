@@ -4,12 +4,12 @@ never starts or quits them, and reports their restarts."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from e2e.toolkit.wait import wait_until
 from gpufrac.agent.agent import Agent, DaemonOwner
 from gpufrac.agent.metrics import AgentMetrics
 from gpufrac.agent.model import DaemonState
@@ -20,14 +20,6 @@ from gpufrac.agent.supervisor import MpsSupervisor, RestartPolicy
 from gpufrac.cli import build_parser
 from gpufrac.core.annotations import ComputeMode
 from tests.agent.helpers import UUID_A, UUID_B, two_pod_node
-
-
-def wait_for(predicate, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while not (result := predicate()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-    return result
 
 
 @pytest.fixture
@@ -41,7 +33,7 @@ def node(tmp_path: Path, fake_gpus, mps_binary):
                            log_root=config.mps_log_root, config_dir=tmp_path / "mps-svc-config")
         supervisors[mode] = MpsSupervisor(spec, RestartPolicy(0.5, 1.0, 5, 300.0), quit_timeout=5.0)
         supervisors[mode].start()
-    wait_for(lambda: all(s.status().up for s in supervisors.values()))
+    wait_until(lambda: all(s.status().up for s in supervisors.values()), 20, "both daemons up", 0.02)
     yield kube, config, supervisors
     for s in supervisors.values():
         s.stop()
@@ -77,7 +69,7 @@ def test_a_restart_is_a_new_pid_counted_as_metric_event_and_condition_reason(nod
     old = sm.pid
     flag = sm.spec.log_dir / "fake-crash"
     flag.write_text("")
-    wait_for(lambda: sm.status().state is DaemonState.BACKOFF)
+    wait_until(lambda: sm.status().state is DaemonState.BACKOFF, 20, "the daemon in backoff", 0.02)
     write_status(sm.spec.log_dir, sm.status())  # what `gpufrac mps` keeps current
     agent.tick()
     condition = kube.last_condition("gpu-sharing.nvidia.com/Ready")
@@ -86,7 +78,7 @@ def test_a_restart_is_a_new_pid_counted_as_metric_event_and_condition_reason(nod
         condition["message"]
     assert agent.node_dirs().not_served[ComputeMode.SM_SHARING].startswith("its MPS control daemon is backoff")
     flag.unlink()
-    wait_for(lambda: sm.status().up and sm.pid != old)
+    wait_until(lambda: sm.status().up and sm.pid != old, 20, "a new daemon", 0.02)
     agent.tick()
     assert agent.daemon_statuses()[ComputeMode.SM_SHARING].restarts == 1
     assert agent.metrics.daemon_restarts.labels(mode="sm-sharing")._value.get() == 1
