@@ -251,8 +251,9 @@ def test_helm_upgrade_rolls_both_while_pods_are_created_without_a_failure(node: 
         installed.upgrade(f"webhook.podAnnotations.e2e-rollout={stamp}", f"agent.podAnnotations.e2e-rollout={stamp}")
     finally:
         creator.finish()
-    after = {p["metadata"]["name"] for p in webhook_pods(node)}
-    assert not before & after, "the webhook Deployment did not roll"
+    # helm --wait returns once the new pods are ready; the old ones may still be terminating (and listed) then.
+    wait_until(lambda: not before & {p["metadata"]["name"] for p in webhook_pods(node)}, 120,
+               "the webhook Deployment's old pods replaced")
     ds = kubectl_json(node, "get", "daemonset", "gpufrac-agent", "-n", RELEASE_NAMESPACE)
     assert ds["spec"]["template"]["metadata"]["annotations"]["e2e-rollout"] == stamp
     assert ds["status"].get("updatedNumberScheduled") == 1
