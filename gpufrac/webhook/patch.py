@@ -7,7 +7,6 @@ of the pod is left alone (a generic deep copy and deep diff of the pod were most
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 # What a mutation may write: these are copied, everything else is shared with the request's object.
@@ -41,9 +40,24 @@ def working_copy(obj: dict[str, Any]) -> dict[str, Any]:
                         for key in _CONTAINER_LISTS:
                             _copied(container, key, list)
         _copied(spec, "volumes", list)
-        if "affinity" in spec:
-            spec["affinity"] = copy.deepcopy(spec["affinity"])  # small, and written several levels deep
+        _copy_node_selector_terms(spec)
     return pod
+
+
+def _copy_node_selector_terms(spec: dict[str, Any]) -> None:
+    """The path to the required node selector terms' expressions, where a mutation adds its node requirement."""
+    parent: Any = spec
+    for key in ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution"):
+        _copied(parent, key, dict)
+        parent = parent.get(key)
+        if not isinstance(parent, dict):
+            return
+    terms = parent.get("nodeSelectorTerms")
+    if isinstance(terms, list):
+        parent["nodeSelectorTerms"] = terms = [dict(t) if isinstance(t, dict) else t for t in terms]
+        for term in terms:
+            if isinstance(term, dict):
+                _copied(term, "matchExpressions", list)
 
 
 def _pointer(path: str, key: str | int) -> str:
@@ -51,20 +65,20 @@ def _pointer(path: str, key: str | int) -> str:
 
 
 def _diff(path: str, before: Any, after: Any, ops: list[dict[str, Any]]) -> None:
-    if before is after:
-        return
+    """Called only where `before is not after`: what is shared is skipped before its pointer is even built."""
     if isinstance(before, dict) and isinstance(after, dict):
         for key in before:
             if key not in after:
                 ops.append({"op": "remove", "path": _pointer(path, key)})
         for key, value in after.items():
-            if key in before:
-                _diff(_pointer(path, key), before[key], value, ops)
-            else:
+            if key not in before:
                 ops.append({"op": "add", "path": _pointer(path, key), "value": value})
+            elif before[key] is not value:
+                _diff(_pointer(path, key), before[key], value, ops)
     elif isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
         for index, (old, new) in enumerate(zip(before, after, strict=True)):
-            _diff(_pointer(path, index), old, new, ops)
+            if old is not new:
+                _diff(f"{path}/{index}", old, new, ops)
     elif before != after:
         ops.append({"op": "replace", "path": path, "value": after})
 
@@ -72,5 +86,6 @@ def _diff(path: str, before: Any, after: Any, ops: list[dict[str, Any]]) -> None
 def diff(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
     """RFC 6902 operations turning `before` into `after`; lists that changed length are replaced whole."""
     ops: list[dict[str, Any]] = []
-    _diff("", before, after, ops)
+    if before is not after:
+        _diff("", before, after, ops)
     return ops
