@@ -6,6 +6,7 @@ values it writes for the node, and their reader, are the contract's (`gpufrac.co
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -107,8 +108,16 @@ def is_fraction_key(key: str) -> bool:
     return key in SHORTHAND_KEYS or key.startswith((NVIDIA_PREFIX, KAI_PREFIX, GPUFRAC_DOMAIN))
 
 
+_OURS = (*_SUFFIXES, GPUFRAC_DOMAIN)
+
+
 def parse_container_key(key: str) -> ContainerKey | None:
     """Split a per-container key; None for keys outside our prefixes; MalformedKeyError for a bad one inside."""
+    return _parse_container_key(key) if key.startswith(_OURS) else None
+
+
+@functools.lru_cache(maxsize=4096)  # pure, and a pod's keys come again in its next review (and in the next pod's)
+def _parse_container_key(key: str) -> ContainerKey | None:
     for prefix, suffixes in _SUFFIXES.items():
         if not key.startswith(prefix):
             continue
