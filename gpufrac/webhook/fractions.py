@@ -13,6 +13,7 @@ scheduler and binder do (binary64 for portions, exact bytes for quantities).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -645,12 +646,28 @@ def rule_devices_follow_the_request(fraction: ContainerFraction) -> list[Violati
 def keys_for(fraction: ContainerFraction, name: str | None = None) -> list[str]:
     """Every key gpufrac or the scheduler writes for this container (or for one named `name` instead): the
     canonical ones, the scheduler's bind-time ones, and the portion limit where one is used."""
-    name = fraction.container if name is None else name
+    return _keys(fraction.container if name is None else name, _has_portion_limit(fraction))
+
+
+def _has_portion_limit(fraction: ContainerFraction) -> bool:
+    return fraction.portion is not None and fraction.portion.limit is not None
+
+
+def _keys(name: str, portion_limit: bool) -> list[str]:
     keys = [ann.canonical_key(name, f) for f in ann.CanonicalField]
     keys += [ann.nvidia_key(name, f) for f in (Field.MEMORY_REQUEST, Field.MEMORY_LIMIT, Field.DEVICES)]
-    if fraction.portion is not None and fraction.portion.limit is not None:
+    if portion_limit:
         keys.append(ann.portion_limit_key(name))
     return keys
+
+
+@functools.cache  # two possible answers
+def _longest_key(portion_limit: bool) -> tuple[int, int]:
+    """(position in `_keys`, length of its name part less the container name) of the key with the longest rest:
+    the keys differ only in the container name, so that one decides how long a name may be."""
+    rests = [ann.key_name_length(k) for k in _keys("", portion_limit)]
+    longest = max(rests)
+    return rests.index(longest), longest
 
 
 def rule_name_fits_the_keys(fraction: ContainerFraction) -> list[Violation]:
@@ -659,12 +676,11 @@ def rule_name_fits_the_keys(fraction: ContainerFraction) -> list[Violation]:
     if not ann.is_container_name(name):
         return [Violation(f"container {name}", "has a name that cannot be part of an annotation key (a lowercase "
                                                "DNS-1123 label is needed); rename it")]
-    # The keys differ only in the name, so the one with the longest rest decides.
-    longest = max(keys_for(fraction, name=""), key=ann.key_name_length)
-    allowed = ann.KEY_NAME_MAX - ann.key_name_length(longest)
+    position, rest = _longest_key(_has_portion_limit(fraction))
+    allowed = ann.KEY_NAME_MAX - rest
     if len(name) <= allowed:
         return []
-    key = keys_for(fraction)[keys_for(fraction, name="").index(longest)]
+    key = keys_for(fraction)[position]
     return [Violation(f"container {name}", f"has a name longer than {allowed} characters, too long for the annotation "
                                            f"key {key} (at most {ann.KEY_NAME_MAX} characters after the /); shorten "
                                            "it")]
@@ -682,6 +698,24 @@ class _Review:
         return value
 
 
+def portion_container(obj: dict[str, Any]) -> str | None:
+    """The container whose fraction is a portion (a valid gpu-fraction's target), as `resolve` finds it, without
+    reading the rest: what the scheduler may write memory for at bind."""
+    annotations = podview.annotations(obj)
+    containers = read_containers(obj)
+    text = annotations.get(ann.FRACTION)
+    if text is None or read_fraction(ann.FRACTION, text)[0] is None:
+        return None
+    return read_target(read_shorthands(annotations), containers)[0].container
+
+
+# A pod's fractions depend only on its fraction annotations and its container names; pods made from one template
+# (a Deployment's, a Job's), and the reviews of one pod, share them. Pods whose fraction annotations are longer
+# than this are resolved afresh each time, so the memo holds at most _MEMO_PODS of this size.
+_MEMO_TEXT = 4096
+_MEMO_PODS = 256
+
+
 def resolve(obj: dict[str, Any], *, bound: bool,
             allow_multiple: bool = False) -> tuple[PodFractions, list[Violation]]:
     """Read every fraction annotation of a pod into per-container requests, with every violation found.
@@ -690,9 +724,29 @@ def resolve(obj: dict[str, Any], *, bound: bool,
     UPDATE after CREATE, whose authorship `validation` checks) rather than something the user wrote.
     `allow_multiple`: whether several containers of one pod may each hold a fraction (a binder that binds each).
     """
-    review = _Review()
     annotations = podview.annotations(obj)
     containers = read_containers(obj)
+    # Every other annotation is one `resolve` skips (no shorthand, not under a prefix it reads).
+    written = tuple((k, v) for k, v in annotations.items() if ann.is_fraction_key(k))
+    if sum(len(k) + len(v) for k, v in written) <= _MEMO_TEXT:
+        fractions, found = _resolve_memo(written, containers, bound, allow_multiple)
+        violations = list(found)
+    else:
+        fractions, violations = _resolve(dict(written), containers, bound, allow_multiple)
+    # Copies: callers may add to what they get, the memo's stays as it was.
+    return PodFractions(dict(fractions.containers), dict(fractions.translated)), violations
+
+
+@functools.lru_cache(maxsize=_MEMO_PODS)
+def _resolve_memo(written: tuple[tuple[str, str], ...], containers: Containers, bound: bool,
+                  allow_multiple: bool) -> tuple[PodFractions, tuple[Violation, ...]]:
+    fractions, violations = _resolve(dict(written), containers, bound, allow_multiple)
+    return fractions, tuple(violations)
+
+
+def _resolve(annotations: dict[str, str], containers: Containers, bound: bool,
+             allow_multiple: bool) -> tuple[PodFractions, list[Violation]]:
+    review = _Review()
     shorthands = read_shorthands(annotations)
     keys = review.add(read_container_keys(annotations, containers))
     target = review.add(read_target(shorthands, containers))

@@ -21,7 +21,7 @@ from gpufrac.core.contract import (
 )
 from gpufrac.webhook import pod as podview
 from gpufrac.webhook.errors import Violation, annotation
-from gpufrac.webhook.fractions import PodFractions, resolve
+from gpufrac.webhook.fractions import PodFractions, portion_container, resolve
 from gpufrac.webhook.mutation import (
     SHM_VOLUME,
     canonical_annotations,
@@ -47,8 +47,9 @@ def _scheduler_names(policy: Policy) -> str:
     return ", ".join(names) or "no identity (none configured)"
 
 
-def _is_bind_key(key: str, old_fractions: PodFractions) -> bool:
-    """Keys the scheduler adds at bind: devices, and absolute memory for a container that asked for a portion."""
+def _is_bind_key(key: str, portion: str | None) -> bool:
+    """Keys the scheduler adds at bind: devices, and absolute memory for the container that asked for a portion
+    (`portion`: that container of the pod before the UPDATE)."""
     try:
         parsed = ann.parse_container_key(key)
     except ann.MalformedKeyError:
@@ -58,8 +59,7 @@ def _is_bind_key(key: str, old_fractions: PodFractions) -> bool:
     if parsed.suffix == Field.DEVICES:
         return True
     if parsed.suffix in (Field.MEMORY_REQUEST, Field.MEMORY_LIMIT):
-        entry = old_fractions.containers.get(parsed.container)
-        return entry is not None and entry.portion is not None
+        return portion is not None and parsed.container == portion
     return False
 
 
@@ -74,13 +74,18 @@ def _authorship(old: dict[str, Any] | None, new: dict[str, Any], user: UserInfo,
                                                   f"({_scheduler_names(policy)}), not on create"))
         return out
     old_keys = user_fraction_keys(podview.annotations(old))
-    old_fractions = resolve(old, bound=True)[0] if is_scheduler and new_keys.keys() - old_keys.keys() else None
+    # The scheduler adding keys (its bind) needs only which container of the old pod holds a portion; the old
+    # pod is resolved whole only to explain a key it may not add.
+    binding = is_scheduler and bool(new_keys.keys() - old_keys.keys())
+    portion = portion_container(old) if binding else None
+    old_fractions: PodFractions | None = None
     for key in sorted(old_keys.keys() | new_keys.keys()):
         if key not in new_keys:
             out.append(annotation(key, old_keys[key], f"was removed; {_IMMUTABLE}"))
         elif key not in old_keys:
-            if not (old_fractions is not None and _is_bind_key(key, old_fractions)):
-                if old_fractions is not None:
+            if not (binding and _is_bind_key(key, portion)):
+                if binding:
+                    old_fractions = old_fractions or resolve(old, bound=True)[0]
                     why = _not_a_bind_key(key, old_fractions)
                 else:
                     why = "only the scheduler may add it, at bind" if _bind_shape(key) else _IMMUTABLE
