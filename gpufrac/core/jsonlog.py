@@ -26,9 +26,13 @@ _context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
     "gpufrac_log_context", default=MappingProxyType({}))
 
 
+# json.dumps(entry, default=str) would build this encoder for every line.
+_ENCODER = json.JSONEncoder(default=str)
+
+
 def timestamp(created: float) -> str:
-    moment = dt.datetime.fromtimestamp(created, dt.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    # isoformat truncates to milliseconds, as `microsecond // 1000` does, and costs a fraction of strftime.
+    return dt.datetime.fromtimestamp(created, dt.UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 class JsonFormatter(logging.Formatter):
@@ -40,10 +44,10 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         entry.update(_context.get())
-        entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")})
+        entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD and k[:1] != "_"})
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        return _ENCODER.encode(entry)
 
 
 @contextmanager
