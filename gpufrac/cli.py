@@ -1,4 +1,4 @@
-"""The `gpufrac` command: certs, webhook, review, agent.
+"""The `gpufrac` command: certs, webhook, review, agent, agent-withdraw, mps.
 
 Every flag can also be set from the environment, as `GPUFRAC_<FLAG>` (`--log-level` is `GPUFRAC_LOG_LEVEL`); a
 flag on the command line wins. `--help` of each command lists every flag with its default and its variable.
@@ -194,6 +194,11 @@ def _agent(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _agent_withdraw(args: argparse.Namespace) -> int:
+    from gpufrac.agent.withdraw import run
+    return run(args)
+
+
 def _mps(args: argparse.Namespace) -> int:
     from gpufrac.agent.mps_service import run
     return run(args)
@@ -271,6 +276,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         from gpufrac.agent.cli import add_arguments
         add_arguments(agent)
     agent.set_defaults(func=_agent)
+
+    withdraw = subcommand("agent-withdraw", "before an uninstall (the chart's pre-delete hook): stop the agents, "
+                                            "remove their node labels and conditions, stop the MPS daemons")
+    if command in (None, "agent-withdraw"):
+        from gpufrac.agent.withdraw import add_arguments as add_withdraw_arguments
+        add_withdraw_arguments(withdraw)
+    withdraw.set_defaults(func=_agent_withdraw)
 
     mps = subcommand("mps", "run one compute mode's MPS control daemon, supervised (the <release>-mps DaemonSet)")
     if command in (None, "mps"):

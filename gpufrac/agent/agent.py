@@ -30,8 +30,6 @@ from gpufrac.core.contract import DEFAULT_DRIVER_NAME, DEFAULT_MPS_ROOT, Enforce
 
 log = logging.getLogger(__name__)
 
-KAI_CONDITION_TYPE = "gpu-sharing.nvidia.com/Ready"
-
 # Evicting does not fix a placement the scheduler made; the other kinds are the pod's own.
 EVICTABLE = frozenset(ViolationKind) - {ViolationKind.MIXED_MODES}
 
@@ -60,7 +58,7 @@ class AgentConfig:
     watch_timeout: int = 300
     startup_wait: float = 10.0  # how long a first tick waits for new daemons before publishing labels
     # Published with the same status as gpufrac.io/Ready: KAI's NvFractions mode places fractions only where it is True
-    extra_condition_types: tuple[str, ...] = (KAI_CONDITION_TYPE,)
+    extra_condition_types: tuple[str, ...] = (capabilities.KAI_CONDITION_TYPE,)
     csi_driver: str = DEFAULT_DRIVER_NAME
     mps_daemons: DaemonOwner = DaemonOwner.AGENT
 

@@ -12,10 +12,20 @@ from gpufrac.core.contract import Enforcement, enforcement_label
 DRIVER_MAJOR_LABEL = "gpufrac.io/driver-version.major"
 GPU_COUNT_LABEL = "gpufrac.io/gpu-count"
 CONDITION_TYPE = "gpufrac.io/Ready"
+# Published with gpufrac.io/Ready's status by default: KAI's NvFractions mode places fractions only where it is True.
+KAI_CONDITION_TYPE = "gpu-sharing.nvidia.com/Ready"
 
 # CUDA 13.4 memory limits need driver r615+ and a CUDA driver API of 13.4 (13040) or later.
 MIN_DRIVER_MAJOR = 615
 MIN_CUDA_DRIVER_VERSION = 13040
+
+
+def ready_condition_types(values: list[str] | None) -> tuple[str, ...]:
+    """The types published beside gpufrac.io/Ready, from the repeatable --ready-condition-type (None: not given,
+    KAI's; '' entries dropped, so `--ready-condition-type ''` is none)."""
+    if values is None:
+        return (KAI_CONDITION_TYPE,)
+    return tuple(v.strip() for v in values if v.strip())
 
 
 def driver_major(version: str) -> int | None:

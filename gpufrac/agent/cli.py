@@ -11,7 +11,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpufrac.agent.agent import KAI_CONDITION_TYPE, Agent, AgentConfig, DaemonOwner
+from gpufrac.agent.agent import Agent, AgentConfig, DaemonOwner
+from gpufrac.agent.capabilities import KAI_CONDITION_TYPE, ready_condition_types
 from gpufrac.agent.errors import AgentError, ConfigError
 from gpufrac.agent.metrics import AgentMetrics
 from gpufrac.agent.serve import AgentHttpServer
@@ -117,16 +118,10 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
             args.stable_after,
         ),
         quit_timeout=args.quit_timeout,
-        extra_condition_types=_condition_types(args.ready_condition_type),
+        extra_condition_types=ready_condition_types(args.ready_condition_type),
         csi_driver=args.csi_driver,
         mps_daemons=args.mps_daemons,
     )
-
-
-def _condition_types(values: list[str] | None) -> tuple[str, ...]:
-    if values is None:
-        return (KAI_CONDITION_TYPE,)
-    return tuple(v.strip() for v in values if v.strip())
 
 
 def csi_plugin(args: argparse.Namespace, agent: Agent) -> CsiPlugin | None:

@@ -33,6 +33,7 @@ class KubeClient:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
 
     @classmethod
     def from_config(cls, kubeconfig: str | None) -> KubeClient:
@@ -54,6 +55,40 @@ class KubeClient:
                 field_manager=FIELD_MANAGER,
                 _content_type=STRATEGIC,
             )
+
+    # ---- withdrawal (`gpufrac agent-withdraw`, the chart's pre-delete hook) ----
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        with translated("listing nodes"):
+            resp = self.core.list_node(_preload_content=False)
+        items: list[dict[str, Any]] = json.loads(resp.data).get("items") or []
+        return items
+
+    def remove_node_labels(self, node: str, keys: tuple[str, ...]) -> None:
+        with translated(f"removing labels {', '.join(keys)} from node {node}"):
+            self.core.patch_node(node, {"metadata": {"labels": dict.fromkeys(keys)}},  # null removes a label
+                                 field_manager=FIELD_MANAGER, _content_type=STRATEGIC)
+
+    def remove_node_conditions(self, node: str, condition_types: tuple[str, ...]) -> None:
+        """Conditions merge on `type`: `$patch: delete` removes each one, whoever wrote the others."""
+        body = {"status": {"conditions": [{"type": t, "$patch": "delete"} for t in condition_types]}}
+        with translated(f"removing conditions {', '.join(condition_types)} from node {node}"):
+            self.core.patch_node_status(node, body, field_manager=FIELD_MANAGER, _content_type=STRATEGIC)
+
+    def delete_daemonset(self, namespace: str, name: str) -> bool:
+        """False when it is gone already. Its pods are deleted in the background (each gets its grace period)."""
+        try:
+            with translated(f"deleting daemonset {namespace}/{name}"):
+                self.apps.delete_namespaced_daemon_set(name, namespace, propagation_policy="Background")
+        except NotFoundError:
+            return False
+        return True
+
+    def count_pods(self, namespace: str, label_selector: str) -> int:
+        """Pods that still exist, terminating ones included."""
+        with translated(f"listing pods {label_selector} in {namespace}"):
+            resp = self.core.list_namespaced_pod(namespace, label_selector=label_selector, _preload_content=False)
+        return len(json.loads(resp.data).get("items") or [])
 
     # ---- events and eviction ----
 
