@@ -6,6 +6,7 @@ webhook's own output is intact, and the container-level rules that keep a fracti
 
 from __future__ import annotations
 
+import functools
 import posixpath
 from typing import Any
 
@@ -143,6 +144,19 @@ def _webhook_output(obj: dict[str, Any], fractions: PodFractions) -> list[Violat
     return out
 
 
+@functools.lru_cache(maxsize=256)
+def _expected_env(container: str, mode: ComputeMode, policy: Policy) -> tuple[dict[str, Any], ...]:
+    """What the mutation injects, to compare with (never written into a pod: shared between reviews)."""
+    return tuple(injected_env(container, mode, policy))
+
+
+@functools.lru_cache(maxsize=16)
+def _expected_mounts(mode: ComputeMode, policy: Policy) -> tuple[tuple[dict[str, Any], dict[str, Any]], ...]:
+    """(mount, the pod volume it mounts) the mutation injects for a container of this mode, to compare with."""
+    volumes = {v["name"]: v for v in injected_volumes(mode, policy)}
+    return tuple((mount, volumes[mount["name"]]) for mount in injected_mounts(mode, policy))
+
+
 def _injection(obj: dict[str, Any], fractions: PodFractions, policy: Policy) -> list[Violation]:
     """Each fractional container carries exactly the env and mount the mutating webhook injects."""
     out: list[Violation] = []
@@ -153,10 +167,9 @@ def _injection(obj: dict[str, Any], fractions: PodFractions, policy: Policy) -> 
             continue
         env = {e["name"]: e for e in podview.env(ref)}
         mounts = podview.volume_mounts(ref)
-        missing = [w["name"] for w in injected_env(ref.name, fraction.mode, policy) if env.get(w["name"]) != w]
-        wanted_volumes = {v["name"]: v for v in injected_volumes(fraction.mode, policy)}
-        for mount in injected_mounts(fraction.mode, policy):
-            if mount not in mounts or volumes.get(mount["name"]) != wanted_volumes[mount["name"]]:
+        missing = [w["name"] for w in _expected_env(ref.name, fraction.mode, policy) if env.get(w["name"]) != w]
+        for mount, volume in _expected_mounts(fraction.mode, policy):
+            if mount not in mounts or volumes.get(mount["name"]) != volume:
                 missing.append(f"the {mount['name']} volume mount at {mount['mountPath']}")
         if missing:
             out.append(Violation(f"container {ref.name}", f"lacks what gpufrac injects ({', '.join(missing)}): the "
@@ -196,6 +209,17 @@ def _foreign_mps_volume(volume: dict[str, Any], policy: Policy) -> list[Violatio
     return []
 
 
+@functools.lru_cache(maxsize=16)
+def _our_volumes(policy: Policy) -> tuple[dict[str, ComputeMode | None], dict[str, dict[str, Any]]]:
+    """The volume names gpufrac writes, each with the mode whose directories it holds (None: the shared memory
+    of every mode), and the volumes it writes by name; to compare with, never written into a pod."""
+    ours: dict[str, ComputeMode | None] = {volume_name(mode): mode for mode in policy.mps_dirs}
+    if policy.delivery is Delivery.HOST_PATH:
+        ours[SHM_VOLUME] = None
+    written = {v["name"]: v for mode in policy.mps_dirs for v in injected_volumes(mode, policy)}
+    return ours, written
+
+
 def _boundaries(obj: dict[str, Any], fractions: PodFractions, policy: Policy) -> list[Violation]:
     """What would let a fractional pod, or a container beside a fraction, reach past the fraction."""
     out: list[Violation] = []
@@ -204,11 +228,7 @@ def _boundaries(obj: dict[str, Any], fractions: PodFractions, policy: Policy) ->
         if pod_spec.get(field) is True:
             out.append(Violation("pod", f"sets {field}: true; a pod with GPU fractions cannot share the host's "
                                         "process or IPC namespace, which would reach other pods' GPU work"))
-    # volume name -> the mode whose directories it holds (None: the shared memory of every mode)
-    ours: dict[str, ComputeMode | None] = {volume_name(mode): mode for mode in policy.mps_dirs}
-    if policy.delivery is Delivery.HOST_PATH:
-        ours[SHM_VOLUME] = None
-    written = {v["name"]: v for mode in policy.mps_dirs for v in injected_volumes(mode, policy)}
+    ours, written = _our_volumes(policy)
     for volume in podview.volumes(obj):
         if written.get(volume["name"]) == volume:
             continue
