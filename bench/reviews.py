@@ -131,14 +131,16 @@ def seed_reviews(policy: Policy) -> list[SeedReview]:
     bound = copy.deepcopy(notebook)
     bound["metadata"]["annotations"].update(BIND_ANNOTATIONS)
     bound["spec"]["nodeName"] = "gpu-node-1"
+    groups = ("system:serviceaccounts", "system:serviceaccounts:kai-scheduler", "system:authenticated")
+    bind = review(bound, operation="UPDATE", old=notebook, user=BINDER, groups=groups)
     reviews = [
         SeedReview(INFERENCE_MUTATE, "/mutate", inference),
         SeedReview(INFERENCE_VALIDATE, "/validate", inference_mutated),
         SeedReview("notebook CREATE /validate", "/validate", review(notebook)),
-        SeedReview("binder UPDATE /mutate", "/mutate",
-                   review(bound, operation="UPDATE", old=notebook, user=BINDER,
-                          groups=("system:serviceaccounts", "system:serviceaccounts:kai-scheduler",
-                                  "system:authenticated"))),
+        SeedReview("binder UPDATE /mutate", "/mutate", bind),
+        # What the validating webhook sees of the same bind: the canonical memory written, the old pod beside it.
+        SeedReview("binder UPDATE /validate", "/validate",
+                   review(mutated(bind, policy), operation="UPDATE", old=notebook, user=BINDER, groups=groups)),
     ]
     for r in reviews:
         request = parse_review(r.body)
