@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import contextvars
 import datetime as dt
+import itertools
 import json
 import logging
 import logging.config
+import math
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import MappingProxyType
@@ -22,6 +25,7 @@ LEVELS = ("debug", "info", "warning", "error")  # what --log-level accepts
 QUIET_LOGGERS = ("kubernetes", "urllib3")
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
+_OWN_ATTRIBUTES = len(vars(logging.LogRecord("", 0, "", 0, "", (), None)))
 _context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
     "gpufrac_log_context", default=MappingProxyType({}))
 
@@ -30,9 +34,24 @@ _context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
 _ENCODER = json.JSONEncoder(default=str)
 
 
+_SECOND: tuple[int, str] = (-1, "")  # the last whole second written, and its text
+
+
 def timestamp(created: float) -> str:
-    # isoformat truncates to milliseconds, as `microsecond // 1000` does, and costs a fraction of strftime.
-    return dt.datetime.fromtimestamp(created, dt.UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
+    """UTC with milliseconds. The seconds' text is made once per second (lines come many a second); the
+    microseconds round half to even, carrying into the second, as datetime.fromtimestamp does."""
+    fraction, whole = math.modf(created)
+    micros = round(fraction * 1e6)
+    if created < 0:
+        moment = dt.datetime.fromtimestamp(created, dt.UTC)
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    second = int(whole) + (micros >= 1_000_000)
+    micros %= 1_000_000
+    cached = _SECOND
+    if cached[0] != second:
+        cached = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+        globals()["_SECOND"] = cached
+    return f"{cached[1]}.{micros // 1000:03d}Z"
 
 
 class JsonFormatter(logging.Formatter):
@@ -44,7 +63,10 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         entry.update(_context.get())
-        entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD and k[:1] != "_"})
+        attributes = vars(record).items()
+        if type(record) is logging.LogRecord:  # its own attributes come first, then the call's `extra`
+            attributes = itertools.islice(attributes, _OWN_ATTRIBUTES, None)  # type: ignore[assignment]
+        entry.update({k: v for k, v in attributes if k not in _STANDARD and k[:1] != "_"})
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return _ENCODER.encode(entry)
