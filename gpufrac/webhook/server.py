@@ -31,8 +31,10 @@ KEEPALIVE_SECONDS = 95  # the API server keeps idle connections for 90 s; outliv
 # A review arrives in one piece from the API server; a client that takes longer than this to finish its TLS
 # handshake, or to send one request, is cut off so it cannot hold one of a worker's few threads.
 CLIENT_DEADLINE_SECONDS = 1.0
-# How long a thread that answered a request waits on its kept-alive connection for the next one (LingeringThreadWorker).
-LINGER_SECONDS = 0.005
+# How long a thread that answered a request waits on its kept-alive connection for the next one
+# (LingeringThreadWorker): longer than the API server takes between a pod's two reviews and, at one client,
+# between two pods.
+LINGER_SECONDS = 0.02
 # How long gunicorn lets a new connection that sent nothing yet hold a thread before parking it in the poller
 # (gunicorn's default is 5 s: a few idle connections would delay every review past the webhook timeout).
 IDLE_CONNECTION_WAIT_SECONDS = 0.5
