@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import statistics
 import sys
 import threading
@@ -30,6 +31,12 @@ class ApiCell:
     seconds: float = 0.0
     errors: int = 0
     wrong: int = 0  # created but mutated when it should not be, or the reverse
+    # webhook name -> [seconds, calls] as the API server times its calls to it (request sent to answer read)
+    webhook_calls: dict[str, list[float]] = field(default_factory=dict)
+
+    def webhook_ms(self, name: str) -> float:
+        seconds, calls = self.webhook_calls.get(name, (0.0, 0))
+        return seconds / calls * 1000 if calls else float("nan")
 
     @property
     def pods_per_s(self) -> float:
@@ -59,6 +66,23 @@ def _manifest(i: int) -> dict:
             "metadata": {"name": f"bench-{i}", "namespace": NAMESPACE, "annotations": dict(annotations)},
             "spec": {"schedulerName": "kai-scheduler",
                      "containers": [{"name": "app", "image": IMAGE, "command": ["sleep", "infinity"]}]}}
+
+
+_WEBHOOK_SERIES = re.compile(
+    r'^apiserver_admission_webhook_admission_duration_seconds_(sum|count)\{([^}]*)\} (\S+)$', re.M)
+_NAME_LABEL = re.compile(r'name="([^"]*)"')
+
+
+def _webhook_seconds(api_client) -> dict[str, list[float]]:
+    """webhook name -> [seconds, calls] so far, from the API server's own metrics."""
+    method, url, headers, body, _ = api_client.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
+    text = api_client.call_api(method, url, header_params=headers, body=body).read().decode()
+    totals: dict[str, list[float]] = {}
+    for kind, labels, value in _WEBHOOK_SERIES.findall(text):
+        name = _NAME_LABEL.search(labels)
+        if name:
+            totals.setdefault(name[1], [0.0, 0.0])[0 if kind == "sum" else 1] += float(value)
+    return totals
 
 
 def _load(cell: ApiCell, api, duration: float, run_tag: str) -> None:
@@ -160,7 +184,13 @@ def run(*, concurrencies: tuple[int, ...], duration: float, rounds: int, workdir
                     _unregister(cp, admission_api, api, names)
                 for concurrency in concurrencies:
                     cell = cells.setdefault((webhooks, concurrency), ApiCell(webhooks, concurrency))
+                    before = _webhook_seconds(api_client)
                     _load(cell, api, duration, f"r{r}-{'on' if webhooks else 'off'}-c{concurrency}")
+                    for name, (seconds, calls) in _webhook_seconds(api_client).items():
+                        was = before.get(name, [0.0, 0.0])
+                        total = cell.webhook_calls.setdefault(name, [0.0, 0])
+                        total[0] += seconds - was[0]
+                        total[1] += int(calls - was[1])
                     print(f"[bench] apiserver webhooks={'on ' if webhooks else 'off'} c={concurrency:<3d} "
                           f"{cell.pods_per_s:6.1f} pods/s p99 {cell.pct(0.99):.1f} ms", file=sys.stderr,
                           flush=True)

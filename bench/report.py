@@ -267,6 +267,17 @@ class Report:
         out += _table(["client threads", "webhooks", "pods", "pods/s", "p50 ms", "p99 ms", "errors", "wrong",
                        "with vs without"], rows)
         out.append("")
+        names = sorted({n for (on, _), cell in a.cells.items() if on for n in cell.webhook_calls})
+        if names:
+            timed = [f"{c} client{'s' if c > 1 else ''}: " + ", ".join(
+                f"{n} {a.cells[(True, c)].webhook_ms(n):.1f} ms ({int(a.cells[(True, c)].webhook_calls[n][1])} calls)"
+                for n in names if n in a.cells[(True, c)].webhook_calls)
+                for c in sorted(c for on, c in a.cells if on)]
+            out += ["Each webhook call as the API server times it (`apiserver_admission_webhook_admission_duration_"
+                    "seconds`, mean; it spans building and encoding the review, the HTTPS round trip, and decoding "
+                    "the answer and applying its patch): " + "; ".join(timed) + ". Compare with the webhook's own "
+                    "CPU per review and its in-handler time in section 1: the rest of a call is the API server's "
+                    "side and both sides waiting for a core.", ""]
         load = self.machine.get("load", "?")
         one = (a.cells.get((True, 1)), a.cells.get((False, 1)))
         if one[0] and one[1] and one[0].latencies and one[1].latencies:
