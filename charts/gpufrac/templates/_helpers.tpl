@@ -80,6 +80,31 @@
 {{- if and (eq .Values.certs.mode "self-managed") (not .Values.webhook.clientConfig.url) (not .Values.webhook.clientConfig.caBundle) }}true{{ end }}
 {{- end }}
 
+{{/* The agent's --ready-condition-type flags (the agent and the uninstall hook): one per agent.readyConditionTypes,
+or one "" for none. */}}
+{{- define "gpufrac.agent.conditionTypeArgs" -}}
+{{- if .Values.agent.readyConditionTypes }}
+{{- range .Values.agent.readyConditionTypes }}
+- --ready-condition-type
+- {{ . | quote }}
+{{- end }}
+{{- else }}
+- --ready-condition-type
+- ""
+{{- end }}
+{{- end }}
+
+{{/* labels and the pre-delete hook annotations of the uninstall hook's objects:
+include "gpufrac.agent.withdrawMeta" (dict "root" . "weight" "N") */}}
+{{- define "gpufrac.agent.withdrawMeta" -}}
+labels:
+  {{- include "gpufrac.componentLabels" (list .root "agent-withdraw") | nindent 2 }}
+annotations:
+  helm.sh/hook: pre-delete
+  helm.sh/hook-weight: {{ .weight | quote }}
+  helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end }}
+
 {{/* Labels. */}}
 {{- define "gpufrac.labels" -}}
 helm.sh/chart: {{ include "gpufrac.chart" . }}
@@ -99,6 +124,14 @@ app.kubernetes.io/part-of: gpufrac
 app.kubernetes.io/name: {{ include "gpufrac.name" $root }}
 app.kubernetes.io/instance: {{ $root.Release.Name }}
 app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{/* The selector labels of a component as a label selector (k=v,...): include "gpufrac.selectorString" (list . "agent") */}}
+{{- define "gpufrac.selectorString" -}}
+{{- $labels := include "gpufrac.selectorLabels" . | fromYaml -}}
+{{- $pairs := list -}}
+{{- range $key := keys $labels | sortAlpha }}{{ $pairs = append $pairs (printf "%s=%s" $key (index $labels $key)) }}{{ end -}}
+{{- join "," $pairs -}}
 {{- end }}
 
 {{- define "gpufrac.componentLabels" -}}
@@ -280,6 +313,47 @@ exempt from every rule. `default` is refused unless allowDefaultNamespace.
 {{- define "gpufrac.nodeSelector" -}}
 nodeSelector:
   {{- toYaml (merge (deepCopy (default (dict) .)) (dict "kubernetes.io/os" "linux")) | nindent 2 }}
+{{- end }}
+
+{{/*
+What every pod of the chart's Jobs shares (the certificate Jobs and CronJob, the uninstall hook): restartPolicy,
+scheduling from certs.selfManaged (nodeSelector, tolerations, affinity, priorityClassName), imagePullSecrets and a
+non-root pod securityContext. include "gpufrac.jobPod" .
+*/}}
+{{- define "gpufrac.jobPod" -}}
+{{- $sm := .Values.certs.selfManaged -}}
+restartPolicy: OnFailure
+{{- include "gpufrac.nodeSelector" $sm.nodeSelector | nindent 0 }}
+{{- with $sm.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $sm.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $sm.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 65532
+  runAsGroup: 65532
+  seccompProfile:
+    type: RuntimeDefault
+{{- end }}
+
+{{/* The securityContext of a Job's container: include "gpufrac.jobContainerSecurityContext" . */}}
+{{- define "gpufrac.jobContainerSecurityContext" -}}
+securityContext:
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  capabilities:
+    drop: [ALL]
 {{- end }}
 
 {{/* Bind argument: listen on every address of the pod's IP family (POD_IP decides): include "gpufrac.bind" PORT */}}

@@ -85,29 +85,7 @@ annotations:
 {{- $root := .root -}}
 {{- $sm := $root.Values.certs.selfManaged -}}
 serviceAccountName: {{ .sa }}
-restartPolicy: OnFailure
-{{- include "gpufrac.nodeSelector" $sm.nodeSelector | nindent 0 }}
-{{- with $sm.tolerations }}
-tolerations:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with $sm.affinity }}
-affinity:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with $sm.priorityClassName }}
-priorityClassName: {{ . }}
-{{- end }}
-{{- with $root.Values.imagePullSecrets }}
-imagePullSecrets:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-securityContext:
-  runAsNonRoot: true
-  runAsUser: 65532
-  runAsGroup: 65532
-  seccompProfile:
-    type: RuntimeDefault
+{{- include "gpufrac.jobPod" $root | nindent 0 }}
 containers:
   - name: rotate
     image: {{ include "gpufrac.image" (list $root $root.Values.webhook.image) }}
@@ -141,9 +119,5 @@ containers:
     resources:
       {{- toYaml . | nindent 6 }}
     {{- end }}
-    securityContext:
-      allowPrivilegeEscalation: false
-      readOnlyRootFilesystem: true
-      capabilities:
-        drop: [ALL]
+    {{- include "gpufrac.jobContainerSecurityContext" $root | nindent 4 }}
 {{- end }}
