@@ -17,6 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gpufrac.agent.withdraw import add_arguments as add_withdraw_arguments
 from gpufrac.certs.rotation import add_rotate_arguments
 from gpufrac.core import annotations as ann
 from gpufrac.core.annotations import ComputeMode
@@ -90,6 +91,12 @@ def container(workload: dict[str, Any]) -> dict[str, Any]:
         else workload["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     (c,) = spec["containers"]
     return c
+
+
+def certificate_jobs(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The Jobs and CronJob of the self-managed certificates (not the uninstall hook's Job)."""
+    return [o for o in objs if o["kind"] in ("Job", "CronJob")
+            and o["metadata"]["labels"]["app.kubernetes.io/component"] == "certs"]
 
 
 def arg_value(args: list[str], flag: str) -> list[str]:
@@ -231,7 +238,7 @@ def test_url_mode_switches_client_config() -> None:
     for w, path in ((mutating(objs), "/mutate"), (validating(objs), "/validate"), (workloads(objs), "/validate")):
         assert w["clientConfig"] == {"url": URL + path, "caBundle": CA_BUNDLE}
     # The harness's certificates are not the chart's to manage.
-    assert not find(objs, "Job") and not find(objs, "CronJob") and not find(objs, "Certificate")
+    assert not certificate_jobs(objs) and not find(objs, "Certificate")
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         assert "annotations" not in one(objs, kind)["metadata"]
     # A trailing slash on the URL does not double up; cert-manager mode does not inject into url configs.
@@ -623,6 +630,103 @@ def test_agent_rbac(default: list[dict[str, Any]]) -> None:
         "serviceAccountName"], "namespace": NS}]
 
 
+# --- the uninstall hook -------------------------------------------------------------------------------------
+
+WITHDRAW = "gpufrac-agent-withdraw"
+WITHDRAW_OBJECTS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Job")
+
+
+def _withdraw_args(job: dict[str, Any]) -> argparse.Namespace:
+    c = container(job)
+    assert c["command"] == ["gpufrac"] and c["args"][0] == "agent-withdraw"
+    parser = argparse.ArgumentParser()
+    add_withdraw_arguments(parser)
+    return parser.parse_args(c["args"][1:])  # the chart's flags are the CLI's flags
+
+
+def _selector(workload: dict[str, Any]) -> dict[str, str]:
+    return workload["spec"]["selector"]["matchLabels"]
+
+
+def _parse_selector(text: str) -> dict[str, str]:
+    return dict(pair.split("=", 1) for pair in text.split(","))
+
+
+def test_the_uninstall_hook_runs_only_before_a_delete_and_names_what_the_release_runs(
+        default: list[dict[str, Any]]) -> None:
+    job = one(default, "Job", WITHDRAW)
+    for kind in WITHDRAW_OBJECTS:
+        ann = one(default, kind, WITHDRAW)["metadata"]["annotations"]
+        # Never on install, upgrade or rollback: an agent replaced by a rolling update keeps its labels.
+        assert ann["helm.sh/hook"] == "pre-delete", kind
+        assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+        if kind != "Job":  # its ServiceAccount and RBAC exist before it
+            assert int(ann["helm.sh/hook-weight"]) < int(job["metadata"]["annotations"]["helm.sh/hook-weight"])
+    args = _withdraw_args(job)
+    agent, mps = one(default, "DaemonSet", "gpufrac-agent"), one(default, "DaemonSet", "gpufrac-mps")
+    assert (args.namespace, args.agent_daemonset, args.mps_daemonset) == (NS, "gpufrac-agent", "gpufrac-mps")
+    assert _parse_selector(args.agent_selector) == _selector(agent)
+    assert _parse_selector(args.mps_selector) == _selector(mps)
+    # The hook's own pod is not one of the pods it waits for.
+    pod_labels = job["spec"]["template"]["metadata"]["labels"]
+    assert not _selector(agent).items() <= pod_labels.items() and not _selector(mps).items() <= pod_labels.items()
+    # It removes the condition types the agent publishes, and waits as long as an agent may take to stop.
+    assert args.ready_condition_type == arg_value(container(agent)["args"], "--ready-condition-type")
+    grace = agent["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace < args.timeout <= grace + 30
+    assert job["spec"]["activeDeadlineSeconds"] >= 2 * args.timeout
+    assert job["spec"]["template"]["spec"]["serviceAccountName"] == WITHDRAW
+
+
+def test_the_uninstall_hook_rbac_is_what_it_does(default: list[dict[str, Any]]) -> None:
+    assert _rules(one(default, "Role", WITHDRAW)) == {
+        ("apps", "daemonsets", "delete", ("gpufrac-agent", "gpufrac-mps")), ("", "pods", "list", ())}
+    assert _rules(one(default, "ClusterRole", WITHDRAW)) == {
+        ("", "nodes", "list", ()), ("", "nodes", "patch", ()), ("", "nodes/status", "patch", ())}
+    for kind in ("RoleBinding", "ClusterRoleBinding"):
+        binding = one(default, kind, WITHDRAW)
+        assert binding["roleRef"]["name"] == WITHDRAW
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": WITHDRAW, "namespace": NS}]
+
+
+def test_the_uninstall_hook_follows_the_values() -> None:
+    objs = render("--set", "mps.daemonSet.enabled=false", "--set", "agent.readyConditionTypes=null",
+                  "--set", "agent.terminationGracePeriodSeconds=200", "--set", "agent.image.tag=9.9")
+    job = one(objs, "Job", WITHDRAW)
+    args = _withdraw_args(job)
+    assert args.mps_daemonset == "" and args.ready_condition_type == [""] and args.timeout == 215
+    assert container(job)["image"] == "ghcr.io/gpufrac/gpufrac:9.9"
+    assert _rules(one(objs, "Role", WITHDRAW)) == {("apps", "daemonsets", "delete", ("gpufrac-agent",)),
+                                                   ("", "pods", "list", ())}
+    objs = render("--set", "agent.readyConditionTypes={gpu-fractioning.nvidia.com/Ready}")
+    assert _withdraw_args(one(objs, "Job", WITHDRAW)).ready_condition_type == ["gpu-fractioning.nvidia.com/Ready"]
+    objs = render("--set", "fullnameOverride=gf")
+    args = _withdraw_args(one(objs, "Job", "gf-agent-withdraw"))
+    assert (args.agent_daemonset, args.mps_daemonset) == ("gf-agent", "gf-mps")
+    assert _parse_selector(args.agent_selector) == _selector(one(objs, "DaemonSet", "gf-agent"))
+    for off in ("agent.enabled=false", "agent.withdrawOnUninstall=false"):
+        assert not [o for o in render("--set", off) if o["metadata"]["name"] == WITHDRAW], off
+
+
+def test_the_uninstall_hook_runs_like_the_certificate_jobs(default: list[dict[str, Any]]) -> None:
+    def pod(objs: list[dict[str, Any]], name: str) -> dict[str, Any]:
+        return dict(one(objs, "Job", name)["spec"]["template"]["spec"])
+
+    hook, certs = pod(default, WITHDRAW), pod(default, "gpufrac-certs-init")
+    assert hook["securityContext"] == certs["securityContext"] and hook["securityContext"]["runAsNonRoot"] is True
+    assert hook["containers"][0]["securityContext"] == certs["containers"][0]["securityContext"]
+    assert hook["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    assert hook["containers"][0]["resources"] == certs["containers"][0]["resources"]
+    assert hook["restartPolicy"] == "OnFailure"
+    objs = render("--set", "certs.selfManaged.tolerations[0].operator=Exists",
+                  "--set", "certs.selfManaged.priorityClassName=platform-critical",
+                  "--set", "certs.selfManaged.nodeSelector.pool=system", "--set", "imagePullSecrets[0].name=reg")
+    hook, certs = pod(objs, WITHDRAW), pod(objs, "gpufrac-certs-init")
+    for key in ("tolerations", "priorityClassName", "nodeSelector", "imagePullSecrets"):
+        assert hook[key] == certs[key], key
+    assert hook["tolerations"] == [{"operator": "Exists"}] and hook["nodeSelector"]["pool"] == "system"
+
+
 # --- certificates -------------------------------------------------------------------------------------------
 
 
@@ -635,6 +739,7 @@ def _rotate_args(workload: dict[str, Any]) -> argparse.Namespace:
 
 
 def test_self_managed_certificates(default: list[dict[str, Any]]) -> None:
+    assert len(certificate_jobs(default)) == 3
     jobs = {j["metadata"]["name"]: j for j in find(default, "Job")}
     init, sync = jobs["gpufrac-certs-init"], jobs["gpufrac-certs-sync"]
     assert init["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
@@ -678,7 +783,7 @@ def test_self_managed_certificates(default: list[dict[str, Any]]) -> None:
 
 def test_cert_manager_mode() -> None:
     objs = render(*CERT_MANAGER)
-    assert not find(objs, "Job") and not find(objs, "CronJob")
+    assert not certificate_jobs(objs)
     issuers = {i["metadata"]["name"]: i for i in find(objs, "Issuer")}
     certs = {c["metadata"]["name"]: c for c in find(objs, "Certificate")}
     assert issuers["gpufrac-selfsigned"]["spec"] == {"selfSigned": {}}
@@ -710,4 +815,4 @@ def test_external_ca_bundle_in_service_mode() -> None:
     objs = render("--set", f"webhook.clientConfig.caBundle={CA_BUNDLE}")
     assert mutating(objs)["clientConfig"]["caBundle"] == CA_BUNDLE
     assert "service" in mutating(objs)["clientConfig"]
-    assert not find(objs, "Job") and not find(objs, "CronJob")
+    assert not certificate_jobs(objs)

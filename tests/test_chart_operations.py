@@ -81,13 +81,14 @@ def test_every_pod_runs_on_linux_and_keeps_its_own_selector():
     objs = render("--set", "webhook.nodeSelector.pool=system", "--set", "agent.nodeSelector.gpu=yes",
                   "--set", "certs.selfManaged.nodeSelector.pool=system")
     specs = pod_specs(objs)
-    assert len(specs) == 6  # webhook, agent, MPS daemons, two hook Jobs, CronJob
+    assert len(specs) == 7  # webhook, agent, MPS daemons, two certificate hook Jobs, CronJob, the uninstall hook
     for name, spec in specs.items():
         assert spec["nodeSelector"]["kubernetes.io/os"] == "linux", name
     assert specs["Deployment/gpufrac-webhook"]["nodeSelector"] == {"kubernetes.io/os": "linux", "pool": "system"}
     assert specs["DaemonSet/gpufrac-agent"]["nodeSelector"] == {"kubernetes.io/os": "linux", "gpu": "yes"}
     assert specs["DaemonSet/gpufrac-mps"]["nodeSelector"] == {"kubernetes.io/os": "linux", "gpu": "yes"}
     assert specs["CronJob/gpufrac-certs"]["nodeSelector"] == {"kubernetes.io/os": "linux", "pool": "system"}
+    assert specs["Job/gpufrac-agent-withdraw"]["nodeSelector"] == {"kubernetes.io/os": "linux", "pool": "system"}
 
 
 def test_certificate_jobs_schedule_on_tainted_clusters(default):

@@ -10,6 +10,7 @@ import json
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -61,6 +62,14 @@ def agent_metrics(node: RealCluster) -> str:
     port = agent["spec"]["containers"][0]["ports"][0]["containerPort"]
     with urllib.request.urlopen(f"http://{agent['status']['podIP']}:{port}/metrics", timeout=5) as resp:
         return resp.read().decode()
+
+
+def gpufrac_leftovers(node_obj: dict) -> list[str]:
+    """The agent's labels and conditions still on the node (gpufrac.io/ and KAI's readiness)."""
+    labels = [k for k in node_obj["metadata"]["labels"] if k.startswith("gpufrac.io/")]
+    conditions = [c["type"] for c in node_obj["status"]["conditions"]
+                  if c["type"].startswith("gpufrac.io/") or c["type"] == "gpu-sharing.nvidia.com/Ready"]
+    return labels + conditions
 
 
 # ---- install -------------------------------------------------------------------------------------------------
@@ -208,6 +217,26 @@ class Creator(threading.Thread):
             self.node.kubectl("delete", "pod", "-n", USER_NAMESPACE, "--wait=false", *self.created)
 
 
+class NodeSampler(threading.Thread):
+    """Reads the node every `interval` seconds until stopped: which of the agent's labels and conditions it has."""
+
+    def __init__(self, node: RealCluster, interval: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.node, self.interval = node, interval
+        self.stop_event = threading.Event()
+        self.samples: list[set[str]] = []
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            self.samples.append(set(gpufrac_leftovers(kubectl_json(self.node, "get", "node", NODE_NAME))))
+            self.stop_event.wait(self.interval)
+
+    def finish(self) -> list[set[str]]:
+        self.stop_event.set()
+        self.join(30)
+        return self.samples
+
+
 def test_losing_one_webhook_pod_keeps_admission_working(node: RealCluster, installed):
     victim = webhook_pods(node)[0]["metadata"]["name"]
     creator = Creator(node, "during-kill")
@@ -244,13 +273,20 @@ def test_without_any_webhook_pod_fractional_pods_are_refused_and_others_are_not(
 
 def test_helm_upgrade_rolls_both_while_pods_are_created_without_a_failure(node: RealCluster, installed: Helm):
     before = {p["metadata"]["name"] for p in webhook_pods(node)}
-    creator = Creator(node, "during-upgrade")
+    creator, sampler = Creator(node, "during-upgrade"), NodeSampler(node)
     creator.start()
+    sampler.start()
     try:
         stamp = f"r{int(time.time())}"
         installed.upgrade(f"webhook.podAnnotations.e2e-rollout={stamp}", f"agent.podAnnotations.e2e-rollout={stamp}")
     finally:
         creator.finish()
+        samples = sampler.finish()
+    # The agent replaced by the rollout withdrew nothing: its labels and conditions stayed on the node throughout.
+    published = {"gpufrac.io/enforcement.time-slicing", "gpufrac.io/enforcement.sm-sharing", "gpufrac.io/gpu-count",
+                 "gpufrac.io/Ready", "gpu-sharing.nvidia.com/Ready"}
+    assert len(samples) >= 5 and all(published <= sample for sample in samples), \
+        [sorted(published - sample) for sample in samples if not published <= sample][:3]
     # helm --wait returns once the new pods are ready; the old ones may still be terminating (and listed) then.
     wait_until(lambda: not before & {p["metadata"]["name"] for p in webhook_pods(node)}, 120,
                "the webhook Deployment's old pods replaced")
@@ -264,21 +300,76 @@ def test_helm_upgrade_rolls_both_while_pods_are_created_without_a_failure(node: 
 # ---- uninstall -----------------------------------------------------------------------------------------------
 
 
-def test_helm_uninstall_leaves_no_webhook_configuration(node: RealCluster, installed: Helm):
+MPS_LOG_ROOT = Path("/var/log/gpufrac/mps")  # mps.logRoot, a hostPath: the node's containers write the machine's
+
+
+def last_daemon_records(mode: str) -> list[dict]:
+    """What the fake MPS control daemon of the release's `mode` container recorded, from its last start on."""
+    lines = (MPS_LOG_ROOT / mode / "fake-mps-record.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    last = max(i for i, r in enumerate(records) if r["event"] == "start")
+    return [r for r in records[last:] if r.get("pid") == records[last]["pid"]]
+
+
+class HookLog(threading.Thread):
+    """Follows the log of the uninstall hook's pod (its Job is deleted once it succeeds): its summary line."""
+
+    def __init__(self, node: RealCluster) -> None:
+        super().__init__(daemon=True)
+        self.node = node
+        self.stop_event = threading.Event()
+        self.lines: list[dict] = []
+
+    def run(self) -> None:
+        while not self.stop_event.wait(0.2):
+            res = self.node.kubectl("get", "pods", "-n", RELEASE_NAMESPACE, "-l",
+                                    "app.kubernetes.io/component=agent-withdraw", "-o", "name", user="admin")
+            if res.rc == 0 and res.stdout.strip():
+                pod = res.stdout.split()[0]
+                out = self.node.kubectl("logs", "-f", pod, "-n", RELEASE_NAMESPACE, user="admin", timeout=300)
+                if out.rc == 0:
+                    self.lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+                    return
+
+    def summary(self) -> dict:
+        self.stop_event.set()
+        self.join(30)
+        return next((line for line in reversed(self.lines) if "total_s" in line), {})
+
+
+def test_helm_uninstall_withdraws_the_agents_and_leaves_no_webhook_configuration(node: RealCluster, installed: Helm):
+    before = kubectl_json(node, "get", "node", NODE_NAME)
+    assert {"gpufrac.io/enforcement.time-slicing", "gpufrac.io/gpu-count", "gpufrac.io/Ready",
+            "gpu-sharing.nvidia.com/Ready"} <= set(gpufrac_leftovers(before)), "the agent published nothing"
+    hook_log = HookLog(node)
+    hook_log.start()
+    started = time.monotonic()
     installed.uninstall()
+    took = time.monotonic() - started
+    hook = hook_log.summary()
     for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
         names = [c["metadata"]["name"] for c in kubectl_json(node, "get", kind)["items"]]
         assert not [n for n in names if "gpufrac" in n], names
+    # The pre-delete hook stopped the agents, took their labels and conditions off the node, then stopped the MPS
+    # daemons: all of it before helm returned, with nothing to wait for afterwards.
+    after = kubectl_json(node, "get", "node", NODE_NAME)
+    assert gpufrac_leftovers(after) == [], gpufrac_leftovers(after)
+    assert after["metadata"]["labels"]["kubernetes.io/hostname"] == before["metadata"]["labels"][
+        "kubernetes.io/hostname"]
+    assert "Ready" in {c["type"] for c in after["status"]["conditions"]}, "the kubelet's own conditions stay"
+    pods = kubectl_json(node, "get", "pods", "-n", RELEASE_NAMESPACE, "-l",
+                        "app.kubernetes.io/component in (agent, mps)")["items"]
+    assert pods == [], [p["metadata"]["name"] for p in pods]
+    for mode in ("time-slicing", "sm-sharing"):
+        records = last_daemon_records(mode)
+        assert any(r["event"] == "command" and r["command"] == "quit" for r in records), records
+        assert [r["code"] for r in records if r["event"] == "exit"] == [0], f"the {mode} daemon did not quit cleanly"
+    leftover_hooks = kubectl_json(node, "get", "jobs,serviceaccounts", "-n", RELEASE_NAMESPACE)["items"]
+    assert not [o for o in leftover_hooks if o["metadata"]["name"].endswith("-withdraw")], "hook-succeeded deletes it"
+    print(f"[e2e] helm uninstall with the pre-delete hook took {took:.1f} s; the hook's own summary (agents "
+          f"stopped, MPS daemons stopped, in all, s): {hook.get('agents_stopped_s')}, {hook.get('mps_stopped_s')}, "
+          f"{hook.get('total_s')}")
     # Pod creation does not depend on anything gpufrac left behind.
     name = unique("after-uninstall")
     assert create(node, fractional_pod(name)).rc == 0
     node.kubectl("delete", "pod", name, "-n", USER_NAMESPACE, "--wait=false")
-
-
-@pytest.mark.xfail(strict=True, reason="helm uninstall deletes the agent's RBAC and ServiceAccount together with "
-                   "its DaemonSet, so the stopping agent cannot patch the node; a pre-delete hook that stops the "
-                   "agents first and withdraws their labels and condition is still to be written")
-def test_after_uninstall_the_node_carries_no_gpufrac_labels_or_conditions(node: RealCluster):
-    node_obj = wait_until(lambda: (n := kubectl_json(node, "get", "node", NODE_NAME)) and not any(
-        k.startswith("gpufrac.io/") for k in n["metadata"]["labels"]) and n, 30, "the agent's labels gone")
-    assert not [c for c in node_obj["status"]["conditions"] if c["type"].startswith("gpufrac.io/")]
