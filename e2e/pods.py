@@ -4,9 +4,10 @@ run a command inside, find a container's processes on the host."""
 from __future__ import annotations
 
 import json
+import urllib.request
 
-from e2e.cluster import NODE_NAME, USER_NAMESPACE, ClusterError
-from e2e.node import GPU_UUIDS, RealCluster
+from e2e.cluster import NODE_NAME, RELEASE_NAMESPACE, USER_NAMESPACE, ClusterError, KubectlResult
+from e2e.node import APP_IMAGE, GPU_UUIDS, RealCluster
 from e2e.toolkit.wait import wait_until
 
 NV = "nvidia.com/container.app."
@@ -16,6 +17,19 @@ SEED_BINDS = {
     "notebook": {NV + "gpus.devices": ",".join(GPU_UUIDS[:2]),
                  NV + "gpu-memory.request": "71885Mi",  # 143771 MiB x 0.5
                  NV + "gpu-memory.limit": "115016Mi"},  # 143771 MiB x 0.8
+}
+# Each seed's example file, its compute mode, and the env its container must see once bound with SEED_BINDS.
+SEED_EXAMPLES = {"inference": ("inference-sm-sharing.yaml", "sm-sharing"),
+                 "notebook": ("notebook-time-slicing.yaml", "time-slicing")}
+SEED_ENV = {
+    "inference": {"NVIDIA_GPU_MEMORY_REQUEST": "40960", "NVIDIA_GPU_MEMORY_LIMIT": "61440",
+                  "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=61440M,1=61440M,2=61440M,3=61440M",
+                  "NVIDIA_VISIBLE_DEVICES": ",".join(GPU_UUIDS),
+                  "CUDA_MPS_PIPE_DIRECTORY": "/run/gpufrac/mps/sm-sharing"},
+    "notebook": {"NVIDIA_GPU_MEMORY_REQUEST": "71885", "NVIDIA_GPU_MEMORY_LIMIT": "115016",
+                 "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=115016M,1=115016M",
+                 "NVIDIA_VISIBLE_DEVICES": ",".join(GPU_UUIDS[:2]),
+                 "CUDA_MPS_PIPE_DIRECTORY": "/run/gpufrac/mps/time-slicing"},
 }
 
 
@@ -66,3 +80,35 @@ def host_pids(node: RealCluster, name: str, container: str = "app") -> list[int]
     if res.returncode != 0:
         raise ClusterError(f"ctr tasks ps: {res.stderr.strip()}")
     return [int(line.split()[0]) for line in res.stdout.splitlines()[1:] if line.strip()]
+
+
+def create(node: RealCluster, obj: dict, user: str = "alice") -> KubectlResult:
+    return node.kubectl("create", "-f", "-", user=user, input=json.dumps(obj))
+
+
+def plain_pod(name: str) -> dict:
+    """A pod without any fraction key, for the default scheduler."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": USER_NAMESPACE},
+            "spec": {"containers": [{"name": "app", "image": APP_IMAGE, "command": ["sleep", "infinity"]}],
+                     "terminationGracePeriodSeconds": 1}}
+
+
+def events(node: RealCluster, name: str) -> list[dict]:
+    """The events about one pod of the tenant namespace."""
+    return get_json(node, "get", "events", "-n", USER_NAMESPACE, "--field-selector",
+                    f"involvedObject.name={name}")["items"]
+
+
+def release_pods(node: RealCluster, component: str) -> list[dict]:
+    """The release's pods of one component (webhook, agent, mps), terminating ones left out."""
+    pods = get_json(node, "get", "pods", "-n", RELEASE_NAMESPACE, "-l",
+                    f"app.kubernetes.io/component={component}")["items"]
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def agent_metrics(node: RealCluster) -> str:
+    """The node agent's /metrics, from its pod."""
+    [agent] = release_pods(node, "agent")
+    port = agent["spec"]["containers"][0]["ports"][0]["containerPort"]
+    with urllib.request.urlopen(f"http://{agent['status']['podIP']}:{port}/metrics", timeout=5) as resp:
+        return resp.read().decode()

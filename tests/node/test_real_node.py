@@ -9,15 +9,27 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from e2e.cluster import NODE_NAME, RELEASE_NAMESPACE, USER_NAMESPACE
 from e2e.install import Helm
-from e2e.node import APP_IMAGE, GPU_UUIDS, RealCluster
-from e2e.pods import SEED_BINDS, bind, exec_in, get_json, get_pod, host_pids, wait_running
+from e2e.node import GPU_UUIDS, RealCluster
+from e2e.pods import (
+    SEED_BINDS,
+    SEED_ENV,
+    SEED_EXAMPLES,
+    agent_metrics,
+    bind,
+    create,
+    exec_in,
+    get_json,
+    get_pod,
+    host_pids,
+    plain_pod,
+    wait_running,
+)
 from e2e.testing import example, unique
 from e2e.toolkit.wait import wait_until
 from tests.fakes.agent_world import metric_value
@@ -34,17 +46,6 @@ def kubectl_json(node: RealCluster, *args: str) -> dict:
     return get_json(node, *args)
 
 
-def create(node: RealCluster, obj: dict, user: str = "alice"):
-    return node.kubectl("create", "-f", "-", user=user, input=json.dumps(obj))
-
-
-def plain_pod(name: str) -> dict:
-    """A pod without any fraction key, for the default scheduler."""
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": USER_NAMESPACE},
-            "spec": {"containers": [{"name": "app", "image": APP_IMAGE, "command": ["sleep", "infinity"]}],
-                     "terminationGracePeriodSeconds": 1}}
-
-
 def fractional_pod(name: str) -> dict:
     p = example("notebook-time-slicing.yaml", name)
     p["spec"]["terminationGracePeriodSeconds"] = 1
@@ -54,14 +55,6 @@ def fractional_pod(name: str) -> dict:
 def webhook_pods(node: RealCluster) -> list[dict]:
     return kubectl_json(node, "get", "pods", "-n", RELEASE_NAMESPACE, "-l",
                         "app.kubernetes.io/component=webhook")["items"]
-
-
-def agent_metrics(node: RealCluster) -> str:
-    [agent] = kubectl_json(node, "get", "pods", "-n", RELEASE_NAMESPACE, "-l",
-                           "app.kubernetes.io/component=agent")["items"]
-    port = agent["spec"]["containers"][0]["ports"][0]["containerPort"]
-    with urllib.request.urlopen(f"http://{agent['status']['podIP']}:{port}/metrics", timeout=5) as resp:
-        return resp.read().decode()
 
 
 def gpufrac_leftovers(node_obj: dict) -> list[str]:
@@ -94,22 +87,10 @@ def test_helm_install_brings_up_the_webhook_and_the_agent(node: RealCluster, ins
 # ---- the seed pods -------------------------------------------------------------------------------------------
 
 
-SEEDS = {
-    # file, what the process must see, compute mode
-    "inference": ("inference-sm-sharing.yaml",
-                  {"NVIDIA_GPU_MEMORY_REQUEST": "40960", "NVIDIA_GPU_MEMORY_LIMIT": "61440",
-                   "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=61440M,1=61440M,2=61440M,3=61440M",
-                   "NVIDIA_VISIBLE_DEVICES": ",".join(GPU_UUIDS)}, "sm-sharing"),
-    "notebook": ("notebook-time-slicing.yaml",
-                 {"NVIDIA_GPU_MEMORY_REQUEST": "71885", "NVIDIA_GPU_MEMORY_LIMIT": "115016",
-                  "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=115016M,1=115016M",
-                  "NVIDIA_VISIBLE_DEVICES": ",".join(GPU_UUIDS[:2])}, "time-slicing"),
-}
-
-
-@pytest.mark.parametrize("seed", list(SEEDS))
+@pytest.mark.parametrize("seed", list(SEED_EXAMPLES))
 def test_seed_pods_start_after_the_bind_and_see_their_bind_time_limits(node: RealCluster, installed, seed):
-    filename, expected, mode = SEEDS[seed]
+    filename, mode = SEED_EXAMPLES[seed]
+    expected = SEED_ENV[seed]
     res = create(node, example(filename, seed))
     assert res.rc == 0, res.stderr
     assert get_pod(node, seed)["status"].get("phase") == "Pending"  # kai-scheduler's: nothing schedules it
