@@ -273,8 +273,10 @@ def test_with_the_agent_stopped_a_fractional_pod_does_not_start(node: RealCluste
         wait_until(lambda: not release_pods(node, "agent"), 120, "the agent pod to go", interval=1)
         wait_until(lambda: DRIVER not in registered_drivers(node), 60, "the kubelet to deregister the driver",
                    interval=1)
-        # What an operator sees on the node: the agent said it stopped.
-        assert condition(node, OWN_CONDITION).get("reason") == "AgentStopped", condition(node, OWN_CONDITION)
+        # What an operator sees on the node, and what KAI's scheduler gates on: the agent said it stopped.
+        for kind in (OWN_CONDITION, KAI_CONDITION):
+            stopped = condition(node, kind)
+            assert (stopped.get("status"), stopped.get("reason")) == ("Unknown", "AgentStopped"), stopped
         assert create(node, seed_pod("notebook", name)).rc == 0
         bind(node, name, SEED_BINDS["notebook"])
         message = wait_until(lambda: mount_failure(node, name, DRIVER), 120, "the kubelet's mount failure",
