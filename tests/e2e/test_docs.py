@@ -1,21 +1,20 @@
-"""The operator docs run: every ```bash test block of docs/install.md, monitoring.md, gitops.md and
+"""The operator docs run: every ```bash test block of the README, docs/install.md, monitoring.md, gitops.md and
 operations.md, then the chart's README, in that order, in one shell environment against a control plane of its
 own (the chart installed in Service mode, as on a cluster).
 
-A block's info string says what it needs: `bash test` must succeed; `fails` must fail; `=webhook-down` runs while
-the webhook is away (its "pod" stopped, no ready endpoint) and `=webhook-up` once it is back. A `# → text` line
-is output the block must print. The control plane has no controllers or kubelets: e2e/standins.py runs the
-chart's Jobs and one webhook pod here, and marks workloads ready, as those would.
+A block's info string says what it needs (tests/docblocks.py reads them): `bash test` must succeed; `fails` must
+fail; `=webhook-down` runs while the webhook is away (its "pod" stopped, no ready endpoint) and `=webhook-up` once
+it is back. A `# → text` line is output the block must print. The control plane has no controllers or kubelets:
+e2e/standins.py runs the chart's Jobs and one webhook pod here, and marks workloads ready, as those would. The
+README's other blocks run elsewhere (tests/docblocks.py names where).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,49 +23,28 @@ import yaml
 from e2e.cluster import REPO_ROOT, ControlPlane, Tools, ToolsMissingError, private_workdir
 from e2e.crds import PROMETHEUS_OPERATOR, crd_files
 from e2e.standins import StandInControllers, harness_address
+from tests.docblocks import Block, blocks
 
 pytestmark = pytest.mark.e2e
 
-DOCS = ("docs/install.md", "docs/monitoring.md", "docs/gitops.md", "docs/operations.md", "charts/gpufrac/README.md")
-FENCE = re.compile(r"^(?P<indent> *)```bash test(?P<tags>[^\n]*)\n(?P<body>.*?)^(?P=indent)```", re.M | re.S)
-
-
-@dataclass
-class Block:
-    doc: str
-    line: int
-    body: str
-    fails: bool
-    scenario: str  # "", "webhook-down", "webhook-up"
-
-    @property
-    def expected(self) -> list[str]:
-        return [m.group(1).strip() for m in re.finditer(r"^\s*# → (.*)$", self.body, re.M)]
-
-    def __str__(self) -> str:
-        return f"{self.doc}:{self.line}"
-
-
-def blocks(doc: str) -> list[Block]:
-    text = (REPO_ROOT / doc).read_text()
-    found = []
-    for m in FENCE.finditer(text):
-        tags = m.group("tags").split()
-        scenario = next((t.split("=", 1)[1] for t in [m.group("tags").strip().split(" ")[0]] if "=" in t), "")
-        indent = len(m.group("indent"))
-        body = "\n".join(line[indent:] for line in m.group("body").splitlines())
-        found.append(Block(doc, text.count("\n", 0, m.start()) + 1, body, "fails" in tags, scenario))
-    return found
+# The README first: its install (an image from a registry) is uninstalled again before install.md's.
+DOCS = ("README.md", "docs/install.md", "docs/monitoring.md", "docs/gitops.md", "docs/operations.md",
+        "charts/gpufrac/README.md")
+# The README's text names the uninstall that removes its install (section "helm install").
+README_UNINSTALL = "helm uninstall gpufrac -n gpufrac-system"
 
 
 def test_the_docs_mark_their_commands():
     for doc in DOCS:
-        text = (REPO_ROOT / doc).read_text()
-        assert blocks(doc), doc
-        unmarked = re.findall(r"^ *```(?:bash|sh|shell|console)\s*$", text, re.M)
-        assert not unmarked, f"{doc}: a command block no test runs"
+        found = blocks(doc)
+        assert blocks(doc, "test"), doc
+        unmarked = [str(b) for b in found if not b.runner]
+        assert not unmarked, f"a command block no test runs: {unmarked}"
+        if doc != "README.md":  # docs/ and the chart's README: every block runs here
+            assert [b.runner for b in found] == ["test"] * len(found), doc
     (block,) = [b for b in blocks("docs/operations.md") if b.fails]
     assert block.scenario == "webhook-down" and block.expected == ['failed calling webhook "mutate.gpufrac.io"']
+    assert f"`{README_UNINSTALL}`" in (REPO_ROOT / "README.md").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -133,8 +111,15 @@ def run_block(block: Block, standins: StandInControllers, shell: Path, env: dict
 @pytest.mark.parametrize("doc", DOCS)
 def test_doc_commands_run(docs_env, doc):
     cp, standins, shell, env = docs_env
-    for block in blocks(doc):
+    for block in blocks(doc, "test"):
         run_block(block, standins, shell, env)
+    if doc == "README.md":
+        # The image the README builds and pushes is the one the chart runs; then the README's uninstall.
+        image = cp.kubectl("get", "deployment", "-n", "gpufrac-system", "gpufrac-webhook", "-o",
+                           "jsonpath={.spec.template.spec.containers[0].image}", user="admin", check=True).stdout
+        assert image == "registry.example.com/gpufrac:0.1.0"
+        run_block(Block(doc, 0, README_UNINSTALL, "test", "", ()), standins, shell, env)
+        assert cp.kubectl("get", "mutatingwebhookconfiguration", "gpufrac", user="admin").rc != 0
     if doc == "docs/install.md":
         # The certificate Jobs ran for real: the Secret the webhook mounts holds a CA and a serving certificate.
         assert standins.ran and all(r.endswith(": 0") for r in standins.ran), standins.ran

@@ -1,5 +1,5 @@
-"""Every `gpufrac review` command in the README runs as written, from the repository root, with files that exist,
-and exits as its comment says."""
+"""Every command of the README's `bash lines` blocks (the `gpufrac review` examples) runs as written, from the
+repository root, with files that exist, and exits as its comment says."""
 
 from __future__ import annotations
 
@@ -11,20 +11,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.docblocks import blocks
+
 ROOT = Path(__file__).resolve().parents[2]
 _EXIT = re.compile(r"#\s*exit (\d)\b")
 
 
 def _review_commands() -> list[tuple[str, int]]:
-    commands, in_bash = [], False
-    for line in (ROOT / "README.md").read_text().splitlines():
-        if line.startswith("```"):
-            in_bash = line.strip() == "```bash"
-            continue
-        if in_bash and "gpufrac review" in line:
+    commands = []
+    for block in blocks("README.md", "lines"):
+        for line in block.body.splitlines():
             command, _, comment = line.partition("#")
             expected = _EXIT.search("#" + comment)
-            assert expected, f"README: a review command without `# exit N`: {line}"
+            assert expected, f"{block}: a command without `# exit N`: {line}"
             commands.append((command.strip(), int(expected[1])))
     return commands
 
@@ -34,6 +33,7 @@ COMMANDS = _review_commands()
 
 def test_the_readme_shows_every_exit_code():
     assert {code for _, code in COMMANDS} == {0, 1, 2}
+    assert all("gpufrac review" in c for c, _ in COMMANDS)
     assert any(" - " in f"{c} " for c, _ in COMMANDS) and any("--old" in c for c, _ in COMMANDS)
 
 

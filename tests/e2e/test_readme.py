@@ -1,0 +1,168 @@
+"""The README's `bash here=<step>` blocks, run on this machine: each step below runs its block's commands as
+written, or, where a command needs what this machine lacks (a registry, a GPU node over ssh), the same steps
+against what it has, as the step says. The README's other blocks: `test` in tests/e2e/test_docs.py, `lines` in
+tests/webhook/test_readme.py, `node` in tests/node/test_readme_cluster.py (tests/docblocks.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from e2e.cluster import REPO_ROOT
+from tests.docblocks import Block, blocks
+
+pytestmark = pytest.mark.e2e
+
+STEPS = ("make-run", "curl", "gpu-check", "image")
+IMAGE_CACHE = Path(os.environ.get("GPUFRAC_IMAGE_CACHE", Path.home() / ".cache/gpufrac/images"))
+BASE_IMAGE = "localhost/gpufrac:dev"  # what `make image` builds from ./Dockerfile
+
+
+def step(name: str) -> Block:
+    (block,) = [b for b in blocks("README.md", "here") if b.step == name]
+    return block
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def unavailable(reason: str) -> None:
+    if in_ci():
+        pytest.fail(f"CI is set and a README step cannot run: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def test_every_here_block_is_a_step_this_file_runs():
+    assert sorted(b.step for b in blocks("README.md", "here")) == sorted(STEPS)
+
+
+# ---- "Two commands": make run, and the curl that talks to it ---------------------------------------------------
+
+SERVE_AND_CURL = r"""
+set -euo pipefail
+ip link set lo up
+setsid make run > "$LOG" 2>&1 &
+server=$!
+trap 'kill -TERM -- -$server 2>/dev/null || true; wait $server 2>/dev/null || true' EXIT
+for _ in $(seq 1 300); do
+  curl -sf --cacert certs/dev/ca.crt https://127.0.0.1:8443/healthz > /dev/null && break
+  kill -0 $server 2>/dev/null || { echo "make run exited" >&2; exit 3; }
+  sleep 0.2
+done
+bash -euo pipefail -c "$CURL_BLOCK"
+"""
+
+
+def shown_output(block: Block) -> dict:
+    """The JSON the README prints after the command, as `# ` comment lines."""
+    text = "".join(line.strip()[2:] for line in block.body.splitlines() if line.strip().startswith("# "))
+    return json.loads(text)
+
+
+def test_make_run_serves_the_review_the_readme_shows(tmp_path):
+    """`make run` serves on the README's address, https://127.0.0.1:8443, in a network namespace of the test's own
+    (so that port is free whatever else runs here), and the README's curl gets exactly the answer it shows."""
+    make_run, curl = step("make-run"), step("curl")
+    assert make_run.commands() == ["make run", "make test"]
+    # `make test` is the command that runs this test: CI's entry point runs it.
+    assert "make test" in (REPO_ROOT / ".ci" / "run").read_text().splitlines()
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
+        unavailable("a network namespace of its own needs root, unshare and ip")
+    # What `make run` installs first, outside the namespace (it has no network): a no-op when the venv is current.
+    prepared = subprocess.run(["make", ".venv/.installed"], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=900)
+    assert prepared.returncode == 0, prepared.stdout[-2000:] + prepared.stderr[-2000:]
+    log = tmp_path / "make-run.log"
+    env = {**os.environ, "LOG": str(log), "CURL_BLOCK": curl.body}
+    result = subprocess.run(["unshare", "--net", "bash", "-c", SERVE_AND_CURL], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    served = log.read_text() if log.exists() else ""
+    assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-2000:]}\n--- make run:\n{served[-3000:]}"
+    assert json.loads(result.stdout) == shown_output(curl)
+    assert "https://127.0.0.1:8443" in served or "127.0.0.1:8443" in served, served[-3000:]
+
+
+# ---- "Checking a GPU node" ------------------------------------------------------------------------------------
+
+
+def test_the_gpu_check_runs_from_its_one_file_and_from_make(tmp_path):
+    """The README copies bench/gpu_check.py to a GPU node and runs it there with the node's python3. No GPU node
+    is reachable here: the file is copied alone into an empty directory and run there with python3, against the
+    fakes the tests use (the fake NVML and nvidia-cuda-mps-control, given by the script's own flags); then the
+    comment's other way, `make gpu-check`, from the checkout (it picks the fakes where there is no GPU)."""
+    block = step("gpu-check")
+    assert block.commands() == ["scp bench/gpu_check.py gpu-node:", "ssh gpu-node sudo python3 gpu_check.py"]
+    assert "make gpu-check" in block.body
+    nvml_dir = subprocess.run([sys.executable, "-m", "tests.fakes.build"], cwd=REPO_ROOT, capture_output=True,
+                              text=True, check=True, timeout=300).stdout.strip()
+    node_home = tmp_path / "gpu-node"
+    node_home.mkdir()
+    shutil.copy(REPO_ROOT / "bench" / "gpu_check.py", node_home)  # scp: the one file
+    env = {**os.environ, "GPUFRAC_FAKE_NVML": str(REPO_ROOT / "tests/fakes/gpu_check_node.json")}
+    alone = subprocess.run(
+        ["python3", "gpu_check.py", "--nvml", f"{nvml_dir}/libnvidia-ml.so.1",
+         "--mps-control", str(REPO_ROOT / "tests/fakes/nvidia-cuda-mps-control"), "--cuda", "none"],
+        cwd=node_home, env=env, capture_output=True, text=True, timeout=600)
+    assert alone.returncode == 0, alone.stdout[-3000:] + alone.stderr[-3000:]
+    assert "7    MPS daemons start and stop            PASS" in alone.stdout, alone.stdout[-3000:]
+    assert (node_home / "gpu-check-report.json").is_file()
+    report = tmp_path / "make" / "report.json"
+    made = subprocess.run(["make", "gpu-check", f"GPU_CHECK_OUT={report}"], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "FAKE": "1"})
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+    rows = {row["id"]: row["status"] for row in json.loads(report.read_text())["checks"]}
+    assert rows["1"] == "PASS" and rows["7"] == "PASS", rows
+    assert "FAIL" not in rows.values(), rows
+
+
+# ---- "The image": build for a real registry, and push ---------------------------------------------------------
+
+
+def buildah(*args: str) -> subprocess.CompletedProcess[str]:
+    """buildah on the image store `make image` uses (e2e/build-image.sh), under its lock."""
+    argv = ["flock", str(IMAGE_CACHE / ".lock"), "buildah", "--root", str(IMAGE_CACHE / "storage"), "--runroot",
+            str(IMAGE_CACHE / "run"), "--storage-driver", "vfs", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600)
+
+
+def test_the_image_is_pushed_under_the_name_the_readme_installs(tmp_path):
+    """The README builds ./Dockerfile as registry.example.com/gpufrac:0.1.0 and pushes it. `make image` builds that
+    same Dockerfile with buildah (the README's other way) before the tests; building it again costs minutes on
+    buildah's vfs store, so this takes that image, tags it with the README's name and runs the push: no registry
+    is reachable here, so its destination is an OCI archive. The README's `helm install` (tests/e2e/test_docs.py)
+    then runs that image name."""
+    block = step("image")
+    build, push = block.commands()
+    name = "registry.example.com/gpufrac:0.1.0"
+    assert build == f"docker build -t {name} ." and "buildah bud -t ... ." in block.body
+    assert push == f"docker push {name}"
+    helm_install = " ".join(blocks("README.md", "test")[0].body.split())
+    repository, tag = name.rsplit(":", 1)
+    assert f"--set image.repository={repository} --set image.tag={tag}" in helm_install
+    assert "-f Dockerfile" in (REPO_ROOT / "e2e" / "build-image.sh").read_text()
+    if not shutil.which("buildah") or buildah("inspect", "--type", "image", BASE_IMAGE).returncode != 0:
+        unavailable(f"no {BASE_IMAGE} in {IMAGE_CACHE}: run `make image`")
+    archive = tmp_path / "pushed.oci.tar"
+    try:
+        tagged = buildah("tag", BASE_IMAGE, name)
+        assert tagged.returncode == 0, tagged.stderr
+        pushed = buildah("push", "-q", name, f"oci-archive:{archive}:{name}")
+        assert pushed.returncode == 0, pushed.stderr
+    finally:
+        buildah("untag", name)  # the image stays, under make image's own name
+    with tarfile.open(archive) as tar:
+        index = json.load(tar.extractfile("index.json"))  # type: ignore[arg-type]
+        (manifest_ref,) = index["manifests"]
+        assert manifest_ref["annotations"]["org.opencontainers.image.ref.name"] == name
+        manifest = json.load(tar.extractfile("blobs/" + manifest_ref["digest"].replace(":", "/")))  # type: ignore[arg-type]
+        config = json.load(tar.extractfile("blobs/" + manifest["config"]["digest"].replace(":", "/")))  # type: ignore[arg-type]
+    assert config["config"]["Entrypoint"] == ["gpufrac"]
+    assert config["config"]["User"] == "65532:65532"
