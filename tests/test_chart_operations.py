@@ -263,13 +263,20 @@ def test_prometheus_rule_covers_the_failures_operators_page_on():
     rules = {r["alert"]: r for g in one(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
     assert set(rules) == {
         "GpufracWebhookUnavailable", "GpufracWebhookCallsFailing", "GpufracWebhookErrors", "GpufracWebhookSlow",
-        "GpufracCertificateExpiringSoon", "GpufracCertificateRotationFailed", "GpufracCertificateRotationStale",
-        "GpufracAgentNotScheduled",
+        "GpufracCertificateExpiringSoon", "GpufracCertificateNotRenewed", "GpufracCertificateRotationFailed",
+        "GpufracCertificateRotationStale", "GpufracAgentNotScheduled",
         "GpufracMpsDaemonDown", "GpufracNvmlDown", "GpufracViolations"}
     assert "< 1209600" in rules["GpufracCertificateExpiringSoon"]["expr"]  # 14 days
     assert 'daemonset="gpufrac-agent"' in rules["GpufracAgentNotScheduled"]["expr"]
     assert 'deployment="gpufrac-webhook"' in rules["GpufracWebhookUnavailable"]["expr"]
     assert 'cronjob="gpufrac-certs"' in rules["GpufracCertificateRotationStale"]["expr"]
+    # Due for renewal 30 days (the CA 365) before expiry, and the rotation runs daily: two days past due.
+    not_renewed = rules["GpufracCertificateNotRenewed"]["expr"]
+    assert 'certificate="serving"}) - time()) < 2419200' in not_renewed  # 28 days
+    assert 'certificate="ca"}) - time()) < 31363200' in not_renewed  # 363 days
+    # A Job whose retry succeeded has failed pods but is no failure: the Job's Failed condition counts.
+    assert 'condition="true"' in rules["GpufracCertificateRotationFailed"]["expr"]
+    assert "kube_job_status_failed" not in rules["GpufracCertificateRotationFailed"]["expr"]
     for rule in rules.values():
         assert rule["labels"]["severity"] in ("warning", "critical")
         assert rule["annotations"]["summary"] and "{{ $labels" not in rule["expr"]
@@ -277,7 +284,7 @@ def test_prometheus_rule_covers_the_failures_operators_page_on():
                   "--set", "monitoring.prometheusRule.certificateExpiryDays=30")
     rules = {r["alert"]: r for g in one(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
     assert "GpufracCertificateRotationFailed" not in rules and "GpufracMpsDaemonDown" not in rules
-    assert "GpufracCertificateRotationStale" not in rules
+    assert "GpufracCertificateRotationStale" not in rules and "GpufracCertificateNotRenewed" not in rules
     assert "< 2592000" in rules["GpufracCertificateExpiringSoon"]["expr"]
 
 

@@ -26,6 +26,7 @@ from e2e.testing import unique
 from e2e.toolkit.wait import wait_until
 from gpufrac.certs.generate import issue_ca, issue_serving_cert, write_serving_files
 from tests.fakes.agent_world import GPU_UUIDS, AgentWorld
+from tests.test_dashboard import kept_labels
 from tests.webhook.builders import pod, review_body
 
 pytestmark = pytest.mark.e2e
@@ -35,7 +36,7 @@ EXTERNAL = {
     "kube_deployment_status_replicas_available": "kube-state-metrics",
     "kube_daemonset_status_desired_number_scheduled": "kube-state-metrics",
     "kube_daemonset_status_number_available": "kube-state-metrics",
-    "kube_job_status_failed": "kube-state-metrics",
+    "kube_job_failed": "kube-state-metrics",
     "kube_cronjob_status_last_successful_time": "kube-state-metrics",
     "apiserver_admission_webhook_rejection_count": "kube-apiserver",
 }
@@ -262,3 +263,21 @@ def test_every_series_the_chart_queries_is_exported(webhook_series, agent_series
         assert name in exported, f"{source} read {name}, which neither endpoint exports"
         unknown = labels - exported[name] - TARGET_LABELS
         assert not unknown, f"{source} filter or group {name} by {sorted(unknown)}, which it does not carry"
+
+
+def test_dashboard_legends_name_labels_the_series_carry(webhook_series, agent_series):
+    """A legend of a query that does not aggregate names labels of the series it reads (tests/test_dashboard.py
+    checks those that aggregate)."""
+    exported = {**webhook_series, **agent_series}
+    dashboard = json.loads((CHART_DIR / "dashboards" / "gpufrac.json").read_text())
+    checked = 0
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            if kept_labels(target["expr"]) is not None:
+                continue
+            legend = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", target.get("legendFormat", "")))
+            for name, _ in selectors(target["expr"]):
+                missing = legend - exported[name] - TARGET_LABELS
+                assert not missing, f"{panel['title']}: {name} has no label {sorted(missing)}"
+                checked += 1
+    assert checked
