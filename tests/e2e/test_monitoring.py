@@ -97,14 +97,19 @@ def promqlcheck() -> Path:
     return out
 
 
-def rendered_rules() -> list[str]:
+def rendered_alerts() -> dict[str, str]:
+    """Alert name -> expression, of the chart's PrometheusRule with the default values."""
     argv = [str(Path(os.environ.get("GPUFRAC_TOOLS_CACHE", Path.home() / ".cache/gpufrac/tools")) / "bin/helm"),
             "template", "gpufrac", str(CHART_DIR), "--namespace", RELEASE_NAMESPACE,
             "--set", "monitoring.prometheusRule.enabled=true",
             "--api-versions", "monitoring.coreos.com/v1/PrometheusRule"]
     out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
     (rule,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "PrometheusRule"]
-    return [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    return {r["alert"]: r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]}
+
+
+def rendered_rules() -> list[str]:
+    return list(rendered_alerts().values())
 
 
 def dashboard_queries() -> list[str]:
@@ -281,3 +286,56 @@ def test_dashboard_legends_name_labels_the_series_carry(webhook_series, agent_se
                 assert not missing, f"{panel['title']}: {name} has no label {sorted(missing)}"
                 checked += 1
     assert checked
+
+
+# ---- the certificate alerts fire when they should (Prometheus' own engine, promqltest's `load` notation) --------
+
+DAY = 86400
+EVAL_AT = 10 * DAY  # time() when the alerts are evaluated
+CERT_ALERTS = {"GpufracCertificateExpiringSoon", "GpufracCertificateNotRenewed", "GpufracCertificateRotationFailed",
+               "GpufracCertificateRotationStale"}
+
+
+def certificate_world(serving_days: float = 300, ca_days: float = 3000, job_failed: bool = False,
+                      last_success_days_ago: float = 0.5) -> list[str]:
+    """Series as Prometheus holds them (two webhook replicas scraped; kube-state-metrics' Job and CronJob
+    series), constant over the ten days before EVAL_AT."""
+    ns = f'namespace="{RELEASE_NAMESPACE}"'
+    lines = []
+    for replica in ("gpufrac-webhook-a", "gpufrac-webhook-b"):
+        for certificate, days in (("serving", serving_days), ("ca", ca_days)):
+            lines.append(f'gpufrac_certificate_expiration_timestamp_seconds{{{ns}, pod="{replica}", '
+                         f'certificate="{certificate}"}} {EVAL_AT + days * DAY:.0f}')
+    job = f'{ns}, job_name="gpufrac-certs-29400000"'
+    lines += [f'kube_job_failed{{{job}, condition="true"}} {int(job_failed)}',
+              f'kube_job_failed{{{job}, condition="false"}} {int(not job_failed)}',
+              f'kube_job_status_failed{{{job}}} 1',  # a retried pod failed in either case
+              f'kube_cronjob_status_last_successful_time{{{ns}, cronjob="gpufrac-certs"}} '
+              f'{EVAL_AT - last_success_days_ago * DAY:.0f}']
+    return lines
+
+
+CERTIFICATE_CASES = {
+    "healthy": ({}, set()),
+    "serving certificate past its renewal": ({"serving_days": 27}, {"GpufracCertificateNotRenewed"}),
+    "serving certificate expiring": ({"serving_days": 10},
+                                     {"GpufracCertificateNotRenewed", "GpufracCertificateExpiringSoon"}),
+    "CA past its renewal": ({"ca_days": 360}, {"GpufracCertificateNotRenewed"}),
+    "rotation job failed": ({"job_failed": True}, {"GpufracCertificateRotationFailed"}),
+    "rotation CronJob stale": ({"last_success_days_ago": 3}, {"GpufracCertificateRotationStale"}),
+}
+
+
+@pytest.mark.parametrize("case", list(CERTIFICATE_CASES))
+def test_certificate_alerts_fire_when_renewal_fails(case):
+    world, expected = CERTIFICATE_CASES[case]
+    alerts = {name: expr for name, expr in rendered_alerts().items() if name in CERT_ALERTS}
+    assert set(alerts) == CERT_ALERTS
+    load = "load 1h\n" + "".join(f"  {line}+0x250\n" for line in certificate_world(**world))
+    names = sorted(alerts)
+    result = subprocess.run([str(promqlcheck()), "eval"], capture_output=True, text=True, timeout=120,
+                            input=json.dumps({"load": load, "at": f"{EVAL_AT // DAY}d",
+                                              "exprs": [alerts[n] for n in names]}))
+    assert result.returncode == 0, result.stdout + result.stderr
+    firing = {name for name, count in zip(names, result.stdout.split(), strict=True) if int(count) > 0}
+    assert firing == expected, case
