@@ -37,8 +37,8 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
-def node(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
+def require_real_node() -> None:
+    """Skip (fail under CI) where a real node cannot start: not root, no node tools, no images."""
     if os.geteuid() != 0:
         _unavailable("the real node needs root (network namespace, mounts, cgroups)")
     try:
@@ -48,6 +48,11 @@ def node(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
     if missing := images_missing():
         _unavailable(f"missing images {', '.join(missing)}: run `make image`")
     os.environ.setdefault("GPUFRAC_NODE_LOCK_WAIT", "900")
+
+
+@pytest.fixture(scope="session")
+def node(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
+    require_real_node()
     cluster = RealCluster(private_workdir("node"))
     try:
         cluster.start()
