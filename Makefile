@@ -43,8 +43,15 @@ tools:
 
 # The gpufrac image from ./Dockerfile (and the local cluster's app and pause images) as OCI archives in
 # .e2e/images, built with buildah on a base made from Debian packages: no registry involved. See e2e/build-image.sh.
-image:
+# Built again only when what goes into it changed (`make cluster-up` and `make demo` after `make image` reuse it).
+IMAGES := .e2e/images/gpufrac.oci.tar .e2e/images/app.oci.tar .e2e/images/pause.oci.tar
+IMAGE_INPUTS := Dockerfile .dockerignore constraints.txt pyproject.toml README.md e2e/build-image.sh \
+	$(shell find gpufrac -type f -not -name '*.pyc' 2>/dev/null)
+image: $(IMAGES)
+
+$(IMAGES) &: $(IMAGE_INPUTS)
 	bash e2e/build-image.sh
+	touch $(IMAGES)
 
 # The versions the image and the virtualenv install (-c constraints.txt): what the tests ran with.
 constraints: venv
