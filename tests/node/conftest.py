@@ -83,3 +83,15 @@ def installed(node: RealCluster, helm: Helm) -> Helm:
 def pytest_terminal_summary(terminalreporter) -> None:
     for line in _notes:
         terminalreporter.write_line(line)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """tests/node/test_readme_cluster.py first among the real-node tests: its commands start and stop real nodes of
+    their own, so it must run before the session's node takes the machine's one lock."""
+    here = Path(__file__).parent
+    first = [i for i in items if i.path.name == "test_readme_cluster.py" and i.path.parent == here]
+    if not first:
+        return
+    rest = [i for i in items if i not in first]
+    at = next((k for k, i in enumerate(rest) if i.path.parent == here), len(rest))
+    items[:] = [*rest[:at], *first, *rest[at:]]

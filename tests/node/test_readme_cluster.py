@@ -1,8 +1,8 @@
 """The README's "The local cluster" block (`bash node`), run as written from the repository root: `make cluster-up`,
 the `helm install` it shows (with the KUBECONFIG that cluster-up prints), `make cluster-down`, then `make demo`.
 
-It runs before the other real-node tests (file order), while no other real node holds the machine's one lock:
-each of these commands starts or stops a node of its own.
+It runs before the other real-node tests (conftest orders it first), while no other real node holds the machine's
+one lock: each of these commands starts or stops a node of its own.
 """
 
 from __future__ import annotations
