@@ -255,9 +255,9 @@ class ControlPlane:
                 proc.stop()
                 stopped.append(name)
         if state.get("kind") == "real-node":
-            from e2e.node import clean_machine
+            from e2e.node import clean_orphan
 
-            clean_machine(Path(workdir), state)
+            clean_orphan(Path(workdir), state)
         with contextlib.suppress(FileNotFoundError):
             state_file.unlink()
         return stopped

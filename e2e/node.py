@@ -275,6 +275,8 @@ class RealCluster(ControlPlane):
         }
 
     def _clean_machine(self) -> None:
+        if self.lock is None:  # never got the machine (another node holds it): nothing here is ours
+            return
         clean_machine(self.workdir, self._extra_state())
         self.lock = None
 
@@ -338,6 +340,29 @@ def _unmount_under(root: Path) -> None:
             return
         for mount in sorted(under, key=len, reverse=True):
             subprocess.run(["umount", "-l", mount], capture_output=True)
+
+
+def clean_orphan(workdir: Path, state: dict) -> None:
+    """What a node whose owner is gone left on the machine goes, but only while the machine is still that
+    node's: its lock holder still runs, or nobody holds the lock (taken for the cleanup). Another live node
+    holding it means the namespace, cgroups and mounts are that node's now: tearing them down broke it (seen:
+    one clone's `e2e down` of its crashed node cut a running node's apiserver off its own address)."""
+    lock = state.get("lock")
+    if lock and Proc.from_json("node-lock", lock).alive():
+        clean_machine(workdir, state)
+        return
+    fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holders = subprocess.run(["fuser", LOCK_FILE], capture_output=True, text=True).stdout.strip()
+            print(f"[e2e] {workdir}: left the machine's node state alone: another real node holds {LOCK_FILE} "
+                  f"(pids {holders or '?'}) and owns it now")
+            return
+        clean_machine(workdir, state)
+    finally:
+        os.close(fd)
 
 
 def clean_machine(workdir: Path, state: dict, quiet: bool = False) -> None:

@@ -80,11 +80,17 @@ def test_a_restart_is_a_new_pid_counted_as_metric_event_and_condition_reason(nod
     flag.unlink()
     wait_until(lambda: sm.status().up and sm.pid != old, 20, "a new daemon", 0.02)
     agent.tick()
-    assert agent.daemon_statuses()[ComputeMode.SM_SHARING].restarts == 1
-    assert agent.metrics.daemon_restarts.labels(mode="sm-sharing")._value.get() == 1
-    (event,) = [e for e in kube.events.values() if e["reason"] == "MpsDaemonRestarted"]
-    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-node-1",
-                                       "uid": "gpu-node-1"}
+    # One restart, or more when a loaded machine let the supervisor retry (and crash again) before the flag
+    # went: each new PID the agent saw is one restart and one metric increment; one Event per tick that saw any.
+    restarts = agent.daemon_statuses()[ComputeMode.SM_SHARING].restarts
+    assert restarts >= 1
+    assert agent.metrics.daemon_restarts.labels(mode="sm-sharing")._value.get() == restarts
+    events = [e for e in kube.events.values() if e["reason"] == "MpsDaemonRestarted"]
+    assert 1 <= len(events) <= restarts
+    assert f"(restart {restarts})" in events[-1]["message"]
+    for event in events:
+        assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-node-1",
+                                           "uid": "gpu-node-1"}
     assert kube.last_condition("gpu-sharing.nvidia.com/Ready")["status"] == "True"
     agent.shutdown()
 

@@ -202,6 +202,10 @@ def test_a_crashed_daemon_is_restarted_with_backoff_and_the_kai_condition_says_s
 def test_stopping_the_mps_container_quits_its_daemon(world):
     assert world.stop_mps("time-slicing") == 0
     assert len(quits(world, "time-slicing")) == 1, "uninstall or drain: the daemon gets quit"
-    condition = wait_until(lambda: (c := world.node_condition()) and c["status"] == "False" and c, 20,
-                           "the node to say time-slicing lost its daemon")
-    assert "check the gpufrac-mps DaemonSet pod on this node" in condition["message"]
+    # Until the quit daemon's process is gone its pipe directory still names it ("not up yet (starting)"):
+    # what must come is the condition that sends a person to the DaemonSet.
+    condition = wait_until(
+        lambda: (c := world.node_condition()) and c["status"] == "False"
+        and "check the gpufrac-mps DaemonSet pod on this node" in c["message"] and c, 20,
+        "the node to say time-slicing lost its daemon and where to look")
+    assert condition["reason"] == "MpsDaemonNotReady"
