@@ -38,11 +38,14 @@ PARTS = (
       "gpufrac/webhook/validation", "gpufrac/webhook/patch", "gpufrac/webhook/pod", "gpufrac/webhook/review",
       "gpufrac/core/")),
     ("JSON decode/encode of the review", ("json/",)),
-    ("TLS and socket I/O", ("ssl.py", "socket.py", "selectors.py", "gunicorn/sock", "gpufrac/webhook/server")),
+    # server.py by function: every request runs inside LingeringThreadWorker.handle (server.py too).
+    ("TLS and socket I/O", ("ssl.py", "socket.py", "selectors.py", "gunicorn/sock", "DeadlineSSLSocket",
+                            "close_after_answer")),
     ("gpufrac app glue (app.py)", ("gpufrac/webhook/app",)),
     ("Flask / Werkzeug request and response", ("flask/", "werkzeug/")),
     ("gunicorn HTTP parsing and response writing", ("gunicorn/http/",)),
-    ("gunicorn worker loop, thread pool, locks", ("gunicorn/", "concurrent/", "threading.py", "queue.py")),
+    ("gunicorn worker loop, thread pool, locks", ("gunicorn/", "concurrent/", "threading.py", "queue.py",
+                                                  "LingeringThreadWorker")),
 )
 OTHER = "other"
 
