@@ -197,7 +197,9 @@ def test_the_command_logs_one_json_summary(monkeypatch: pytest.MonkeyPatch, caps
     assert {"time", "level", "logger", "message"} <= set(lines[-1])
     summary = lines[-1]
     assert summary["logger"] == "gpufrac.agent.withdraw" and summary["nodes"] == ["gpu-1"]
-    assert summary["agents_stopped_s"] == 0 and summary["mps_stopped_s"] == 0
+    # Seconds each stop took: no pods to wait for, so no poll, but a loaded machine still spends a few ms.
+    assert all(isinstance(summary[k], (int, float)) and 0 <= summary[k] < 1
+               for k in ("agents_stopped_s", "mps_stopped_s"))
     assert api.labels("gpu-1") == {}
 
 
