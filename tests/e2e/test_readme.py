@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from e2e.cluster import REPO_ROOT
+from e2e.toolkit.tools import find_kubectl
 from tests.docblocks import Block, blocks
 
 pytestmark = pytest.mark.e2e
@@ -166,3 +167,38 @@ def test_the_image_is_pushed_under_the_name_the_readme_installs(tmp_path):
         config = json.load(tar.extractfile("blobs/" + manifest["config"]["digest"].replace(":", "/")))  # type: ignore[arg-type]
     assert config["config"]["Entrypoint"] == ["gpufrac"]
     assert config["config"]["User"] == "65532:65532"
+
+
+# ---- make targets the README names in its text (not in a block) ---------------------------------------------------
+
+
+def make(target: str) -> str:
+    done = subprocess.run(["make", target], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"make {target}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
+    return done.stdout + done.stderr
+
+
+def test_the_api_only_cluster_demo_and_agent_demo_the_readme_names_run():
+    """"`make cluster-up-api` keeps the fast API-only control plane ...; `make demo-api` runs the admission demo
+    on it. Kubeconfigs: `alice` (`.e2e/kubeconfig`, namespace `team-a`) ...", and "Try it without a GPU: `make
+    agent-demo`". They use the checkout's own .e2e (the tests' clusters live in .e2e/pytest-<pid>)."""
+    state = REPO_ROOT / ".e2e" / "state.json"
+    assert not state.exists(), "a cluster of `make cluster-up` is up in this checkout: `make cluster-down` first"
+    up = make("cluster-up-api")
+    try:
+        assert "cold start:" in up and state.exists()
+        kubectl = find_kubectl()
+        assert kubectl, "kubectl from the virtualenv"
+        alice = subprocess.run([kubectl, "--kubeconfig", str(REPO_ROOT / ".e2e/kubeconfig"), "auth", "whoami",
+                                "-o", "jsonpath={.status.userInfo.username}"],
+                               capture_output=True, text=True, timeout=60)
+        assert alice.returncode == 0 and alice.stdout == "alice", alice.stderr
+    finally:
+        down = make("cluster-down")
+    assert "stopped" in down and not state.exists()
+    demo = make("demo-api")
+    assert "DENIED" in demo and "== tearing down" in demo, demo[-3000:]
+    assert not state.exists()
+    agent = make("agent-demo")
+    assert "time-slicing daemon received quit: True" in agent and "sm-sharing daemon received quit: True" in agent
+    assert "node condition now Unknown AgentStopped" in agent, agent[-3000:]
