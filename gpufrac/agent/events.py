@@ -20,27 +20,17 @@ def event_name(violation: EnforcementViolation) -> str:
     return f"{violation.container.pod[:200]}.gpufrac-{digest}"
 
 
-def event_body(violation: EnforcementViolation, node: str, now: dt.datetime) -> dict[str, Any]:
-    c = violation.container
+def _warning_event(node: str, metadata: dict[str, Any], involved: dict[str, Any], reason: str, message: str,
+                   now: dt.datetime) -> dict[str, Any]:
+    """A Warning Event the agent on `node` reports."""
     stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {
-            "name": event_name(violation),
-            "namespace": c.namespace,
-            "labels": {"gpufrac.io/violation": str(violation.kind)},
-        },
-        "involvedObject": {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "namespace": c.namespace,
-            "name": c.pod,
-            "uid": c.pod_uid,
-            "fieldPath": f"spec.containers{{{c.container}}}",
-        },
-        "reason": violation.kind.event_reason,
-        "message": violation.message[:1024],
+        "metadata": metadata,
+        "involvedObject": involved,
+        "reason": reason,
+        "message": message,
         "type": "Warning",
         "source": {"component": COMPONENT, "host": node},
         "reportingComponent": f"gpufrac.io/{COMPONENT}",
@@ -49,6 +39,20 @@ def event_body(violation: EnforcementViolation, node: str, now: dt.datetime) -> 
         "lastTimestamp": stamp,
         "count": 1,
     }
+
+
+def event_body(violation: EnforcementViolation, node: str, now: dt.datetime) -> dict[str, Any]:
+    c = violation.container
+    return _warning_event(
+        node,
+        {"name": event_name(violation), "namespace": c.namespace,
+         "labels": {"gpufrac.io/violation": str(violation.kind)}},
+        {"apiVersion": "v1", "kind": "Pod", "namespace": c.namespace, "name": c.pod, "uid": c.pod_uid,
+         "fieldPath": f"spec.containers{{{c.container}}}"},
+        violation.kind.event_reason,
+        violation.message[:1024],
+        now,
+    )
 
 
 class EventSink(Protocol):
@@ -87,22 +91,14 @@ class ViolationRecorder:
 
 def daemon_restart_event(node: str, status: DaemonStatus, now: dt.datetime | None = None) -> dict[str, Any]:
     """A Warning Event on the Node for one restart of a mode's MPS control daemon (one per restart seen)."""
-    stamp = (now or dt.datetime.now(dt.UTC)).astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     how = status.last_exit or "exited"
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{node[:200]}.gpufrac-mps-{status.mode}-", "namespace": "default",
-                     "labels": {"gpufrac.io/mps-daemon": str(status.mode)}},
-        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
-        "reason": "MpsDaemonRestarted",
-        "message": f"the {status.mode} MPS control daemon {how} and was restarted (restart {status.restarts}); "
-                   f"{status.mode} fractions on this node wait while it is down",
-        "type": "Warning",
-        "source": {"component": COMPONENT, "host": node},
-        "reportingComponent": f"gpufrac.io/{COMPONENT}",
-        "reportingInstance": node,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
+    return _warning_event(
+        node,
+        {"generateName": f"{node[:200]}.gpufrac-mps-{status.mode}-", "namespace": "default",
+         "labels": {"gpufrac.io/mps-daemon": str(status.mode)}},
+        {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+        "MpsDaemonRestarted",
+        f"the {status.mode} MPS control daemon {how} and was restarted (restart {status.restarts}); "
+        f"{status.mode} fractions on this node wait while it is down",
+        now or dt.datetime.now(dt.UTC),
+    )

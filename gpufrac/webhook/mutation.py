@@ -104,20 +104,6 @@ def injected_mounts(mode: ComputeMode, policy: Policy) -> list[dict[str, Any]]:
             {"name": SHM_VOLUME, "mountPath": SHM_MOUNT_PATH}]
 
 
-def _upsert_mount(mounts: list[dict[str, Any]], wanted: dict[str, Any]) -> bool:
-    """Make `wanted` the one mount at its mountPath (two mounts cannot share a path); whether one that differed
-    was replaced or dropped."""
-    positions = [i for i, m in enumerate(mounts) if m.get("mountPath") == wanted["mountPath"]]
-    if not positions:
-        mounts.append(wanted)
-        return False
-    changed = mounts[positions[0]] != wanted or len(positions) > 1
-    mounts[positions[0]] = wanted
-    for index in reversed(positions[1:]):
-        del mounts[index]
-    return changed
-
-
 def _set_annotations(obj: dict[str, Any], wanted: dict[str, str], stale_prefix: str, warnings: list[str],
                      user_written: bool) -> None:
     """Make the annotations under `stale_prefix` exactly `wanted`, plus set the other `wanted` keys."""
@@ -140,10 +126,11 @@ def _string_map(obj: dict[str, Any], key: str) -> dict[str, str]:
     return values
 
 
-def _upsert_by_name(items: list[dict[str, Any]], wanted: dict[str, Any]) -> bool:
-    """Make `wanted` the one item of its name, in place of the first of that name (or appended); whether an item
-    that differed was replaced or dropped. Later duplicates go too: for env, the last of a name is what counts."""
-    positions = [i for i, item in enumerate(items) if item.get("name") == wanted["name"]]
+def _upsert(items: list[dict[str, Any]], wanted: dict[str, Any], key: str = "name") -> bool:
+    """Make `wanted` the one item with its `key` (env and volumes by name, mounts by mountPath: two mounts cannot
+    share a path), in place of the first such item (or appended); whether an item that differed was replaced or
+    dropped. Later duplicates go too: for env, the last of a name is what counts."""
+    positions = [i for i, item in enumerate(items) if item.get(key) == wanted[key]]
     if not positions:
         items.append(wanted)
         return False
@@ -183,12 +170,12 @@ def _inject_container(ref: podview.ContainerRef, mode: ComputeMode, policy: Poli
     """A fractional container's env and mounts, replacing what it had under those names and paths."""
     env = ref.spec["env"] = podview.env(ref)
     for wanted in injected_env(ref.name, mode, policy):
-        if _upsert_by_name(env, wanted):
+        if _upsert(env, wanted):
             warnings.append(f"container {ref.name}: env {wanted['name']} was replaced by gpufrac "
                             "(it carries the fraction's limits)")
     mounts = ref.spec["volumeMounts"] = podview.volume_mounts(ref)
     for mount in injected_mounts(mode, policy):
-        if _upsert_mount(mounts, mount):
+        if _upsert(mounts, mount, key="mountPath"):
             warnings.append(f"container {ref.name}: the volume mount at {mount['mountPath']} was replaced by gpufrac "
                             "(it carries the MPS directories)")
 
@@ -219,7 +206,7 @@ def mutate_create(obj: dict[str, Any], fractions: PodFractions, policy: Policy) 
     volumes = pod["spec"]["volumes"] = podview.volumes(pod)
     for mode in sorted(modes):
         for volume in injected_volumes(mode, policy):
-            if _upsert_by_name(volumes, volume):
+            if _upsert(volumes, volume):
                 result.warnings.append(f"volume {volume['name']} was replaced by gpufrac")
     if policy.require_enforcing_node:
         for mode in sorted(modes):
