@@ -61,12 +61,14 @@ class WebhookProcess:
     """`python -m gpufrac webhook` with its CA at certs/ca.crt, ready when /readyz answers and all `workers`
     are forked."""
 
-    def __init__(self, certs: Path, log: Path, *, workers: int = 2, threads: int = 4, timeout: float = 60) -> None:
+    def __init__(self, certs: Path, log: Path, *, workers: int = 2, threads: int = 4, timeout: float = 60,
+                 metrics_dir: Path | None = None) -> None:
         self.certs, self.log_path, self.workers = certs, log, workers
         self.port = free_port()
         run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=log.parent))
         self.process: Proc = spawn("webhook", argv(certs, self.port, workers=workers, threads=threads), log,
-                                   env=env(run_dir), cwd=REPO_ROOT, die_with_parent_signal=signal.SIGTERM)
+                                   env=env(run_dir, metrics_dir), cwd=REPO_ROOT,
+                                   die_with_parent_signal=signal.SIGTERM)
         try:
             wait_ready(self.process, lambda: answers_200(f"https://127.0.0.1:{self.port}/readyz")
                        and len(self.worker_pids()) == workers, timeout)

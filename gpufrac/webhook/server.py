@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -370,7 +371,7 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
 
     def load(self) -> Any:
         from gpufrac.webhook.app import create_app
-        return create_app(self.policy, large_review_lock=self.metrics_dir / "large-review.lock")
+        return create_app(self.policy, large_review_lock=self.metrics_dir / LARGE_REVIEW_LOCK)
 
 
 def _metrics_listener_starter(bind: str, certs_dir: Path) -> Any:
@@ -380,19 +381,36 @@ def _metrics_listener_starter(bind: str, certs_dir: Path) -> Any:
     return when_ready
 
 
-def prepare_metrics_dir() -> Path:
-    """Point prometheus_client at a fresh directory shared by the workers.
+# Where prometheus_client's multiprocess files go when $PROMETHEUS_MULTIPROC_DIR is unset: made, and removed, here.
+_MADE_METRICS_DIR: Path | None = None
+LARGE_REVIEW_LOCK = "large-review.lock"
 
-    Must run before anything imports prometheus_client: it picks its multiprocess mode once, at import.
+
+def prepare_metrics_dir() -> Path:
+    """Point prometheus_client at a directory shared by the workers, without an earlier run's values.
+
+    Must run before anything imports prometheus_client: it picks its multiprocess mode once, at import. A directory
+    named by $PROMETHEUS_MULTIPROC_DIR is the operator's: only the files the server writes there are removed.
     """
+    global _MADE_METRICS_DIR
     if "prometheus_client" in sys.modules:
         raise RuntimeError("prometheus_client was imported before the webhook chose its metrics mode")
-    metrics_dir = Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix="gpufrac-metrics-"))
-    # A fresh directory each start: values of workers from an earlier run must not be summed in.
-    shutil.rmtree(metrics_dir, ignore_errors=True)
-    metrics_dir.mkdir(parents=True)
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if given:
+        metrics_dir = Path(given)
+        metrics_dir.mkdir(parents=True, exist_ok=True)
+        _remove_server_files(metrics_dir)  # values of workers from an earlier run must not be summed in
+    else:
+        metrics_dir = _MADE_METRICS_DIR = Path(tempfile.mkdtemp(prefix="gpufrac-metrics-"))
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     return metrics_dir
+
+
+def _remove_server_files(metrics_dir: Path) -> None:
+    """prometheus_client's per-process files (*.db) and the large-review lock; nothing else in the directory."""
+    for path in [*metrics_dir.glob("*.db"), metrics_dir / LARGE_REVIEW_LOCK]:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 def serve(policy: Policy, options: ServeOptions, metrics_dir: Path) -> None:
@@ -400,4 +418,7 @@ def serve(policy: Policy, options: ServeOptions, metrics_dir: Path) -> None:
     try:
         WebhookServer(policy, options, metrics_dir).run()
     finally:
-        shutil.rmtree(metrics_dir, ignore_errors=True)
+        if metrics_dir == _MADE_METRICS_DIR:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+        else:
+            _remove_server_files(metrics_dir)

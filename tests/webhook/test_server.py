@@ -218,6 +218,27 @@ def test_sigterm_stops_the_server_cleanly(tmp_path):
     srv.stop()
 
 
+def test_a_metrics_directory_it_is_given_keeps_everything_but_the_servers_own_files(tmp_path):
+    """$PROMETHEUS_MULTIPROC_DIR is the operator's: an earlier run's series files go, anything else stays, and
+    the directory is still there after the server stops."""
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    (metrics_dir / "notes.txt").write_text("keep me")
+    (metrics_dir / "counter_99999.db").write_bytes(b"stale")
+    write_dev_certs(tmp_path / "certs")
+    srv = WebhookProcess(tmp_path / "certs", tmp_path / "webhook.log", metrics_dir=metrics_dir)
+    try:
+        assert not (metrics_dir / "counter_99999.db").exists()
+        assert srv.request("POST", "/validate", json.dumps(review_body(pod(INFERENCE))).encode())[0] == 200
+        assert list(metrics_dir.glob("*.db"))  # the workers' own series files
+    finally:
+        os.killpg(srv.popen.pid, signal.SIGTERM)
+        assert srv.popen.wait(timeout=30) == 0
+        srv.stop()
+    assert sorted(p.name for p in metrics_dir.iterdir()) == ["notes.txt"]
+    assert (metrics_dir / "notes.txt").read_text() == "keep me"
+
+
 def test_large_reviews_take_turns_across_processes(tmp_path, monkeypatch):
     """Two gates on one lock file stand for two workers: while one decodes a large review, the other waits, and
     past the wait it answers 503 rather than holding a thread for ever."""
