@@ -1,12 +1,21 @@
 """Admission through a real kube-apiserver (e2e.cluster.ControlPlane): pod creates per second and create latency
-with gpufrac's two webhook configurations registered, and with them deleted (same pods, same client)."""
+with gpufrac's two webhook configurations registered and served by gpufrac; the same configurations served, on the
+same port with the same certificates, by the do-nothing webhook (bench.noop_app, same gunicorn settings) and by a
+do-nothing webhook in Go (bench/go_noop, net/http as KAI's webhook uses; built with the Go toolchain the harness
+builds Kubernetes with, skipped without one); and with them deleted (same pods, same client). gpufrac − do-nothing
+is what gpufrac's decisions and patches cost a user; do-nothing (Go) − none is what two webhook calls cost on this
+machine whatever serves them."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import os
 import re
+import shutil
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -15,21 +24,27 @@ from pathlib import Path
 
 import yaml
 
+from bench import direct
+from bench.chart import ROOT
 from bench.reviews import INFERENCE, NOTEBOOK
 from e2e.toolkit.wait import wait_until
 from gpufrac.core.contract import FRACTIONAL_LABEL
 
 NAMESPACE = "team-a"
 IMAGE = "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"
+# Who answers the registered configurations in a cell; "none": the configurations are deleted.
+SERVERS = ("gpufrac", "do-nothing", "do-nothing (Go)", "none")
+GO_NOOP = ROOT / "bench" / "go_noop"
 
 
 @dataclass
 class ApiCell:
-    webhooks: bool
+    webhooks: str  # one of SERVERS
     concurrency: int
     latencies: list[float] = field(default_factory=list)  # seconds
     seconds: float = 0.0
     errors: int = 0
+    first_error: str = ""
     wrong: int = 0  # created but mutated when it should not be, or the reverse
     # webhook name -> [seconds, calls] as the API server times its calls to it (request sent to answer read)
     webhook_calls: dict[str, list[float]] = field(default_factory=dict)
@@ -49,9 +64,10 @@ class ApiCell:
 
 @dataclass
 class ApiResult:
-    cells: dict[tuple[bool, int], ApiCell]
+    cells: dict[tuple[str, int], ApiCell]
     server_version: str
     duration: float
+    skipped: dict[str, str]  # server -> why it has no cells
     rounds: int
     cold_start_s: float
     webhook_names: list[tuple[str, str]]
@@ -99,14 +115,15 @@ def _load(cell: ApiCell, api, duration: float, run_tag: str) -> None:
                 resp = api.create_namespaced_pod(NAMESPACE, body, _preload_content=False)
                 data = resp.data
                 elapsed = time.perf_counter() - t0
-            except Exception:  # any API error is counted, never hidden
+            except Exception as err:  # any API error is counted, never hidden
                 with lock:
                     cell.errors += 1
+                    cell.first_error = cell.first_error or " ".join(str(err).split())[:300]
                 continue
             labelled = FRACTIONAL_LABEL.encode() in data
             with lock:
                 cell.latencies.append(elapsed)
-                if labelled != cell.webhooks:
+                if labelled != (cell.webhooks == "gpufrac"):
                     cell.wrong += 1
 
     threads = [threading.Thread(target=worker) for _ in range(cell.concurrency)]
@@ -149,6 +166,62 @@ def _unregister(cp, admission_api, api, names: list[tuple[str, str]], timeout: f
     wait_until(lambda: not _mutated_on_dry_run(api), timeout, "pods to be no longer mutated", interval=0.2)
 
 
+def go_do_nothing_binary() -> Path | str:
+    """bench/go_noop built once per source into the tools cache; a reason string when there is no Go toolchain or
+    the build fails."""
+    from e2e.toolkit.tools import tools_cache
+
+    go = shutil.which("go")
+    if go is None:
+        return "no Go toolchain on PATH"
+    digest = hashlib.sha256(b"".join((GO_NOOP / f).read_bytes() for f in ("go.mod", "main.go"))).hexdigest()[:12]
+    binary = tools_cache() / "bin" / f"bench-go-noop-{digest}"
+    if binary.exists():
+        return binary
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-buildvcs=false", "CGO_ENABLED": "0"}
+    result = subprocess.run([go, "build", "-o", f"{binary}.tmp", "."], cwd=GO_NOOP, env=env, capture_output=True,
+                            text=True, timeout=300, check=False)
+    if result.returncode != 0:
+        return f"go build of bench/go_noop failed: {result.stderr.strip()[-300:]}"
+    os.replace(f"{binary}.tmp", binary)
+    return binary
+
+
+def _serve_do_nothing(cp, workdir: Path, server: str, go_binary: Path | None) -> direct.Server:
+    """Stop gpufrac's webhook and serve a do-nothing one on its port with its certificates: bench.noop_app with
+    the settings `gpufrac webhook` runs with by default (the control plane's webhook), or the Go one."""
+    from gpufrac.webhook.server import ServeOptions
+
+    cp.stop_webhook()
+    port = cp.ports["webhook"]
+    workdir.mkdir(parents=True, exist_ok=True)
+    if server == "do-nothing (Go)" and go_binary is not None:
+        return direct.start(server, [str(go_binary), str(cp.webhook_certs), f"127.0.0.1:{port}"],
+                            workdir / "go-do-nothing.log", dict(os.environ), port)
+    defaults = ServeOptions(cp.webhook_certs, "")
+    run_dir = workdir / "do-nothing-run"
+    run_dir.mkdir(mode=0o700, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_RUNTIME_DIR": str(run_dir),
+           "PROMETHEUS_MULTIPROC_DIR": str(workdir / "do-nothing-prometheus"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    argv = [sys.executable, "-m", "bench.noop_app", "--workers", str(defaults.workers), "--threads",
+            str(defaults.threads), "--certs", str(cp.webhook_certs), "--bind", f"127.0.0.1:{port}"]
+    return direct.start(server, argv, workdir / "do-nothing.log", env, port)
+
+
+def _measure(cell: ApiCell, api, api_client, duration: float, run_tag: str) -> None:
+    before = _webhook_seconds(api_client)
+    _load(cell, api, duration, run_tag)
+    for name, (seconds, calls) in _webhook_seconds(api_client).items():
+        was = before.get(name, [0.0, 0.0])
+        total = cell.webhook_calls.setdefault(name, [0.0, 0])
+        total[0] += seconds - was[0]
+        total[1] += int(calls - was[1])
+    print(f"[bench] apiserver webhooks={cell.webhooks:<10s} c={cell.concurrency:<3d} {cell.pods_per_s:6.1f} pods/s "
+          f"p99 {cell.pct(0.99):.1f} ms", file=sys.stderr, flush=True)
+
+
 def run(*, concurrencies: tuple[int, ...], duration: float, rounds: int, workdir: Path) -> ApiResult | str:
     try:
         from e2e.cluster import ControlPlane, ToolsMissingError
@@ -172,29 +245,36 @@ def run(*, concurrencies: tuple[int, ...], duration: float, rounds: int, workdir
         if not _mutated_on_dry_run(api):
             raise RuntimeError("the webhooks are registered but a dry-run pod is not mutated")
         # Warm the client's connection pool, the API server and the webhook.
-        warm = ApiCell(True, max(concurrencies))
-        _load(warm, api, 1.0, "warm")
-        cells: dict[tuple[bool, int], ApiCell] = {}
+        _load(ApiCell("gpufrac", max(concurrencies)), api, 1.0, "warm")
+        cells: dict[tuple[str, int], ApiCell] = {}
+        go_binary = go_do_nothing_binary()
+        skipped = {} if isinstance(go_binary, Path) else {"do-nothing (Go)": go_binary}
         for r in range(rounds):
-            for webhooks in (True, False):
-                if webhooks and r > 0:
+            for server in SERVERS:
+                do_nothing = None
+                if server in skipped:
+                    continue
+                if server == "gpufrac" and r > 0:
+                    cp.start_webhook()
                     cp.apply_webhook_configurations()  # waits until a dry-run pod is mutated again
                     time.sleep(2)  # and the validating configuration, loaded by its own informer
-                if not webhooks:
+                elif server.startswith("do-nothing"):
+                    do_nothing = _serve_do_nothing(cp, workdir / f"do-nothing-{r}", server,
+                                                   go_binary if isinstance(go_binary, Path) else None)
+                    # The API server's kept-alive connections went with gpufrac's server: reconnect, uncounted.
+                    _load(ApiCell(server, max(concurrencies)), api, 1.0, f"warm-r{r}")
+                elif server == "none":
                     _unregister(cp, admission_api, api, names)
-                for concurrency in concurrencies:
-                    cell = cells.setdefault((webhooks, concurrency), ApiCell(webhooks, concurrency))
-                    before = _webhook_seconds(api_client)
-                    _load(cell, api, duration, f"r{r}-{'on' if webhooks else 'off'}-c{concurrency}")
-                    for name, (seconds, calls) in _webhook_seconds(api_client).items():
-                        was = before.get(name, [0.0, 0.0])
-                        total = cell.webhook_calls.setdefault(name, [0.0, 0])
-                        total[0] += seconds - was[0]
-                        total[1] += int(calls - was[1])
-                    print(f"[bench] apiserver webhooks={'on ' if webhooks else 'off'} c={concurrency:<3d} "
-                          f"{cell.pods_per_s:6.1f} pods/s p99 {cell.pct(0.99):.1f} ms", file=sys.stderr,
-                          flush=True)
-        return ApiResult(cells, cp.server_version, duration, rounds, cp.timings.get("cold_start_s", 0.0), names)
+                try:
+                    for concurrency in concurrencies:
+                        cell = cells.setdefault((server, concurrency), ApiCell(server, concurrency))
+                        _measure(cell, api, api_client, duration, f"r{r}-s{SERVERS.index(server)}-c{concurrency}")
+                finally:
+                    if do_nothing is not None:
+                        do_nothing.stop()
+                        cp.start_webhook()  # gpufrac's again, so the configurations can be deleted and re-added
+        return ApiResult(cells, cp.server_version, duration, skipped, rounds, cp.timings.get("cold_start_s", 0.0),
+                         names)
     finally:
         cp.stop()
 
@@ -208,4 +288,4 @@ def summary(cell: ApiCell) -> dict[str, float]:
 if __name__ == "__main__":  # a quick look: python -m bench.apiserver
     result = run(concurrencies=(1, 4), duration=2, rounds=1, workdir=Path(".e2e/bench"))
     print(result if isinstance(result, str) else json.dumps(
-        {f"{'on' if k[0] else 'off'}-c{k[1]}": summary(c) for k, c in result.cells.items()}, indent=1))
+        {f"{k[0]}-c{k[1]}": summary(c) for k, c in result.cells.items()}, indent=1))

@@ -1,0 +1,3 @@
+module example.invalid/gpufrac-bench-go-noop
+
+go 1.21

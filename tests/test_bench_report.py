@@ -1,0 +1,48 @@
+"""The bench report's through-apiserver section, from cells given as data: every server's row, the figures set
+against the cluster without webhooks, and the target line naming the do-nothing floors. No timing is measured."""
+
+from __future__ import annotations
+
+from bench.apiserver import ApiCell, ApiResult
+from bench.chart import chart_webhook
+from bench.report import Report
+
+MACHINE = {"date": "d", "cpu": "c", "python": "p", "os": "o", "load": "0.10 0.20 0.30"}
+
+
+def cell(server: str, p50_ms: float, pods: int = 100, errors: int = 0, first_error: str = "") -> ApiCell:
+    c = ApiCell(server, 1, latencies=[p50_ms / 1000] * pods, seconds=pods * p50_ms / 1000, errors=errors,
+                first_error=first_error)
+    if server != "none":
+        c.webhook_calls = {"mutate.gpufrac.io": [pods * 0.002, pods], "validate.gpufrac.io": [pods * 0.001, pods]}
+    return c
+
+
+def api_section(cells: dict[tuple[str, int], ApiCell], skipped: dict[str, str] | None = None) -> tuple[str, Report]:
+    report = Report("smoke", MACHINE, chart_webhook(), [])
+    report.api = ApiResult(cells, "v1.36.3", 1.0, skipped or {}, 1, 5.0,
+                           [("MutatingWebhookConfiguration", "gpufrac"), ("ValidatingWebhookConfiguration", "gpufrac")])
+    return "\n".join(report._api()), report
+
+
+def test_each_server_has_a_row_against_none_and_the_target_names_the_floors():
+    text, report = api_section({(s, 1): cell(s, ms) for s, ms in
+                                (("gpufrac", 10.0), ("do-nothing", 8.0), ("do-nothing (Go)", 7.5), ("none", 4.0))})
+    assert "| 1 | gpufrac | 100 | 100.0 | 10.0 |" in text
+    assert "| 1 | do-nothing | 100 | 125.0 | 8.0 |" in text and "+4.0 ms p50" in text
+    assert "| 1 | do-nothing (Go) | 100 | 133.3 | 7.5 |" in text and "+3.5 ms p50" in text
+    assert "1 client, gpufrac: mutate.gpufrac.io 2.0 ms (100 calls), validate.gpufrac.io 1.0 ms (100 calls)" in text
+    target, measured, verdict = report.targets[-1]
+    assert target.startswith("through kube-apiserver: p50 added to a pod CREATE at 1 client ≤ 3 ms")
+    assert measured == ("+6.0 ms (10.0 vs 4.0 ms; do-nothing +4.0 ms; do-nothing (Go) +3.5 ms; "
+                        "load 0.10 0.20 0.30)")
+    assert verdict == "**missed**"
+
+
+def test_a_server_not_measured_says_why_and_errors_are_quoted():
+    text, report = api_section({("gpufrac", 1): cell("gpufrac", 5.0, errors=3, first_error="webhook refused"),
+                                ("none", 1): cell("none", 4.0)}, {"do-nothing (Go)": "no Go toolchain on PATH"})
+    assert "Not measured: do-nothing (Go), no Go toolchain on PATH." in text
+    assert "First error, gpufrac at 1 client: webhook refused" in text
+    assert report.targets[-1][1] == "+1.0 ms (5.0 vs 4.0 ms; load 0.10 0.20 0.30)"
+    assert report.targets[-1][2] == "**met**"
