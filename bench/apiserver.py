@@ -1,10 +1,11 @@
 """Admission through a real kube-apiserver (e2e.cluster.ControlPlane): pod creates per second and create latency
 with gpufrac's two webhook configurations registered and served by gpufrac; the same configurations served, on the
-same port with the same certificates, by the do-nothing webhook (bench.noop_app, same gunicorn settings) and by a
-do-nothing webhook in Go (bench/go_noop, net/http as KAI's webhook uses; built with the Go toolchain the harness
-builds Kubernetes with, skipped without one); and with them deleted (same pods, same client). gpufrac − do-nothing
-is what gpufrac's decisions and patches cost a user; do-nothing (Go) − none is what two webhook calls cost on this
-machine whatever serves them."""
+same port with the same certificates, by stand-ins: gpufrac's own answers replayed (bench.replay_app: the same
+patches, no work per review), the do-nothing webhook (bench.noop_app, same gunicorn settings) and a do-nothing
+webhook in Go (bench/go_noop, net/http as KAI's webhook uses; built with the Go toolchain the harness builds
+Kubernetes with, skipped without one); and with them deleted (same pods, same client). gpufrac − replayed is what
+gpufrac's work per review costs a user, replayed − do-nothing what its patches cost the API server, do-nothing (Go)
+− none what two webhook calls cost on this machine whatever serves them."""
 
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ from gpufrac.core.contract import FRACTIONAL_LABEL
 NAMESPACE = "team-a"
 IMAGE = "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"
 # Who answers the registered configurations in a cell; "none": the configurations are deleted.
-SERVERS = ("gpufrac", "do-nothing", "do-nothing (Go)", "none")
+SERVERS = ("gpufrac", "gpufrac's answers replayed", "do-nothing", "do-nothing (Go)", "none")
+MUTATING = ("gpufrac", "gpufrac's answers replayed")  # the servers whose pods come back labelled
+PYTHON_STAND_INS = {"gpufrac's answers replayed": "bench.replay_app", "do-nothing": "bench.noop_app"}
 GO_NOOP = ROOT / "bench" / "go_noop"
 
 
@@ -123,7 +126,7 @@ def _load(cell: ApiCell, api, duration: float, run_tag: str) -> None:
             labelled = FRACTIONAL_LABEL.encode() in data
             with lock:
                 cell.latencies.append(elapsed)
-                if labelled != (cell.webhooks == "gpufrac"):
+                if labelled != (cell.webhooks in MUTATING):
                     cell.wrong += 1
 
     threads = [threading.Thread(target=worker) for _ in range(cell.concurrency)]
@@ -188,9 +191,10 @@ def go_do_nothing_binary() -> Path | str:
     return binary
 
 
-def _serve_do_nothing(cp, workdir: Path, server: str, go_binary: Path | None) -> direct.Server:
-    """Stop gpufrac's webhook and serve a do-nothing one on its port with its certificates: bench.noop_app with
-    the settings `gpufrac webhook` runs with by default (the control plane's webhook), or the Go one."""
+def _serve_stand_in(cp, workdir: Path, server: str, go_binary: Path | None) -> direct.Server:
+    """Stop gpufrac's webhook and serve a stand-in on its port with its certificates: a Python one
+    (PYTHON_STAND_INS) with the settings `gpufrac webhook` runs with by default (the control plane's webhook), or
+    the Go one."""
     from gpufrac.webhook.server import ServeOptions
 
     cp.stop_webhook()
@@ -200,14 +204,15 @@ def _serve_do_nothing(cp, workdir: Path, server: str, go_binary: Path | None) ->
         return direct.start(server, [str(go_binary), str(cp.webhook_certs), f"127.0.0.1:{port}"],
                             workdir / "go-do-nothing.log", dict(os.environ), port)
     defaults = ServeOptions(cp.webhook_certs, "")
-    run_dir = workdir / "do-nothing-run"
+    module = PYTHON_STAND_INS[server]
+    run_dir = workdir / f"{module}-run"
     run_dir.mkdir(mode=0o700, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_RUNTIME_DIR": str(run_dir),
-           "PROMETHEUS_MULTIPROC_DIR": str(workdir / "do-nothing-prometheus"),
+           "PROMETHEUS_MULTIPROC_DIR": str(workdir / f"{module}-prometheus"),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    argv = [sys.executable, "-m", "bench.noop_app", "--workers", str(defaults.workers), "--threads",
+    argv = [sys.executable, "-m", module, "--workers", str(defaults.workers), "--threads",
             str(defaults.threads), "--certs", str(cp.webhook_certs), "--bind", f"127.0.0.1:{port}"]
-    return direct.start(server, argv, workdir / "do-nothing.log", env, port)
+    return direct.start(server, argv, workdir / f"{module}.log", env, port)
 
 
 def _measure(cell: ApiCell, api, api_client, duration: float, run_tag: str) -> None:
@@ -251,16 +256,16 @@ def run(*, concurrencies: tuple[int, ...], duration: float, rounds: int, workdir
         skipped = {} if isinstance(go_binary, Path) else {"do-nothing (Go)": go_binary}
         for r in range(rounds):
             for server in SERVERS:
-                do_nothing = None
+                stand_in = None
                 if server in skipped:
                     continue
                 if server == "gpufrac" and r > 0:
                     cp.start_webhook()
                     cp.apply_webhook_configurations()  # waits until a dry-run pod is mutated again
                     time.sleep(2)  # and the validating configuration, loaded by its own informer
-                elif server.startswith("do-nothing"):
-                    do_nothing = _serve_do_nothing(cp, workdir / f"do-nothing-{r}", server,
-                                                   go_binary if isinstance(go_binary, Path) else None)
+                elif server != "gpufrac" and server != "none":
+                    stand_in = _serve_stand_in(cp, workdir / f"stand-ins-{r}", server,
+                                               go_binary if isinstance(go_binary, Path) else None)
                     # The API server's kept-alive connections went with gpufrac's server: reconnect, uncounted.
                     _load(ApiCell(server, max(concurrencies)), api, 1.0, f"warm-r{r}")
                 elif server == "none":
@@ -270,8 +275,8 @@ def run(*, concurrencies: tuple[int, ...], duration: float, rounds: int, workdir
                         cell = cells.setdefault((server, concurrency), ApiCell(server, concurrency))
                         _measure(cell, api, api_client, duration, f"r{r}-s{SERVERS.index(server)}-c{concurrency}")
                 finally:
-                    if do_nothing is not None:
-                        do_nothing.stop()
+                    if stand_in is not None:
+                        stand_in.stop()
                         cp.start_webhook()  # gpufrac's again, so the configurations can be deleted and re-added
         return ApiResult(cells, cp.server_version, duration, skipped, rounds, cp.timings.get("cold_start_s", 0.0),
                          names)

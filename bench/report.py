@@ -248,9 +248,11 @@ class Report:
                 f"configurations ({', '.join(n for _, n in a.webhook_names)}) by URL. Pod CREATEs as admin in "
                 f"team-a from N threads of the `kubernetes` Python client (raw responses, no model decoding), "
                 "alternating the inference (sm-sharing, 4 GPUs) and notebook (portion) seed pods; "
-                f"{a.rounds} × {a.duration:g} s per cell, in turn: the configurations served by gpufrac, the same "
-                "configurations served by the do-nothing webhook on the same port (bench.noop_app, the same "
-                "gunicorn settings), and deleted ('none'). "
+                f"{a.rounds} × {a.duration:g} s per cell, in turn: the configurations served by gpufrac; served on the "
+                "same port with the same certificates by stand-ins: gpufrac's answers replayed (bench.replay_app: "
+                "the answer gpufrac gave the first pod of each shape, uid swapped in; the same patches, no work per "
+                "review), the do-nothing webhook (bench.noop_app; both on the same gunicorn settings as gpufrac) and "
+                "a do-nothing webhook in Go (bench/go_noop, net/http, HTTP/1.1); and deleted ('none'). "
                 "wrong = a pod mutated when it should not be or the reverse. The client, the API server, etcd and "
                 "the webhook share the machine's cores.", ""]
         rows = []
@@ -289,7 +291,7 @@ class Report:
             added = gpufrac.pct(0.5) - none.pct(0.5)
             floor = "".join(
                 f"; {server} +{cell.pct(0.5) - none.pct(0.5):.1f} ms"
-                for server in ("do-nothing", "do-nothing (Go)")
+                for server in SERVERS if server not in ("gpufrac", "none")
                 if (cell := a.cells.get((server, 1))) is not None and cell.latencies)
             self.targets.append([f"through kube-apiserver: p50 added to a pod CREATE at 1 client ≤ "
                                  f"{TARGET_ADDED_P50_MS:g} ms", f"+{added:.1f} ms ({gpufrac.pct(0.5):.1f} vs "

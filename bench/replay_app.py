@@ -1,0 +1,71 @@
+"""A webhook that answers each review with the answer gpufrac gave the first review of the same shape (the same
+annotations and containers), the uid swapped in: gpufrac's patches and verdicts without gpufrac's work per review.
+Set against the do-nothing webhook through the API server, it shows what applying gpufrac's patches and storing
+the bigger pod costs the API server; set against gpufrac, what gpufrac's own work per review costs a user.
+
+Served by the same gunicorn setup as `gpufrac webhook` (webhook.server.WebhookServer), like bench.noop_app.
+
+python -m bench.replay_app --certs DIR --bind HOST:PORT --workers N --threads N
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from flask import Flask, Response, request
+
+from gpufrac.webhook import admission
+from gpufrac.webhook.policy import Policy
+from gpufrac.webhook.review import build_response, parse_review
+
+
+def create_app(policy: Policy) -> Flask:
+    app = Flask("replay")
+    answers: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def answer() -> Response:
+        review = json.loads(request.get_data(cache=False))
+        obj = review["request"]["object"]
+        shape = json.dumps([obj["metadata"].get("annotations"),
+                            [c.get("name") for c in obj["spec"].get("containers", [])]], sort_keys=True)
+        key = (request.path, shape)
+        if key not in answers:
+            decide = admission.mutate if request.path == "/mutate" else admission.validate
+            outcome = decide(parse_review(review), policy)
+            answers[key] = build_response("", allowed=outcome.allowed, message=outcome.message,
+                                          patch=outcome.patch, warnings=outcome.warnings)
+        body = {**answers[key], "response": {**answers[key]["response"], "uid": review["request"]["uid"]}}
+        return Response(json.dumps(body, separators=(",", ":")), mimetype="application/json")
+
+    app.add_url_rule("/mutate", "mutate", answer, methods=["POST"])
+    app.add_url_rule("/validate", "validate", answer, methods=["POST"])
+    app.add_url_rule("/readyz", "readyz", lambda: Response('{"status":"ready"}', mimetype="application/json"))
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.replay_app")
+    parser.add_argument("--certs", required=True)
+    parser.add_argument("--bind", required=True)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=8)
+    args = parser.parse_args(argv)
+
+    from gpufrac.webhook.server import ServeOptions, WebhookServer
+
+    class ReplayServer(WebhookServer):
+        def load(self) -> Any:
+            return create_app(self.policy)
+
+    options = ServeOptions(Path(args.certs), args.bind, args.workers, args.threads)
+    with tempfile.TemporaryDirectory(prefix="bench-replay-metrics-") as metrics_dir:
+        ReplayServer(Policy(), options, Path(metrics_dir)).run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
