@@ -10,21 +10,18 @@ python -m bench.replay_app --certs DIR --bind HOST:PORT --workers N --threads N
 
 from __future__ import annotations
 
-import argparse
 import json
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, request
 
+from bench.noop_app import review_routes, serve
 from gpufrac.webhook import admission
 from gpufrac.webhook.policy import Policy
 from gpufrac.webhook.review import build_response, parse_review
 
 
 def create_app(policy: Policy) -> Flask:
-    app = Flask("replay")
     answers: dict[tuple[str, str], dict[str, Any]] = {}
 
     def answer() -> Response:
@@ -41,31 +38,8 @@ def create_app(policy: Policy) -> Flask:
         body = {**answers[key], "response": {**answers[key]["response"], "uid": review["request"]["uid"]}}
         return Response(json.dumps(body, separators=(",", ":")), mimetype="application/json")
 
-    app.add_url_rule("/mutate", "mutate", answer, methods=["POST"])
-    app.add_url_rule("/validate", "validate", answer, methods=["POST"])
-    app.add_url_rule("/readyz", "readyz", lambda: Response('{"status":"ready"}', mimetype="application/json"))
-    return app
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.replay_app")
-    parser.add_argument("--certs", required=True)
-    parser.add_argument("--bind", required=True)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=8)
-    args = parser.parse_args(argv)
-
-    from gpufrac.webhook.server import ServeOptions, WebhookServer
-
-    class ReplayServer(WebhookServer):
-        def load(self) -> Any:
-            return create_app(self.policy)
-
-    options = ServeOptions(Path(args.certs), args.bind, args.workers, args.threads)
-    with tempfile.TemporaryDirectory(prefix="bench-replay-metrics-") as metrics_dir:
-        ReplayServer(Policy(), options, Path(metrics_dir)).run()
-    return 0
+    return review_routes(Flask("replay"), answer)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(serve("python -m bench.replay_app", create_app))
