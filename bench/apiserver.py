@@ -259,16 +259,16 @@ def run(*, concurrencies: tuple[int, ...], duration: float, rounds: int, workdir
                 stand_in = None
                 if server in skipped:
                     continue
-                if server == "gpufrac" and r > 0:
-                    cp.start_webhook()
+                if server == "gpufrac" and r > 0:  # gpufrac's server is up again since the last "none"
                     cp.apply_webhook_configurations()  # waits until a dry-run pod is mutated again
                     time.sleep(2)  # and the validating configuration, loaded by its own informer
                 elif server != "gpufrac" and server != "none":
                     stand_in = _serve_stand_in(cp, workdir / f"stand-ins-{r}", server,
                                                go_binary if isinstance(go_binary, Path) else None)
-                    # The API server's kept-alive connections went with gpufrac's server: reconnect, uncounted.
+                    # The API server's kept-alive connections went with the server before: reconnect, uncounted.
                     _load(ApiCell(server, max(concurrencies)), api, 1.0, f"warm-r{r}")
                 elif server == "none":
+                    cp.start_webhook()  # gpufrac's again: the configurations are deleted, then re-added, with it
                     _unregister(cp, admission_api, api, names)
                 try:
                     for concurrency in concurrencies:
@@ -277,7 +277,6 @@ def run(*, concurrencies: tuple[int, ...], duration: float, rounds: int, workdir
                 finally:
                     if stand_in is not None:
                         stand_in.stop()
-                        cp.start_webhook()  # gpufrac's again, so the configurations can be deleted and re-added
         return ApiResult(cells, cp.server_version, duration, skipped, rounds, cp.timings.get("cold_start_s", 0.0),
                          names)
     finally:

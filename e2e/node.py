@@ -206,9 +206,8 @@ class RealCluster(ControlPlane):
                     break
                 except BlockingIOError:
                     if time.monotonic() >= deadline:
-                        holders = subprocess.run(["fuser", LOCK_FILE], capture_output=True, text=True)
                         raise ClusterError(
-                            f"another real node holds {LOCK_FILE} (pids {holders.stdout.strip() or '?'}): one "
+                            f"another real node holds {LOCK_FILE} (pids {lock_holders()}): one "
                             "real node per machine; stop it with `make cluster-down`, or set "
                             "GPUFRAC_NODE_LOCK_WAIT=<seconds> to wait for it") from None
                     time.sleep(1)
@@ -342,6 +341,23 @@ def _unmount_under(root: Path) -> None:
             subprocess.run(["umount", "-l", mount], capture_output=True)
 
 
+def lock_holders() -> str:
+    """The pids holding the machine's lock, as fuser lists them ('?' when it cannot tell)."""
+    return subprocess.run(["fuser", LOCK_FILE], capture_output=True, text=True).stdout.strip() or "?"
+
+
+def machine_is_free() -> bool:
+    """No real node holds the machine's lock now (a probe from an open file of its own, let go at once)."""
+    fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def clean_orphan(workdir: Path, state: dict) -> None:
     """What a node whose owner is gone left on the machine goes, but only while the machine is still that
     node's: its lock holder still runs, or nobody holds the lock (taken for the cleanup). Another live node
@@ -356,9 +372,8 @@ def clean_orphan(workdir: Path, state: dict) -> None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holders = subprocess.run(["fuser", LOCK_FILE], capture_output=True, text=True).stdout.strip()
             print(f"[e2e] {workdir}: left the machine's node state alone: another real node holds {LOCK_FILE} "
-                  f"(pids {holders or '?'}) and owns it now")
+                  f"(pids {lock_holders()}) and owns it now")
             return
         clean_machine(workdir, state)
     finally:

@@ -3,8 +3,6 @@ never tear down the network, cgroups and mounts of another node that holds the m
 
 from __future__ import annotations
 
-import fcntl
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,19 +38,20 @@ def hold(lock_file: Path) -> subprocess.Popen[bytes]:
     return holder
 
 
-def test_an_orphan_on_a_free_machine_is_cleaned_under_the_lock(tmp_path, lock_file, cleaned):
+def test_an_orphan_on_a_free_machine_is_cleaned_under_the_lock(tmp_path, lock_file, monkeypatch):
+    assert node.machine_is_free()
+    free_while_cleaning: list[bool] = []
+    monkeypatch.setattr(node, "clean_machine",
+                        lambda workdir, state, quiet=False: free_while_cleaning.append(node.machine_is_free()))
     node.clean_orphan(tmp_path, {"lock": None})
-    assert cleaned == [tmp_path]
-    fd = os.open(lock_file, os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released again afterwards
-    finally:
-        os.close(fd)
+    assert free_while_cleaning == [False]  # cleaned once, holding the machine's lock
+    assert node.machine_is_free()  # and released afterwards
 
 
 def test_an_orphan_leaves_the_machine_alone_while_another_node_holds_it(tmp_path, lock_file, cleaned, capsys):
     holder = hold(lock_file)
     try:
+        assert not node.machine_is_free()
         node.clean_orphan(tmp_path, {"lock": None})
     finally:
         holder.kill()

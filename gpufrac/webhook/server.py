@@ -43,6 +43,8 @@ IDLE_CONNECTION_WAIT_SECONDS = 0.5
 # most, and this much at most, so the client that is still sending gets to read the answer.
 CLOSING_DRAIN_SECONDS = 2.0
 CLOSING_DRAIN_BYTES = 32 * 1024 * 1024
+# In the metrics directory: the file whose flock makes large reviews take turns across workers (app.LargeReviewGate).
+LARGE_REVIEW_LOCK = "large-review.lock"
 log = logging.getLogger("gpufrac.webhook")
 
 
@@ -383,7 +385,6 @@ def _metrics_listener_starter(bind: str, certs_dir: Path) -> Any:
 
 # Where prometheus_client's multiprocess files go when $PROMETHEUS_MULTIPROC_DIR is unset: made, and removed, here.
 _MADE_METRICS_DIR: Path | None = None
-LARGE_REVIEW_LOCK = "large-review.lock"
 
 
 def prepare_metrics_dir() -> Path:

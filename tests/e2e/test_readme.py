@@ -88,7 +88,7 @@ def test_make_run_serves_the_review_the_readme_shows(tmp_path):
     served = log.read_text() if log.exists() else ""
     assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-2000:]}\n--- make run:\n{served[-3000:]}"
     assert json.loads(result.stdout) == shown_output(curl)
-    assert "https://127.0.0.1:8443" in served or "127.0.0.1:8443" in served, served[-3000:]
+    assert "127.0.0.1:8443" in served, served[-3000:]
 
 
 # ---- "Checking a GPU node" ------------------------------------------------------------------------------------

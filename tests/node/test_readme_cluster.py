@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from e2e.cluster import REPO_ROOT, Tools
-from e2e.node import LOCK_FILE
+from e2e.node import machine_is_free
 from tests.docblocks import blocks
 from tests.node.conftest import require_real_node
 
@@ -26,10 +26,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.real_node]
 def run(command: str, env: dict[str, str], timeout: float = 1800) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=REPO_ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
-
-
-def lock_is_free() -> bool:
-    return subprocess.run(["flock", "-n", LOCK_FILE, "true"], capture_output=True).returncode == 0
 
 
 def test_the_local_cluster_block_runs_as_written():
@@ -58,11 +54,11 @@ def test_the_local_cluster_block_runs_as_written():
     finally:
         down = run(cluster_down, env, timeout=600)
     assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
-    assert lock_is_free(), "make cluster-down left the real node's lock held"
+    assert machine_is_free(), "make cluster-down left the real node's lock held"
     assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.find("gpufrac-node") < 0
     shown = run(demo, env, timeout=1800)
     assert shown.returncode == 0, shown.stdout[-3000:] + shown.stderr[-3000:]
     for line in ("NVIDIA_GPU_MEMORY_LIMIT=61440", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=115016M,1=115016M",
                  "webhook configurations left: none"):
         assert line in shown.stdout, shown.stdout[-4000:]
-    assert lock_is_free(), "make demo left the real node's lock held"
+    assert machine_is_free(), "make demo left the real node's lock held"
