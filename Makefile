@@ -21,10 +21,12 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	touch $@
 
-# The CSI and kubelet plugin registration stubs, generated from the upstream protos (never committed).
-STUBS := gpufrac/agent/csi/generated/__init__.py
-$(STUBS): hack/grpc-stubs.sh $(VENV)/.installed-test
-	PYTHON=$(PY) bash hack/grpc-stubs.sh
+# The gRPC stubs (CSI, kubelet plugin registration) and NRI's messages with ttrpc's envelope (the agent's NRI
+# plugin), generated from the protos vendored in proto/ (no Go needed; `bash hack/grpc-stubs.sh vendor` refreshes
+# proto/ from the Go module proxy). Never committed.
+STUBS := gpufrac/agent/edges/csi/generated/__init__.py gpufrac/agent/edges/nri/generated/__init__.py
+$(STUBS) &: hack/grpc-stubs.sh $(shell find proto -type f 2>/dev/null) $(VENV)/.installed-test
+	PYTHON=$(PY) bash hack/grpc-stubs.sh generate
 
 stubs: $(STUBS)
 
@@ -37,7 +39,8 @@ run: certs
 	$(PY) -m gpufrac webhook --certs $(CERTS) --bind $(BIND)
 
 # The control plane (kube-apiserver, etcd, helm) and the real node (kubelet, kube-controller-manager,
-# kube-scheduler, kube-proxy), built once from the Go module proxy into $(TOOLS_CACHE).
+# kube-scheduler, kube-proxy, containerd 2 with its shim and ctr, runc), built once from the Go module proxy
+# into $(TOOLS_CACHE).
 tools:
 	bash e2e/build-tools.sh node
 
@@ -45,8 +48,9 @@ tools:
 # .e2e/images, built with buildah on a base made from Debian packages: no registry involved. See e2e/build-image.sh.
 # Built again only when what goes into it changed (`make cluster-up` and `make demo` after `make image` reuse it).
 IMAGES := .e2e/images/gpufrac.oci.tar .e2e/images/app.oci.tar .e2e/images/pause.oci.tar
-IMAGE_INPUTS := Dockerfile .dockerignore constraints.txt pyproject.toml README.md e2e/build-image.sh \
-	$(shell find gpufrac -type f -not -name '*.pyc' 2>/dev/null)
+IMAGE_INPUTS := Dockerfile .dockerignore constraints.txt pyproject.toml README.md LICENSE e2e/build-image.sh \
+	hack/grpc-stubs.sh hack/sbom.py $(shell find proto -type f 2>/dev/null) \
+	$(shell find gpufrac -type f -not -name '*.pyc' -not -path 'gpufrac/agent/edges/csi/generated/*' 2>/dev/null)
 image: $(IMAGES)
 
 $(IMAGES) &: $(IMAGE_INPUTS)
@@ -58,11 +62,18 @@ constraints: venv
 	{ sed -n '1,2p' constraints.txt; $(PY) -m pip freeze --exclude-editable | grep -v '^gpufrac'; } > constraints.tmp
 	mv constraints.tmp constraints.txt
 
-# ruff (with C901 at 15), the layering contracts (.importlinter) and the types (mypy, strict: pyproject.toml).
+# ruff (with C901 at 15; at 10 in gpufrac/), the layering contracts (.importlinter; .importlinter-tests: how tests,
+# testkit, e2e and bench depend on each other), the types (mypy, strict: pyproject.toml), no import circle anywhere
+# in the repo (hack/import_cycles.py: import-linter sees only inside its root packages), and no file above 500
+# lines in gpufrac/ (hack/file_lines.py).
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff check --select C901 --config 'lint.mccabe.max-complexity = 10' gpufrac
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/lint-imports .importlinter-tests
 	$(VENV)/bin/mypy
+	$(PY) hack/import_cycles.py
+	$(PY) hack/file_lines.py --max 500 gpufrac
 
 unit: venv
 	$(PY) -m pytest -q -m 'not e2e'
@@ -71,9 +82,9 @@ test: venv tools image lint
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(VENV) .e2e certs/dev .build gpufrac/agent/csi/generated
+	rm -rf $(VENV) .e2e certs/dev .build gpufrac/agent/edges/csi/generated gpufrac/agent/edges/nri/generated
 
-# A real one-node cluster (e2e/node.py): etcd, kube-apiserver, containerd + runc + CNI bridge, kubelet,
+# A real one-node cluster (e2e/node.py): etcd, kube-apiserver, containerd 2 + runc + CNI bridge, kubelet,
 # controller-manager, scheduler, kube-proxy; then `helm install ... -f charts/gpufrac/values-local.yaml`.
 # cluster-up-api: the API-only control plane (etcd + kube-apiserver + the webhook on the host, pods never run).
 .PHONY: cluster-up cluster-up-api cluster-down demo image constraints
@@ -93,11 +104,12 @@ demo-api: venv tools
 	$(PY) -m e2e demo --api-only
 
 .PHONY: agent-demo
-# The node agent on fake GPUs (tests/fakes) against a local control plane: node labels, events, metrics.
+# The node agent on fake GPUs (testkit/fakes) against a local control plane: node labels, events, metrics.
 agent-demo: venv tools
-	$(PY) -m tests.fakes.agent_demo
+	$(PY) -m e2e.agent_demo
 
-# Benchmarks (bench/): gpufrac beside a do-nothing webhook, through kube-apiserver, in process, and the agent.
+# Benchmarks (bench/): gpufrac beside a do-nothing webhook, through kube-apiserver, in process, the agent, and
+# container creation with the agent's NRI plugin and without (containerd 2 alone, as root).
 # Prints one Markdown report and writes it to bench/results.md. QUICK=1: the short run (about 3 minutes).
 .PHONY: bench
 bench: venv tools
@@ -110,10 +122,10 @@ fuzz: venv
 		--hypothesis-show-statistics tests/hardening/test_properties.py
 
 soak: venv
-	$(PY) -m tests.hardening.soak --seconds $${SOAK_SECONDS:-60}
+	$(PY) -m e2e.hardening.soak --seconds $${SOAK_SECONDS:-60}
 	GPUFRAC_LOAD_SECONDS=$${SOAK_SECONDS:-60} $(PY) -m pytest -q -p no:cacheprovider tests/hardening/test_load.py
 
-# The hardware check (bench/gpu_check.py; README "Checking a GPU node"). On a GPU node (/dev/nvidiactl) it runs the
+# The hardware check (gpucheck/gpu_check.py; docs/gpu-check.md). On a GPU node (/dev/nvidiactl) it runs the
 # real checks; elsewhere, or with FAKE=1, the same script runs against the fakes the tests use (the fake NVML and
 # the fake nvidia-cuda-mps-control; no CUDA, so the CUDA checks say SKIPPED) and still ends with the table.
 # GPU_CHECK_FLAGS go to the script (e.g. GPU_CHECK_FLAGS='--only 2,4'). Needs no venv: python3 and its stdlib.
@@ -121,11 +133,11 @@ GPU_CHECK_OUT ?= .e2e/gpu-check/report.json
 .PHONY: gpu-check
 gpu-check:
 	@if [ -z "$(FAKE)" ] && [ -e /dev/nvidiactl ]; then \
-		bash bench/gpu_check.sh --out $(GPU_CHECK_OUT) $(GPU_CHECK_FLAGS); \
+		bash gpucheck/gpu_check.sh --out $(GPU_CHECK_OUT) $(GPU_CHECK_FLAGS); \
 	else \
-		echo "gpu-check: no GPU here (or FAKE=1): running against the fakes in tests/fakes"; \
-		nvml_dir=$$($(PYTHON) -m tests.fakes.build) && \
-		GPUFRAC_FAKE_NVML=tests/fakes/gpu_check_node.json bash bench/gpu_check.sh \
-			--nvml $$nvml_dir/libnvidia-ml.so.1 --mps-control tests/fakes/nvidia-cuda-mps-control \
+		echo "gpu-check: no GPU here (or FAKE=1): running against the fakes in testkit/fakes"; \
+		nvml_dir=$$($(PYTHON) -m testkit.fakes.build) && \
+		GPUFRAC_FAKE_NVML=testkit/fakes/gpu_check_node.json bash gpucheck/gpu_check.sh \
+			--nvml $$nvml_dir/libnvidia-ml.so.1 --mps-control testkit/fakes/nvidia-cuda-mps-control \
 			--out $(GPU_CHECK_OUT) $(GPU_CHECK_FLAGS); \
 	fi

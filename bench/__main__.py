@@ -10,28 +10,30 @@ import time
 import traceback
 from pathlib import Path
 
-from bench import apiserver, direct, handler_profile, inprocess, machine, node_agent
+from bench import apiserver, direct, handler_profile, inprocess, machine, node_agent, nri_create
 from bench.chart import ROOT, chart_webhook
 from bench.report import Report
 from bench.reviews import maximum_size_reviews, seed_reviews
-from gpufrac.webhook.app import MAX_BODY_BYTES
+from gpufrac.webhook.serve.app import MAX_BODY_BYTES
 
-SECTIONS = ("http", "apiserver", "inprocess", "agent")
+SECTIONS = ("http", "apiserver", "inprocess", "agent", "nri")
 
 MODES = {
     # concurrencies, seconds per run, rounds (a,b per round) ...
     "full": {"http_c": (1, 8, 32, 64), "http_s": 5.0, "http_rounds": 2, "review_c": (1, 8), "review_s": 4.0,
              "maximum_s": 4.0,
              "api_c": (1, 4, 16), "api_s": 6.0, "api_rounds": 2, "quick_inprocess": False,
-             "agent_sizes": (1, 50, 200), "agent_ticks": 20, "handler_rounds": 1000},
+             "agent_sizes": (1, 50, 200), "agent_ticks": 20, "handler_rounds": 1000, "nri_rounds": 3,
+             "nri_per_round": 40},
     "quick": {"http_c": (1, 8, 32, 64), "http_s": 2.0, "http_rounds": 2, "review_c": (1, 8), "review_s": 2.0,
               "maximum_s": 2.0,
               "api_c": (1, 4, 16), "api_s": 2.0, "api_rounds": 1, "quick_inprocess": True,
-              "agent_sizes": (1, 50, 200), "agent_ticks": 5, "handler_rounds": 200},
+              "agent_sizes": (1, 50, 200), "agent_ticks": 5, "handler_rounds": 200, "nri_rounds": 2,
+              "nri_per_round": 20},
     "smoke": {"http_c": (1, 8), "http_s": 1.0, "http_rounds": 1, "review_c": (1,), "review_s": 1.0,
               "maximum_s": 1.0,
               "api_c": (1, 4), "api_s": 1.0, "api_rounds": 1, "quick_inprocess": True,
-              "agent_sizes": (1,), "agent_ticks": 2, "handler_rounds": 20},
+              "agent_sizes": (1,), "agent_ticks": 2, "handler_rounds": 20, "nri_rounds": 1, "nri_per_round": 4},
 }
 
 
@@ -89,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
                 concurrencies=m["api_c"], duration=m["api_s"], rounds=m["api_rounds"], workdir=ROOT / ".e2e" / "bench"))
         if "agent" not in args.skip:
             report.agent = section("agent", lambda: node_agent.run(m["agent_sizes"], m["agent_ticks"]))
+        if "nri" not in args.skip:
+            print("[bench] container creation with the NRI plugin and without (containerd 2 alone)", file=sys.stderr,
+                  flush=True)
+            report.nri = section("nri", lambda: nri_create.run(m["nri_rounds"], m["nri_per_round"], workdir / "nri"))
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)

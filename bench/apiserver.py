@@ -33,9 +33,14 @@ from gpufrac.core.contract import FRACTIONAL_LABEL
 
 NAMESPACE = "team-a"
 IMAGE = "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"
-# Who answers the registered configurations in a cell; "none": the configurations are deleted.
-SERVERS = ("gpufrac", "gpufrac's answers replayed", "do-nothing", "do-nothing (Go)", "none")
-MUTATING = ("gpufrac", "gpufrac's answers replayed")  # the servers whose pods come back labelled
+# Who answers the registered configurations in a cell; "none": the configurations are deleted. "gpufrac +
+# policies": the chart's default, policies.enabled: its ValidatingAdmissionPolicies bound too, and the validating
+# webhook not called on a pod's CREATE (the policies check it). Every other cell runs the configurations rendered
+# with policies.enabled=false (the validating webhook called on CREATE) and the policies' Bindings deleted.
+POLICIES = "gpufrac + policies"
+SERVERS = (POLICIES, "gpufrac", "gpufrac's answers replayed", "do-nothing", "do-nothing (Go)", "none")
+MUTATING = (POLICIES, "gpufrac", "gpufrac's answers replayed")  # the servers whose pods come back labelled
+CPU_PARTS = ("kube-apiserver", "webhook")  # whose CPU a cell counts per pod (the webhook: whoever serves it)
 PYTHON_STAND_INS = {"gpufrac's answers replayed": "bench.replay_app", "do-nothing": "bench.noop_app"}
 GO_NOOP = ROOT / "bench" / "go_noop"
 
@@ -51,6 +56,11 @@ class ApiCell:
     wrong: int = 0  # created but mutated when it should not be, or the reverse
     # webhook name -> [seconds, calls] as the API server times its calls to it (request sent to answer read)
     webhook_calls: dict[str, list[float]] = field(default_factory=dict)
+    cpu_seconds: dict[str, float] = field(default_factory=dict)  # CPU_PARTS -> user + system seconds in the cell
+
+    def cpu_ms_per_pod(self, part: str) -> float:
+        seconds = self.cpu_seconds.get(part)
+        return seconds / len(self.latencies) * 1000 if seconds is not None and self.latencies else float("nan")
 
     def webhook_ms(self, name: str) -> float:
         seconds, calls = self.webhook_calls.get(name, (0.0, 0))
@@ -195,7 +205,7 @@ def _serve_stand_in(cp, workdir: Path, server: str, go_binary: Path | None) -> d
     """Stop gpufrac's webhook and serve a stand-in on its port with its certificates: a Python one
     (PYTHON_STAND_INS) with the settings `gpufrac webhook` runs with by default (the control plane's webhook), or
     the Go one."""
-    from gpufrac.webhook.server import ServeOptions
+    from gpufrac.webhook.serve.server import ServeOptions
 
     cp.stop_webhook()
     port = cp.ports["webhook"]
@@ -215,9 +225,35 @@ def _serve_stand_in(cp, workdir: Path, server: str, go_binary: Path | None) -> d
     return direct.start(server, argv, workdir / f"{module}.log", env, port)
 
 
-def _measure(cell: ApiCell, api, api_client, duration: float, run_tag: str) -> None:
+def _unbind_policies(admission_api, api, timeout: float = 30) -> None:
+    """Delete the chart's policy Bindings and wait until the API server stops applying them."""
+    from kubernetes.client.exceptions import ApiException
+
+    for binding in admission_api.list_validating_admission_policy_binding(
+            label_selector="app.kubernetes.io/part-of=gpufrac").items:
+        admission_api.delete_validating_admission_policy_binding(binding.metadata.name)
+    probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bench-policy-probe", "namespace": NAMESPACE,
+                                                             "labels": {FRACTIONAL_LABEL: "true"}},
+             "spec": {"containers": [{"name": "app", "image": IMAGE}]}}
+
+    def unbound() -> bool:
+        try:
+            api.create_namespaced_pod(NAMESPACE, probe, dry_run="All", _preload_content=False)
+        except ApiException as err:
+            return "ValidatingAdmissionPolicy" not in str(err.body)
+        return True
+
+    wait_until(unbound, timeout, "the policies to be no longer applied", interval=0.2)
+
+
+def _measure(cell: ApiCell, api, api_client, duration: float, run_tag: str,
+             cpu: dict[str, object] | None = None) -> None:
+    """One cell's load; `cpu`: CPU_PARTS -> a callable giving that part's CPU seconds so far."""
     before = _webhook_seconds(api_client)
+    cpu_before = {part: read() for part, read in (cpu or {}).items()}  # type: ignore[operator]
     _load(cell, api, duration, run_tag)
+    for part, read in (cpu or {}).items():
+        cell.cpu_seconds[part] = cell.cpu_seconds.get(part, 0.0) + read() - cpu_before[part]  # type: ignore[operator]
     for name, (seconds, calls) in _webhook_seconds(api_client).items():
         was = before.get(name, [0.0, 0.0])
         total = cell.webhook_calls.setdefault(name, [0.0, 0])
@@ -229,7 +265,8 @@ def _measure(cell: ApiCell, api, api_client, duration: float, run_tag: str) -> N
 
 def run(*, concurrencies: tuple[int, ...], duration: float, rounds: int, workdir: Path) -> ApiResult | str:
     try:
-        from e2e.cluster import ControlPlane, ToolsMissingError
+        from e2e.cluster import ControlPlane
+        from e2e.toolkit.errors import ToolsMissingError
     except ImportError as err:
         return f"skipped: e2e.cluster is not importable ({err})"
     from kubernetes import client, config
@@ -259,10 +296,17 @@ def run(*, concurrencies: tuple[int, ...], duration: float, rounds: int, workdir
                 stand_in = None
                 if server in skipped:
                     continue
-                if server == "gpufrac" and r > 0:  # gpufrac's server is up again since the last "none"
-                    cp.apply_webhook_configurations()  # waits until a dry-run pod is mutated again
-                    time.sleep(2)  # and the validating configuration, loaded by its own informer
-                elif server != "gpufrac" and server != "none":
+                if server == POLICIES:
+                    if r > 0:  # gpufrac's server is up again since the last "none"; the start registered them
+                        cp.policies = True
+                        cp.apply_webhook_configurations()  # waits until a dry-run pod is mutated and policies apply
+                        time.sleep(2)  # and the validating configuration, loaded by its own informer
+                elif server == "gpufrac":
+                    cp.policies = False
+                    cp.apply_webhook_configurations()  # the validating webhook called on CREATE again
+                    _unbind_policies(admission_api, api)
+                    time.sleep(2)
+                elif server != "none":
                     stand_in = _serve_stand_in(cp, workdir / f"stand-ins-{r}", server,
                                                go_binary if isinstance(go_binary, Path) else None)
                     # The API server's kept-alive connections went with the server before: reconnect, uncounted.
@@ -270,10 +314,15 @@ def run(*, concurrencies: tuple[int, ...], duration: float, rounds: int, workdir
                 elif server == "none":
                     cp.start_webhook()  # gpufrac's again: the configurations are deleted, then re-added, with it
                     _unregister(cp, admission_api, api, names)
+                webhook_proc = stand_in.proc if stand_in is not None else cp.procs.get("webhook")
+                cpu = {"kube-apiserver": cp.procs["kube-apiserver"].cpu_seconds}
+                if server != "none" and webhook_proc is not None:
+                    cpu["webhook"] = webhook_proc.cpu_seconds
                 try:
                     for concurrency in concurrencies:
                         cell = cells.setdefault((server, concurrency), ApiCell(server, concurrency))
-                        _measure(cell, api, api_client, duration, f"r{r}-s{SERVERS.index(server)}-c{concurrency}")
+                        _measure(cell, api, api_client, duration, f"r{r}-s{SERVERS.index(server)}-c{concurrency}",
+                                 cpu)
                 finally:
                     if stand_in is not None:
                         stand_in.stop()
@@ -286,7 +335,7 @@ def run(*, concurrencies: tuple[int, ...], duration: float, rounds: int, workdir
 def summary(cell: ApiCell) -> dict[str, float]:
     return {"pods": len(cell.latencies), "pods_per_s": cell.pods_per_s,
             "p50_ms": statistics.median(cell.latencies) * 1000 if cell.latencies else float("nan"),
-            "p99_ms": cell.pct(0.99)}
+            "p99_ms": cell.pct(0.99), **{f"{part}_cpu_ms_per_pod": cell.cpu_ms_per_pod(part) for part in CPU_PARTS}}
 
 
 if __name__ == "__main__":  # a quick look: python -m bench.apiserver

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from gpufrac.core.contract import DEFAULT_MPS_ROOT
-from gpufrac.webhook.policy import Policy
+from gpufrac.webhook.decide.policy import Policy
 
 ROOT = Path(__file__).resolve().parent.parent
 VALUES = ROOT / "charts" / "gpufrac" / "values.yaml"

@@ -19,12 +19,12 @@ import time
 # (label, file suffix, function name): cumulative time of these, per request
 PARTS = (
     ("whole request (Flask app called by the test client)", "flask/app.py", "__call__"),
-    ("gpufrac handler (`ReviewEndpoints.review`)", "gpufrac/webhook/app.py", "review"),
-    ("decision (admission.mutate / .validate)", "gpufrac/webhook/admission.py", "mutate|validate"),
+    ("gpufrac handler (`ReviewEndpoints.review`)", "gpufrac/webhook/serve/app.py", "review"),
+    ("decision (admission.mutate / .validate)", "gpufrac/webhook/decide/admission.py", "mutate|validate"),
     ("JSON log line (`log.info`)", "logging/__init__.py", "info"),
     ("metrics (Counter.inc + Histogram.observe)", "prometheus_client/metrics.py", "inc|observe"),
     ("json.loads of the body", "json/__init__.py", "loads"),
-    ("build_response (patch JSON + base64)", "gpufrac/webhook/review.py", "build_response"),
+    ("build_response (patch JSON + base64)", "gpufrac/webhook/decide/review.py", "build_response"),
 )
 
 
@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.chart import chart_webhook
     from bench.reviews import seed_reviews
-    from gpufrac.webhook.app import create_app
-    from gpufrac.webhook.server import _log_config
+    from gpufrac.webhook.serve.app import create_app
+    from gpufrac.webhook.serve.server import _log_config
 
     sys.stdout = open(os.devnull, "w")  # the log handler writes here, as to a pod's stdout
     real_stdout = sys.__stdout__

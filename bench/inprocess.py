@@ -16,9 +16,9 @@ from typing import Any
 import jsonpatch
 
 from bench.reviews import SeedReview, pod, review, sized_annotations
-from gpufrac.webhook import admission
-from gpufrac.webhook.policy import Policy
-from gpufrac.webhook.review import build_response, parse_review
+from gpufrac.webhook.decide import admission
+from gpufrac.webhook.decide.policy import Policy
+from gpufrac.webhook.decide.review import build_response, parse_review
 
 
 def decide(raw: bytes, path: str, policy: Policy) -> dict[str, Any]:

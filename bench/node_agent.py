@@ -37,6 +37,7 @@ from gpufrac.core.contract import (
     pinned_limits,
     write_canonical,
 )
+from testkit.pods import running_pod
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUS = 8
@@ -93,15 +94,9 @@ def _annotations(request_mib: int, limit_mib: int, device: str) -> dict[str, str
 
 
 def _pod(i: int, rv: int = 1) -> dict[str, Any]:
-    return {
-        "metadata": {"name": f"frac-{i}", "namespace": "team-a", "uid": f"uid-{i}", "resourceVersion": str(rv),
-                     "labels": {FRACTIONAL_LABEL: FRACTIONAL_VALUE, "bench/generation": str(rv)},
-                     "annotations": _annotations(8192, 16384, _uuid(i % GPUS))},
-        "spec": {"nodeName": "gpu-node-1", "containers": [{"name": "app", "image": "cuda"}]},
-        "status": {"phase": "Running", "containerStatuses": [
-            {"name": "app", "containerID": f"containerd://{_cid(i + 1)}", "ready": True,
-             "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]},
-    }
+    return running_pod(f"frac-{i}", uid=f"uid-{i}", containers={"app": _cid(i + 1)}, resource_version=str(rv),
+                       labels={FRACTIONAL_LABEL: FRACTIONAL_VALUE, "bench/generation": str(rv)},
+                       annotations=_annotations(8192, 16384, _uuid(i % GPUS)))
 
 
 def _world(tmp: Path, pods: int) -> tuple[Path, Path, list[dict[str, Any]]]:
@@ -144,7 +139,7 @@ def _world(tmp: Path, pods: int) -> tuple[Path, Path, list[dict[str, Any]]]:
 
 
 def child(pods: int, ticks: int) -> dict[str, Any]:
-    from tests.fakes.build import MPS_CONTROL, fake_nvml_library
+    from testkit.fakes.build import MPS_CONTROL, fake_nvml_library
 
     ctypes.CDLL(str(fake_nvml_library()), mode=ctypes.RTLD_GLOBAL)  # so pynvml's dlopen finds it by soname
     tmp = Path(tempfile.mkdtemp(prefix="bench-agent-"))
@@ -153,10 +148,11 @@ def child(pods: int, ticks: int) -> dict[str, Any]:
 
     from prometheus_client import generate_latest
 
-    from gpufrac.agent.agent import Agent, AgentConfig
-    from gpufrac.agent.metrics import AgentMetrics
-    from gpufrac.agent.nvml import NvmlSource
-    from gpufrac.agent.serve import AgentHttpServer
+    from gpufrac.agent.edges.metrics import AgentMetrics
+    from gpufrac.agent.edges.nvml import NvmlSource
+    from gpufrac.agent.programs.agent_config import AgentConfig
+    from gpufrac.agent.programs.node_loop import Agent
+    from gpufrac.probes.server import ProbeServer, registry_text
 
     kube = MemoryKube(pod_list)
     config = AgentConfig(node="gpu-node-1", mps_binary=str(MPS_CONTROL), mps_root=tmp / "mps",
@@ -165,7 +161,9 @@ def child(pods: int, ticks: int) -> dict[str, Any]:
     metrics = AgentMetrics()
     nvml = NvmlSource()
     agent = Agent(config, kube, nvml, metrics)
-    server = AgentHttpServer("127.0.0.1:0", metrics.registry, agent.healthz, agent.readyz)
+    # as node_agent.probe_server builds it: importing that module would add its flags' modules (2.4 MiB) to the RSS
+    server = ProbeServer("127.0.0.1:0", registry_text(metrics.registry),
+                         {"/healthz": agent.healthz, "/readyz": agent.readyz})
     server.start()
     agent.start()
     try:
@@ -231,10 +229,10 @@ def child(pods: int, ticks: int) -> dict[str, Any]:
 
 def run(sizes: tuple[int, ...], ticks: int) -> list[dict[str, Any]] | str:
     try:
-        from tests.fakes.build import fake_nvml_library
+        from testkit.fakes.build import fake_nvml_library
         fake_nvml_library()
     except ImportError as err:
-        return f"skipped: the GPU fakes (tests/fakes) are not importable ({err})"
+        return f"skipped: the GPU fakes (testkit/fakes) are not importable ({err})"
     except Exception as err:  # no C compiler, say
         return f"skipped: the fake NVML library could not be built ({err})"
     rows = []

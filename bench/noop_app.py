@@ -17,7 +17,7 @@ from typing import Any
 
 from flask import Flask, Response, request
 
-from gpufrac.webhook.policy import Policy
+from gpufrac.webhook.decide.policy import Policy
 
 
 def review_routes(app: Flask, answer: Callable[[], Response]) -> Flask:
@@ -49,7 +49,7 @@ def serve(prog: str, create: Callable[[Policy], Flask], argv: list[str] | None =
     parser.add_argument("--threads", type=int, default=8)
     args = parser.parse_args(argv)
 
-    from gpufrac.webhook.server import ServeOptions, WebhookServer
+    from gpufrac.webhook.serve.server import ServeOptions, WebhookServer
 
     class StandInServer(WebhookServer):
         def load(self) -> Any:

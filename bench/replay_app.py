@@ -16,9 +16,9 @@ from typing import Any
 from flask import Flask, Response, request
 
 from bench.noop_app import review_routes, serve
-from gpufrac.webhook import admission
-from gpufrac.webhook.policy import Policy
-from gpufrac.webhook.review import build_response, parse_review
+from gpufrac.webhook.decide import admission
+from gpufrac.webhook.decide.policy import Policy
+from gpufrac.webhook.decide.review import build_response, parse_review
 
 
 def create_app(policy: Policy) -> Flask:

@@ -1,7 +1,7 @@
 """The AdmissionReviews the bench sends: the seed pods as the API server hands them to a webhook (defaults and
 the ServiceAccount token volume filled in), and synthetic pods of a chosen size.
 
-The seed annotations are read from examples/, like the tests' (tests/webhook/builders.py).
+The pods and reviews are the test kit's (testkit.pods, testkit.reviews), with the fields the API server adds.
 """
 
 from __future__ import annotations
@@ -15,19 +15,18 @@ from typing import Any
 import jsonpatch
 
 from gpufrac.core.contract import DEFAULT_SCHEDULER_USER
-from gpufrac.webhook import admission
-from gpufrac.webhook.policy import Policy
-from gpufrac.webhook.review import parse_review
-from tests.webhook.builders import example_annotations
+from gpufrac.webhook.decide import admission
+from gpufrac.webhook.decide.policy import Policy
+from gpufrac.webhook.decide.review import parse_review
+from testkit import pods
+from testkit.pods import INFERENCE, NOTEBOOK, as_admitted
+from testkit.reviews import review_body
 
 BINDER = DEFAULT_SCHEDULER_USER
-IMAGE = "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"
 DEVICES = ("GPU-4a2e1f6c-8b1d-4c55-9f0e-1a2b3c4d5e6f", "GPU-7c9d0e1f-2a3b-4c5d-8e9f-a0b1c2d3e4f5")
 
-# The seed pods, from examples/: the 4-GPU sm-sharing inference pod (absolute memory: fully mutated at CREATE)
-# and the time-slicing notebook (a portion of two GPUs, turned into MiB when the scheduler binds it).
-INFERENCE = example_annotations("inference-sm-sharing.yaml")
-NOTEBOOK = example_annotations("notebook-time-slicing.yaml")
+# The seed pods (testkit.pods, from examples/): the 4-GPU sm-sharing inference pod (absolute memory: fully mutated
+# at CREATE) and the time-slicing notebook (a portion of two GPUs, turned into MiB when the scheduler binds it).
 # What KAI's binder writes at bind for the notebook (0.5 and 0.8 of an H200's 143771 MiB).
 BIND_ANNOTATIONS = {
     "nvidia.com/container.app.gpus.devices": ",".join(DEVICES),
@@ -36,60 +35,20 @@ BIND_ANNOTATIONS = {
 }
 
 
-def container(name: str) -> dict[str, Any]:
-    """A container with the fields the API server defaults before admission."""
-    return {
-        "name": name, "image": IMAGE, "command": ["sleep", "infinity"], "resources": {},
-        "volumeMounts": [{"name": "kube-api-access-x7k2p", "readOnly": True,
-                          "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}],
-        "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
-        "imagePullPolicy": "IfNotPresent",
-    }
-
-
 def pod(name: str, annotations: dict[str, str], containers: int = 1) -> dict[str, Any]:
     """A pod as a mutating webhook receives it on CREATE (after ServiceAccount admission and defaulting)."""
     names = ["app"] + [f"c{i}" for i in range(1, containers)]
-    return {
-        "kind": "Pod", "apiVersion": "v1",
-        "metadata": {"name": name, "namespace": "team-a", "creationTimestamp": None,
-                     "labels": {"kai.scheduler/queue": "default-queue"}, "annotations": dict(annotations)},
-        "spec": {
-            "volumes": [{"name": "kube-api-access-x7k2p", "projected": {"sources": [
-                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
-                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
-                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {
-                    "apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}], "defaultMode": 420}}],
-            "containers": [container(n) for n in names],
-            "restartPolicy": "Always", "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst",
-            "serviceAccountName": "default", "serviceAccount": "default", "securityContext": {},
-            "schedulerName": "kai-scheduler",
-            "tolerations": [
-                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
-                 "tolerationSeconds": 300},
-                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
-                 "tolerationSeconds": 300}],
-            "priority": 0, "enableServiceLinks": True, "preemptionPolicy": "PreemptLowerPriority",
-        },
-        "status": {"phase": "Pending", "qosClass": "BestEffort"},
-    }
+    return as_admitted(pods.pod(annotations, *names, name=name, labels={"kai.scheduler/queue": "default-queue"},
+                                spec={"schedulerName": "kai-scheduler"}, command=["sleep", "infinity"]))
 
 
 def review(obj: dict[str, Any], *, operation: str = "CREATE", old: dict[str, Any] | None = None,
            user: str = "alice", groups: tuple[str, ...] = ("system:authenticated",),
            uid: str = "8f7c2a10-0000-4000-8000-000000000001") -> dict[str, Any]:
+    """The review as the API server sends it, with every field gpufrac does not read."""
     meta = obj["metadata"]
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-        "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-        "name": meta["name"], "namespace": meta["namespace"], "operation": operation,
-        "userInfo": {"username": user, "uid": f"uid-{user}", "groups": list(groups)},
-        "object": obj, "oldObject": old, "dryRun": False,
-        "options": {"kind": "CreateOptions" if operation == "CREATE" else "UpdateOptions",
-                    "apiVersion": "meta.k8s.io/v1", "fieldManager": "kubectl-client-side-apply"},
-    }}
+    return review_body(obj, operation=operation, old=old, user=user, groups=groups, uid=uid, name=meta["name"],
+                       namespace=meta["namespace"], as_sent=True)
 
 
 def mutated(body: dict[str, Any], policy: Policy) -> dict[str, Any]:

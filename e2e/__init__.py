@@ -4,6 +4,8 @@ demos.
 `python -m e2e up|down|status|demo`; see `e2e.cluster.ControlPlane`.
 """
 
-from e2e.cluster import ClusterError, ControlPlane, Tools, ToolsMissingError
+from e2e.cluster import ControlPlane
+from e2e.toolkit.errors import ClusterError, ToolsMissingError
+from e2e.toolkit.tools import Tools
 
 __all__ = ["ClusterError", "ControlPlane", "Tools", "ToolsMissingError"]

@@ -8,7 +8,20 @@ import os
 import sys
 from pathlib import Path
 
-from e2e.cluster import DEFAULT_WORKDIR, ClusterError, ControlPlane, private_workdir
+from e2e import state
+from e2e.cluster import ControlPlane
+from e2e.names import DEFAULT_WORKDIR
+from e2e.state import REAL_NODE, private_workdir
+from e2e.toolkit.errors import ClusterError
+
+
+def cluster_class(kind: str) -> type[ControlPlane] | None:
+    """The class of a cluster by the kind its state file records."""
+    if kind == REAL_NODE:
+        from e2e.node import RealCluster  # PyYAML and the node's toolkit only for a real node: `down` needs neither
+
+        return RealCluster
+    return ControlPlane if kind == ControlPlane.kind else None
 
 
 def _workdirs(root: Path) -> list[Path]:
@@ -17,9 +30,16 @@ def _workdirs(root: Path) -> list[Path]:
     return sorted({p.parent for p in root.glob("**/state.json")} | {root})
 
 
+def load(workdir: Path) -> ControlPlane | None:
+    """A view of the cluster running in `workdir`, of the kind it records, or None."""
+    recorded = state.read(workdir) or {}
+    cls = cluster_class(str(recorded.get("kind")))
+    return cls.load(workdir) if cls else None
+
+
 def cmd_up(args: argparse.Namespace) -> int:
-    running = ControlPlane.load(args.workdir)
-    wanted = "api-only" if args.api_only else "real-node"
+    running = load(args.workdir)
+    wanted = ControlPlane.kind if args.api_only else REAL_NODE
     if running is not None and running.kind == wanted and all(running.status().values()):
         print(running.usage())
         print("(already running)")
@@ -29,7 +49,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     else:
         from e2e.node import RealCluster
 
-        cp = RealCluster(args.workdir, detach=True, quiet=False)
+        cp = RealCluster(args.workdir, detach=True, quiet=False, nri=not args.no_nri)
     try:
         cp.start()
     except ClusterError as exc:
@@ -49,7 +69,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     colleague's `--workdir …` cluster) are left alone and listed, unless --all."""
     anything = False
     for wd in _workdirs(args.workdir):
-        owner = ControlPlane.owner(wd)
+        owner = state.owner(wd)
         if owner is None:
             continue
         detach, owner_alive = owner
@@ -58,7 +78,7 @@ def cmd_down(args: argparse.Namespace) -> int:
             print(f"left running: {os.path.relpath(wd)} (owned by a live process or started with --workdir; "
                   "stop it with `python -m e2e --workdir DIR down`, or `down --all`)")
             continue
-        stopped = ControlPlane.stop_recorded(wd)
+        stopped = state.stop_recorded(wd)
         if stopped:
             anything = True
             print(f"stopped {', '.join(stopped)} ({os.path.relpath(wd)})")
@@ -70,7 +90,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     rc = 1
     for wd in _workdirs(args.workdir):
-        cp = ControlPlane.load(wd)
+        cp = load(wd)
         if cp is None:
             continue
         st = cp.status()
@@ -109,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", help="start a real one-node cluster in the background (or --api-only)")
     up.add_argument("--api-only", action="store_true",
                     help="only etcd, kube-apiserver and the webhook on the host (pods are stored, never run)")
+    up.add_argument("--no-nri", action="store_true",
+                    help="the real node's containerd with NRI disabled (a runtime without NRI, as containerd 1.x)")
     down = sub.add_parser("down", help="stop what `up` started")
     down.add_argument("--all", action="store_true",
                       help="also clusters under the workdir that live processes still own (tests, demos)")

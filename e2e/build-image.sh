@@ -8,6 +8,8 @@
 # packages with mmdebstrap and imported into buildah under the base's own name; Python packages come from PyPI
 # during the build. mmdebstrap, buildah, busybox-static and catatonit are Debian packages, installed when
 # missing. Caches live outside the repository ($GPUFRAC_IMAGE_CACHE, default ~/.cache/gpufrac/images).
+#   build-image.sh prune   only drops the build cache's stale layers (see prune_layers), for builds made outside
+#                          this script on the same store (the clean-clone test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,6 +37,23 @@ bah() { buildah --root "$CACHE/storage" --runroot "$CACHE/run" --storage-driver 
 exec 9>"$CACHE/.lock"
 flock 9
 
+# buildah --layers keeps every step's image, and under vfs each is a whole copy of the file system (~450 MB): a
+# few dozen builds grew this store to 52 GB, and a CI disk came near the test kubelet's DiskPressure floor. Keep
+# the layers the last `make image` built or reused (the next build reuses its dependency layers; their ids are in
+# $KEEP) and drop every other untagged image, and the working containers a killed build left.
+KEEP=$CACHE/layer-cache.ids
+prune_layers() {
+  local id
+  bah rm --all >/dev/null 2>&1 || true
+  bah images --filter dangling=true --no-trunc --format '{{.ID}}' | sed 's/^sha256://' | while read -r id; do
+    grep -qx "${id:0:11}" "$KEEP" 2>/dev/null || bah rmi "$id" >/dev/null 2>&1 || true
+  done
+}
+if [[ ${1:-} == prune ]]; then
+  prune_layers
+  exit 0
+fi
+
 has_image() { bah inspect --type image "$1" >/dev/null 2>&1; }
 
 if ! has_image "$BASE"; then
@@ -61,7 +80,18 @@ log "building $IMAGE from ./Dockerfile"
 build_args=()
 pip_ca=${PIP_CERT:-$(python3 -m pip config get global.cert 2>/dev/null || true)}
 [[ -n $pip_ca && -s $pip_ca ]] && build_args+=(--secret "id=pip-ca,src=$pip_ca")
-bah bud -q --isolation chroot --pull=never --layers "${build_args[@]}" -f Dockerfile -t "$IMAGE" . >&2
+# The Dockerfile pins its base by digest; the base made here has a digest of its own, so it goes by name.
+build_args+=(--build-arg "BASE=$BASE" --build-arg "REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)")
+build_log=$CACHE/last-build.log
+if ! bah bud --isolation chroot --pull=never --layers "${build_args[@]}" -f Dockerfile -t "$IMAGE" . \
+    >"$build_log" 2>&1; then
+  tail -n 40 "$build_log" >&2
+  log "the build of $IMAGE failed (the whole log: $build_log)"
+  exit 1
+fi
+# Each step's image is printed as '--> <id>' or '--> Using cache <id>'.
+sed -nE 's/^--> (Using cache )?([0-9a-f]{11}).*/\2/p' "$build_log" | sort -u >"$KEEP"
+prune_layers
 rm -f "$OUT/gpufrac.oci.tar"
 bah push -q "$IMAGE" "oci-archive:$OUT/gpufrac.oci.tar:$IMAGE" >&2
 

@@ -17,73 +17,39 @@ SIGTERM from the kernel if the Python process dies without cleaning up (``PR_SET
 from __future__ import annotations
 
 import atexit
-import base64
 import contextlib
 import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
-from e2e.toolkit import apiserver, etcd, pki
+from e2e import credentials, state, webhook_configurations
+from e2e.kubectl import KubectlResult, as_list, run_kubectl
+from e2e.names import DEFAULT_WORKDIR, REPO_ROOT, USER_NAMESPACE
+from e2e.toolkit import apiserver, etcd, pki, webhook
 from e2e.toolkit.errors import ClusterError, ToolsMissingError
-from e2e.toolkit.procs import Proc, free_port, proc_start_time, spawn, tail
+from e2e.toolkit.procs import Proc, free_port, proc_start_time, spawn
 from e2e.toolkit.server import wait_ready
 from e2e.toolkit.tools import Tools
-from e2e.toolkit.wait import WaitTimeoutError, wait_until
 from e2e.toolkit.web import https_get
-from gpufrac.core.contract import DEFAULT_SCHEDULER_USER, FRACTIONAL_LABEL
-
-__all__ = ["ClusterError", "ControlPlane", "Tools", "ToolsMissingError"]
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_WORKDIR = REPO_ROOT / ".e2e"
-CHART_DIR = REPO_ROOT / "charts" / "gpufrac"
-WEBHOOK_TEMPLATES = (
-    "templates/webhook/mutatingwebhookconfiguration.yaml",
-    "templates/webhook/validatingwebhookconfiguration.yaml",
-)
-
-USER_NAMESPACE = "team-a"
-RELEASE_NAMESPACE = "gpufrac-system"
-NODE_NAME = "gpu-node-1"
-SCHEDULER_USER = DEFAULT_SCHEDULER_USER  # the identity the webhook trusts by default
-RS_CONTROLLER_USER = "system:serviceaccount:kube-system:replicaset-controller"
 
 # Order matters: started in this order, stopped in reverse.
 COMPONENTS = ("etcd", "kube-apiserver", "webhook")
-
-
-# ------------------------------------------------------------------------------------------------------------
-# the control plane
-
-
-@dataclass
-class KubectlResult:
-    rc: int
-    stdout: str
-    stderr: str
-
-    def __iter__(self):  # (rc, stdout, stderr) = cp.kubectl(...)
-        return iter((self.rc, self.stdout, self.stderr))
-
-    @property
-    def output(self) -> str:
-        return self.stdout + self.stderr
 
 
 class ControlPlane:
     """etcd + kube-apiserver + the gpufrac webhook, on loopback, in `workdir`.
 
     `detach=True` leaves everything running when this Python process exits (``python -m e2e up``); stop it
-    with ``ControlPlane.stop_recorded(workdir)`` / ``python -m e2e down``.
+    with ``e2e.state.stop_recorded(workdir)`` / ``python -m e2e down``.
     """
 
     kind = "api-only"
+    title = "control plane"
     components: tuple[str, ...] = COMPONENTS
     apiserver_host = "127.0.0.1"
 
@@ -96,6 +62,7 @@ class ControlPlane:
         register_webhook: bool = True,
         quiet: bool = True,
         apiserver_flags: tuple[str, ...] = (),
+        policies: bool = True,
     ):
         self.workdir = Path(workdir).resolve()
         self.detach = detach
@@ -105,6 +72,8 @@ class ControlPlane:
         # Extra kube-apiserver flags, e.g. --enable-aggregator-routing=true for webhooks behind a Service
         # (tests/e2e/test_docs.py).
         self.apiserver_flags = tuple(apiserver_flags)
+        # Register the chart's ValidatingAdmissionPolicies beside the webhook configurations (policies.enabled).
+        self.policies = policies
         self.procs: dict[str, Proc] = {}
         self.ports: dict[str, int] = {}
         self.tokens: dict[str, str] = {}
@@ -116,7 +85,7 @@ class ControlPlane:
 
     @property
     def state_file(self) -> Path:
-        return self.workdir / "state.json"
+        return state.state_file(self.workdir)
 
     @property
     def pki(self) -> Path:
@@ -155,45 +124,56 @@ class ControlPlane:
 
     # ---- lifecycle -----------------------------------------------------------------------------------------
 
-    def __enter__(self) -> ControlPlane:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self) -> ControlPlane:
+    def start(self) -> Self:
+        """Start every component (whatever a previous run in this workdir left goes first); on any failure,
+        stop what started and raise."""
+        self._check_prerequisites()
         if self.tools is None:
             self.tools = Tools.find()
         t0 = time.monotonic()
-        # Whatever a previous run in this workdir left behind goes first (it would hold the data dir and
-        # logs).
-        self.stop_recorded(self.workdir)
+        state.stop_recorded(self.workdir)  # a previous run's processes would hold the data dir and logs
         self._clean_workdir()
+        self._claim_machine()
         self._register_cleanup()
         try:
-            self._make_credentials()
-            self.ports = {
-                "etcd": free_port(),
-                "etcd-peer": free_port(),
-                "apiserver": free_port(),
-                "webhook": free_port(),
-            }
-            self._start_etcd()
-            self._start_apiserver()
-            self.timings["apiserver_ready_s"] = round(time.monotonic() - t0, 2)
-            self._write_kubeconfigs()
-            self._bootstrap_objects()
-            self.start_webhook()
-            if self.register_webhook:
-                self.apply_webhook_configurations()
+            self._start_components(t0)
         except BaseException:
             self.stop()
             raise
         self.timings["cold_start_s"] = round(time.monotonic() - t0, 2)
         self._save_state()
-        self._say(f"control plane ready in {self.timings['cold_start_s']} s")
+        self._say(f"{self.title} ready in {self.timings['cold_start_s']} s")
         return self
+
+    def _check_prerequisites(self) -> None:
+        """What must be there before anything starts (the API-only cluster needs only the tools)."""
+
+    def _claim_machine(self) -> None:
+        """What this cluster holds of the machine while it lives (the API-only cluster: nothing)."""
+
+    def _start_components(self, t0: float) -> None:
+        self._make_credentials()
+        self.ports = {
+            "etcd": free_port(),
+            "etcd-peer": free_port(),
+            "apiserver": free_port(),
+            "webhook": free_port(),
+        }
+        self._start_etcd()
+        self._start_apiserver()
+        self.timings["apiserver_ready_s"] = round(time.monotonic() - t0, 2)
+        self._write_kubeconfigs()
+        self._bootstrap_objects()
+        self.start_webhook()
+        if self.register_webhook:
+            self.apply_webhook_configurations()
 
     _OWNED = (
         "pki",
@@ -231,70 +211,26 @@ class ControlPlane:
             if proc is not None:
                 proc.stop()
         self._clean_machine()
-        with contextlib.suppress(FileNotFoundError):
-            self.state_file.unlink()
+        state.forget(self.workdir)
         if remove_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
-
-    @classmethod
-    def stop_recorded(cls, workdir: Path | str = DEFAULT_WORKDIR) -> list[str]:
-        """Stop what `workdir/state.json` records (from any process). Returns the names of the components that
-        were still running."""
-        state_file = Path(workdir) / "state.json"
-        try:
-            state = json.loads(state_file.read_text())
-        except (OSError, ValueError):
-            return []
-        stopped = []
-        for name in reversed(state.get("components", COMPONENTS)):
-            rec = state.get("procs", {}).get(name)
-            if not rec:
-                continue
-            proc = Proc.from_json(name, rec)
-            if proc.alive():
-                proc.stop()
-                stopped.append(name)
-        if state.get("kind") == "real-node":
-            from e2e.node import clean_orphan
-
-            clean_orphan(Path(workdir), state)
-        with contextlib.suppress(FileNotFoundError):
-            state_file.unlink()
-        return stopped
 
     def _clean_machine(self) -> None:
         """What a cluster changed outside its processes goes back (the real node's network, mounts, sysctls)."""
 
-    @staticmethod
-    def owner(workdir: Path | str) -> tuple[bool, bool] | None:
-        """(detach, owner alive) from `workdir/state.json`, or None without one. A non-detached cluster whose
-        owner is alive is in use (a test session, a demo) and stops itself."""
-        try:
-            state = json.loads((Path(workdir) / "state.json").read_text())
-        except (OSError, ValueError):
-            return None
-        pid, start = state.get("owner_pid"), state.get("owner_start_time")
-        alive = isinstance(pid, int) and start is not None and proc_start_time(pid) == start
-        return bool(state.get("detach")), alive
-
     @classmethod
     def load(cls, workdir: Path | str = DEFAULT_WORKDIR) -> ControlPlane | None:
-        """A ControlPlane view of a running one (started by another process), or None."""
+        """A view of a running cluster of this kind (started by another process), or None."""
         workdir = Path(workdir).resolve()
-        try:
-            state = json.loads((workdir / "state.json").read_text())
-        except (OSError, ValueError):
+        recorded = state.read(workdir)
+        if recorded is None or recorded.get("kind") != cls.kind:
             return None
-        if state.get("kind") == "real-node" and cls.kind != "real-node":
-            from e2e.node import RealCluster
-
-            return RealCluster.load(workdir)
         cp = cls(workdir, detach=True)
-        cp.ports = state["ports"]
-        cp.tokens = state["tokens"]
-        cp.timings = state.get("timings", {})
-        cp.server_version = state.get("server_version", "")
-        for name, rec in state.get("procs", {}).items():
+        cp.ports = recorded["ports"]
+        cp.tokens = recorded["tokens"]
+        cp.timings = recorded.get("timings", {})
+        cp.server_version = recorded.get("server_version", "")
+        for name, rec in recorded.get("procs", {}).items():
             cp.procs[name] = Proc.from_json(name, rec)
         with contextlib.suppress(ToolsMissingError):
             cp.tools = Tools.find()
@@ -304,7 +240,7 @@ class ControlPlane:
         return {name: (name in self.procs and self.procs[name].alive()) for name in self.components}
 
     def _save_state(self) -> None:
-        state = {
+        state.write(self.workdir, {
             "kind": self.kind,
             "components": list(self.components),
             **self._extra_state(),
@@ -317,11 +253,7 @@ class ControlPlane:
             "server_version": self.server_version,
             "procs": {name: p.to_json() for name, p in self.procs.items()},
             "kubeconfigs": {k: str(v) for k, v in self.kubeconfigs.items()},
-        }
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, self.state_file)
+        })
 
     def _extra_state(self) -> dict:
         return {}
@@ -360,18 +292,8 @@ class ControlPlane:
     # ---- credentials ---------------------------------------------------------------------------------------
 
     def _make_credentials(self) -> None:
-        from gpufrac.certs.generate import issue_ca
-
-        pki.make_cluster_pki(self.pki)
         # Throwaway loopback credentials, fresh for every cluster.
-        self.tokens = {user: pki.new_token() for user in ("alice", "binder", "admin")}
-        pki.write_token_file(self.pki / "tokens.csv", [
-            (self.tokens["alice"], "alice", "uid-alice", ["system:authenticated"]),
-            (self.tokens["binder"], SCHEDULER_USER, "uid-binder",
-             ["system:serviceaccounts", "system:serviceaccounts:kai-scheduler", "system:authenticated"]),
-            (self.tokens["admin"], "admin", "uid-admin", ["system:masters", "system:authenticated"]),
-        ])
-        self._webhook_ca = issue_ca("gpufrac-e2e-webhook-ca")
+        _, self.tokens = credentials.make_credentials(self.pki, credentials.USERS)
 
     def _write_kubeconfigs(self) -> None:
         for user, path in self.kubeconfigs.items():
@@ -424,33 +346,14 @@ class ControlPlane:
 
     # ---- kubectl -------------------------------------------------------------------------------------------
 
-    def kubectl(
-        self,
-        *args: str,
-        user: str = "alice",
-        input: str | None = None,
-        timeout: float = 60,
-        check: bool = False,
-    ) -> KubectlResult:
+    def kubectl(self, *args: str, user: str = "alice", input: str | None = None, timeout: float = 60,
+                check: bool = False) -> KubectlResult:
         """Run kubectl as `user` (alice | binder | admin) and return (rc, stdout, stderr)."""
-        argv = [self.tools.kubectl, f"--kubeconfig={self.kubeconfigs[user]}", *args]
-        res = subprocess.run(
-            argv,
-            cwd=REPO_ROOT,
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env={**os.environ, "KUBECTL_INTERACTIVE_DELETE": "false"},
-        )
-        result = KubectlResult(res.returncode, res.stdout, res.stderr)
-        if check and res.returncode != 0:
-            raise ClusterError(f"kubectl {' '.join(args)} (as {user}) failed: {res.stderr.strip()}")
-        return result
+        return run_kubectl(self.tools.kubectl, self.kubeconfigs[user], *args, user=user, input=input,
+                           timeout=timeout, check=check)
 
     def apply_objects(self, objects: list[dict], user: str = "admin") -> None:
-        doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
-        self.kubectl("apply", "-f", "-", user=user, input=doc, check=True)
+        self.kubectl("apply", "-f", "-", user=user, input=as_list(objects), check=True)
 
     def _bootstrap_objects(self) -> None:
         from e2e.toolkit import objects
@@ -459,53 +362,18 @@ class ControlPlane:
 
     # ---- webhook -------------------------------------------------------------------------------------------
 
-    def _make_webhook_certs(self) -> None:
-        """The webhook's own CA and serving cert (SANs include 127.0.0.1), once; a restart reuses them, so the
-        registered caBundle stays valid."""
-        if (self.webhook_certs / "tls.crt").exists():
-            return
-        from gpufrac.certs.generate import issue_serving_cert, write_serving_files
-
-        ca = self._webhook_ca
-        serving = issue_serving_cert(ca, [f"gpufrac-webhook.{RELEASE_NAMESPACE}.svc"])
-        write_serving_files(self.webhook_certs, ca, serving)
-
     def start_webhook(self, timeout: float = 60, extra_args: tuple[str, ...] = ()) -> None:
         """Start `python -m gpufrac webhook` on the recorded port and wait for /readyz; extra_args: policy flags
         (e.g. `--delivery hostPath`)."""
         existing = self.procs.get("webhook")
         if existing is not None and existing.alive():
             return
-        self._make_webhook_certs()
+        credentials.write_webhook_certs(self.webhook_certs)
         metrics_dir = self.workdir / "webhook-prometheus"
         shutil.rmtree(metrics_dir, ignore_errors=True)
         metrics_dir.mkdir(parents=True)
-        run_dir = self.workdir / "webhook-run"
-        run_dir.mkdir(mode=0o700, exist_ok=True)
-        env = {
-            **os.environ,
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-            "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
-            # gunicorn ≥ 23 opens a control socket at $XDG_RUNTIME_DIR/gunicorn.ctl (else ~/.gunicorn/): keep
-            # each cluster's webhook on its own, so parallel clusters (tests, demo, cluster-up) do not collide.
-            "XDG_RUNTIME_DIR": str(run_dir),
-        }
-        self._spawn(
-            "webhook",
-            [
-                sys.executable,
-                "-m",
-                "gpufrac",
-                "webhook",
-                "--certs",
-                str(self.webhook_certs),
-                "--bind",
-                f"127.0.0.1:{self.ports['webhook']}",
-                *extra_args,
-            ],
-            env=env,
-        )
+        self._spawn("webhook", [*webhook.argv(self.webhook_certs, self.ports["webhook"]), *extra_args],
+                    env=webhook.env(self.workdir / "webhook-run", metrics_dir))
 
         def ready() -> bool:
             code, _ = https_get(f"{self.webhook_url}/readyz", self.webhook_certs / "ca.crt")
@@ -527,69 +395,34 @@ class ControlPlane:
             raise ClusterError(f"GET {self.webhook_url}/metrics -> {code}: {body[:300]}")
         return body
 
-    def render_webhook_configurations(self) -> str:
-        """The chart's two webhook configurations, pointed at the local webhook by URL."""
-        if not (CHART_DIR / "Chart.yaml").exists():
-            raise ClusterError(f"chart not found at {CHART_DIR}")
-        ca_b64 = base64.b64encode((self.webhook_certs / "ca.crt").read_bytes()).decode()
-        argv = [
-            self.tools.helm,
-            "template",
-            "gpufrac",
-            str(CHART_DIR),
-            "--namespace",
-            RELEASE_NAMESPACE,
-            "--set",
-            f"webhook.clientConfig.url={self.webhook_url}",
-            "--set",
-            f"webhook.clientConfig.caBundle={ca_b64}",
-        ]
-        if self.server_version:
-            argv += ["--kube-version", self.server_version]
-        for tpl in WEBHOOK_TEMPLATES:
-            argv += ["--show-only", tpl]
-        env = {
-            **os.environ,
-            "HELM_CACHE_HOME": str(self.workdir / "helm" / "cache"),
-            "HELM_CONFIG_HOME": str(self.workdir / "helm" / "config"),
-            "HELM_DATA_HOME": str(self.workdir / "helm" / "data"),
-        }
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
-        if res.returncode != 0:
-            raise ClusterError(f"helm template failed: {res.stderr.strip()}")
-        return res.stdout
+    def render_webhook_configurations(self, *values: str) -> str:
+        """The chart's two webhook configurations, pointed at the local webhook by URL, and (with `policies`) its
+        ValidatingAdmissionPolicies; `values`: more `--set k=v` pairs."""
+        return webhook_configurations.render(
+            self.tools.helm, self.workdir / "helm", self.webhook_url, self.webhook_certs / "ca.crt", *values,
+            policies=self.policies, kube_version=self.server_version)
 
-    def apply_webhook_configurations(self) -> None:
-        manifest = self.render_webhook_configurations()
+    def apply_webhook_configurations(self, *values: str, wait: bool = True) -> None:
+        """Apply what `render_webhook_configurations(*values)` renders; with `wait`, until the API server uses it
+        (needs the webhook up)."""
+        manifest = self.render_webhook_configurations(*values)
         (self.workdir / "webhook-configurations.yaml").write_text(manifest)
         res = self.kubectl("apply", "-f", "-", user="admin", input=manifest)
         if res.rc != 0:
             raise ClusterError(f"applying the chart's webhook configurations failed: {res.stderr.strip()}")
-        self._wait_webhook_active()
+        if wait:
+            self._wait_webhook_active()
+            if self.policies:
+                self.wait_policies_active()
+
+    def _as_admin(self, *args: str, input: str | None = None) -> KubectlResult:
+        return self.kubectl(*args, user="admin", input=input)
+
+    def wait_policies_active(self, timeout: float = 30) -> None:
+        webhook_configurations.wait_policies_active(self._as_admin, self.log("kube-apiserver"), timeout)
 
     def _wait_webhook_active(self, timeout: float = 30) -> None:
-        """The API server loads webhook configurations from an informer: wait until a fractional dry-run pod
-        comes back mutated, so the first test does not race the informer."""
-        probe = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": "e2e-webhook-probe",
-                "namespace": USER_NAMESPACE,
-                "annotations": {"gpu-fraction": "0.5"},
-            },
-            "spec": {"containers": [{"name": "app", "image": "busybox"}]},
-        }
-        def mutated() -> bool:
-            res = self.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", user="admin",
-                               input=json.dumps(probe))
-            return res.rc == 0 and FRACTIONAL_LABEL in res.stdout
-
-        try:
-            wait_until(mutated, timeout, "the webhook configurations to be active", interval=0.5)
-        except WaitTimeoutError as exc:
-            raise ClusterError(f"webhook configurations applied but a fractional dry-run pod is not mutated ({exc}); "
-                               f"webhook log:\n{tail(self.log('webhook'))}") from exc
+        webhook_configurations.wait_webhook_active(self._as_admin, self.log("webhook"), timeout)
 
     # ---- for people ----------------------------------------------------------------------------------------
 
@@ -612,16 +445,3 @@ class ControlPlane:
             ]
         )
 
-
-def private_workdir(kind: str, root: Path = DEFAULT_WORKDIR) -> Path:
-    """`<root>/<kind>-<pid>` for a cluster owned by this process (a test session, a demo), so that two of them
-    running at once in the same checkout never share (or stop) each other's cluster. Directories of owners that
-    are gone are cleaned up first, stopping anything they left running."""
-    root.mkdir(parents=True, exist_ok=True)
-    for old in root.glob(f"{kind}-*"):
-        pid = old.name.rsplit("-", 1)[-1]
-        if not pid.isdigit() or int(pid) == os.getpid() or proc_start_time(int(pid)) is not None:
-            continue
-        ControlPlane.stop_recorded(old)
-        shutil.rmtree(old, ignore_errors=True)
-    return root / f"{kind}-{os.getpid()}"

@@ -7,7 +7,9 @@ import sys
 import time
 from pathlib import Path
 
-from e2e.cluster import REPO_ROOT, ClusterError, ControlPlane
+from e2e.cluster import ControlPlane
+from e2e.names import REPO_ROOT
+from e2e.toolkit.errors import ClusterError
 
 EXAMPLES = REPO_ROOT / "examples"
 ACCEPTED = ("inference-sm-sharing.yaml", "notebook-time-slicing.yaml")

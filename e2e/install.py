@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 
-from e2e.cluster import CHART_DIR, RELEASE_NAMESPACE, ClusterError, KubectlResult
+from e2e.kubectl import KubectlResult
+from e2e.names import CHART_DIR, RELEASE_NAMESPACE
 from e2e.node import RealCluster
+from e2e.toolkit.errors import ClusterError
 
 RELEASE = "gpufrac"
 LOCAL_VALUES = CHART_DIR / "values-local.yaml"

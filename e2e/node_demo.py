@@ -7,11 +7,11 @@ import json
 import sys
 from pathlib import Path
 
-from e2e.cluster import ClusterError
 from e2e.install import LOCAL_VALUES, Helm
 from e2e.node import RealCluster
 from e2e.pods import SEED_BINDS, bind, exec_in, wait_running
 from e2e.testing import example
+from e2e.toolkit.errors import ClusterError
 
 SEEDS = {"inference": "inference-sm-sharing.yaml", "notebook": "notebook-time-slicing.yaml"}
 SEEN = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_GPU_MEMORY_REQUEST", "NVIDIA_GPU_MEMORY_LIMIT",
@@ -42,12 +42,17 @@ def run_node_demo(workdir: Path) -> int:
             say(f"== the binder: annotations {sorted(SEED_BINDS[name])}, then pods/binding to the node")
             bind(node, name, SEED_BINDS[name])
             wait_running(node, name)
-            say(f"== inside {name}: env, and the MPS pipe directory")
+            say(f"== inside {name}: env, GPU devices, and the MPS pipe directory")
             env = dict(line.split("=", 1) for line in exec_in(node, name, "env").splitlines() if "=" in line)
             for key in SEEN:
                 say(f"   {key}={env.get(key, '(unset)')}")
+            devices = exec_in(node, name, "ls /dev | grep '^nvidia' || true").split()
+            say(f"   GPU devices (from the agent's NRI plugin, as CDI devices): {' '.join(devices) or 'none'}")
             pipe = env.get("CUDA_MPS_PIPE_DIRECTORY", "")
             say(f"   ls {pipe}: {' '.join(exec_in(node, name, f'ls {pipe}').split())}")
+            # the two seeds share GPUs 0-1 in different modes, which KAI never does and the NRI plugin refuses
+            say(f"== kubectl delete pod {name} (its GPUs serve {name}'s mode while it runs)")
+            node.kubectl("delete", "pod", name, "--grace-period=0", "--force", "--wait=true")
         say("\n== helm uninstall gpufrac -n gpufrac-system")
         helm.uninstall()
         left = node.kubectl("get", "mutatingwebhookconfigurations,validatingwebhookconfigurations", user="admin")

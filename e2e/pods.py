@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from e2e.cluster import NODE_NAME, RELEASE_NAMESPACE, USER_NAMESPACE, ClusterError, KubectlResult
+from e2e.kubectl import KubectlResult
+from e2e.names import NODE_NAME, RELEASE_NAMESPACE, USER_NAMESPACE
 from e2e.node import APP_IMAGE, GPU_UUIDS, RealCluster
-from e2e.toolkit.wait import wait_until
+from e2e.toolkit.errors import ClusterError
+from e2e.toolkit.wait import WaitTimeoutError, wait_until
 
 NV = "nvidia.com/container.app."
 # The bind-time annotations KAI's binder writes for the two seed examples on this node's fake H200s.
 SEED_BINDS = {
-    "inference": {NV + "gpus.devices": ",".join(GPU_UUIDS)},
+    "inference": {NV + "gpus.devices": ",".join(GPU_UUIDS),
+                  NV + "gpu-compute.portion": "0.25"},  # KAI's binder (PR 2368): sm-sharing caps it at 25 %
     "notebook": {NV + "gpus.devices": ",".join(GPU_UUIDS[:2]),
                  NV + "gpu-memory.request": "71885Mi",  # 143771 MiB x 0.5
                  NV + "gpu-memory.limit": "115016Mi"},  # 143771 MiB x 0.8
@@ -21,14 +24,17 @@ SEED_BINDS = {
 # Each seed's example file, its compute mode, and the env its container must see once bound with SEED_BINDS.
 SEED_EXAMPLES = {"inference": ("inference-sm-sharing.yaml", "sm-sharing"),
                  "notebook": ("notebook-time-slicing.yaml", "time-slicing")}
+# NVIDIA_VISIBLE_DEVICES is `void` inside: the agent's NRI plugin hands the GPUs over as CDI devices, whose NVIDIA
+# specs set it so that NVIDIA's hook would not inject them again (the webhook's value is the bound UUIDs).
 SEED_ENV = {
     "inference": {"NVIDIA_GPU_MEMORY_REQUEST": "40960", "NVIDIA_GPU_MEMORY_LIMIT": "61440",
                   "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=61440M,1=61440M,2=61440M,3=61440M",
-                  "NVIDIA_VISIBLE_DEVICES": ",".join(GPU_UUIDS),
+                  "NVIDIA_VISIBLE_DEVICES": "void",
+                  "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
                   "CUDA_MPS_PIPE_DIRECTORY": "/run/gpufrac/mps/sm-sharing"},
     "notebook": {"NVIDIA_GPU_MEMORY_REQUEST": "71885", "NVIDIA_GPU_MEMORY_LIMIT": "115016",
                  "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=115016M,1=115016M",
-                 "NVIDIA_VISIBLE_DEVICES": ",".join(GPU_UUIDS[:2]),
+                 "NVIDIA_VISIBLE_DEVICES": "void",
                  "CUDA_MPS_PIPE_DIRECTORY": "/run/gpufrac/mps/time-slicing"},
 }
 
@@ -63,7 +69,31 @@ def wait_running(node: RealCluster, name: str, timeout: float = 120) -> dict:
         p = get_pod(node, name)
         return p if p["status"].get("phase") == "Running" else None
 
-    return wait_until(running, timeout, f"pod {name} Running", interval=0.5)
+    try:
+        return wait_until(running, timeout, f"pod {name} Running", interval=0.5)
+    except WaitTimeoutError as e:
+        try:
+            why = why_not_running(node, name)
+        except ClusterError as unread:
+            why = f"(the pod or node could not be read: {unread})"
+        raise WaitTimeoutError(f"{e}: {why}") from None
+
+
+def why_not_running(node: RealCluster, name: str) -> str:
+    """The pod's phase, its unmet conditions and waiting containers, and the node's taints and pressures: what a
+    timeout needs to say (a node under DiskPressure only shows as pods that stay Pending)."""
+    status = get_pod(node, name)["status"]
+    said = [f"phase {status.get('phase')}"]
+    said += [f"{c['type']}={c['status']} ({c.get('reason', '')}: {c.get('message', '')})"
+             for c in status.get("conditions", []) if c["status"] != "True"]
+    said += [f"container {c['name']} waiting: {c['state']['waiting'].get('reason')} "
+             f"{c['state']['waiting'].get('message', '')}".rstrip()
+             for c in status.get("containerStatuses", []) if "waiting" in c.get("state", {})]
+    found = get_json(node, "get", "node", NODE_NAME)
+    said += [f"node taint {t['key']}:{t['effect']}" for t in found["spec"].get("taints", [])]
+    said += [f"node {c['type']}: {c.get('message', '')}" for c in found["status"].get("conditions", [])
+             if c["type"].endswith("Pressure") and c["status"] == "True"]
+    return "; ".join(said)
 
 
 def exec_in(node: RealCluster, name: str, script: str, container: str = "app") -> str:

@@ -28,7 +28,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from e2e.cluster import REPO_ROOT, ControlPlane
+from e2e.cluster import ControlPlane
+from e2e.names import REPO_ROOT
 from e2e.toolkit.procs import free_port
 
 WEBHOOK_COMPONENT = "webhook"

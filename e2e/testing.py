@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
 import re
-from collections.abc import Callable
 
-import yaml
+from e2e.kubectl import Kubectl, KubectlResult
+from e2e.names import NODE_NAME, USER_NAMESPACE
+from testkit import pods
 
-from e2e.cluster import REPO_ROOT, USER_NAMESPACE, KubectlResult
-
-EXAMPLES = REPO_ROOT / "examples"
-IMAGE = "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"
-DENIED = re.compile(r'admission webhook "(validate|mutate)\.gpufrac\.io" denied the request')
-
-Kubectl = Callable[..., KubectlResult]
+# Refused by a gpufrac webhook, or by one of the ValidatingAdmissionPolicies the chart generates from its rules.
+DENIED = re.compile(r'admission webhook "(validate|mutate)\.gpufrac\.io" denied the request'
+                    r"|ValidatingAdmissionPolicy 'gpufrac-[a-z-]+' with binding 'gpufrac-[a-z-]+' denied request")
 
 # ---- manifests ---------------------------------------------------------------------------------------------
 
@@ -32,26 +28,15 @@ def unique(prefix: str) -> str:
 def pod(
     name: str, annotations: dict[str, str] | None = None, containers: list[dict] | None = None, **spec: object
 ) -> dict:
-    """A Pod manifest; containers default to one `app` container."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": USER_NAMESPACE, "annotations": dict(annotations or {})},
-        "spec": {
-            "schedulerName": "kai-scheduler",
-            "containers": containers or [{"name": "app", "image": IMAGE}],
-            **spec,
-        },
-    }
+    """A Pod manifest for KAI's scheduler in the users' namespace (testkit.pods.pod); containers default to one
+    `app` container."""
+    return pods.pod(annotations, *(containers or ()), name=name, namespace=USER_NAMESPACE,
+                    spec={"schedulerName": "kai-scheduler", **spec})
 
 
 def example(filename: str, name: str | None = None) -> dict:
-    doc = yaml.safe_load((EXAMPLES / filename).read_text())
-    doc = copy.deepcopy(doc)
-    if name:
-        doc["metadata"]["name"] = name
-    doc["metadata"]["namespace"] = USER_NAMESPACE
-    return doc
+    """A manifest of examples/ in the users' namespace."""
+    return pods.example(filename, name, namespace=USER_NAMESPACE)
 
 
 def create(kubectl: Kubectl, obj: dict, *extra: str) -> KubectlResult:
@@ -71,10 +56,32 @@ def container(pod_obj: dict, name: str = "app") -> dict:
 def env_of(ctr: dict) -> dict[str, dict]:
     return {e["name"]: e for e in ctr.get("env", [])}
 
+def bind(binder: Kubectl, name: str, annotations: dict[str, str]) -> None:
+    """What KAI's binder does: one merge patch of the annotations, then POST pods/binding."""
+    rc, _, err = binder(
+        "patch", "pod", name, "--type=merge", "-p", json.dumps({"metadata": {"annotations": annotations}})
+    )
+    assert rc == 0, f"binder's annotation patch refused: {err}"
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": name},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": NODE_NAME},
+    }
+    rc, _, err = binder(
+        "create",
+        "--raw",
+        f"/api/v1/namespaces/{USER_NAMESPACE}/pods/{name}/binding",
+        "-f",
+        "-",
+        input=json.dumps(binding),
+    )
+    assert rc == 0, f"binding refused: {err}"
+
 
 def assert_denied(res: KubectlResult, *fragments: str) -> str:
-    """The request was refused by one of our webhooks, and the message names every fragment (the annotation
-    key, its value, …). Returns kubectl's stderr."""
+    """The request was refused by one of our webhooks or policies, and the message names every fragment (the
+    annotation key, its value, …). Returns kubectl's stderr."""
     assert res.rc != 0, f"expected a denial, but kubectl succeeded: {res.stdout[:500]}"
     msg = res.stderr
     assert DENIED.search(msg), f"not denied by a gpufrac webhook: {msg}"

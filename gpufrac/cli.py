@@ -16,13 +16,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpufrac.core.argtypes import positive_int
 from gpufrac.core.buildinfo import version
 from gpufrac.core.contract import DEFAULT_DRIVER_NAME, DEFAULT_MPS_ROOT, DEFAULT_SCHEDULER_USER, Delivery
-from gpufrac.core.jsonlog import LEVELS
+from gpufrac.core.jsonlog import add_log_arguments
 
 if TYPE_CHECKING:
-    from gpufrac.webhook.policy import Policy
-    from gpufrac.webhook.server import ServeOptions
+    from gpufrac.webhook.decide.policy import Policy
+    from gpufrac.webhook.serve.server import ServeOptions
 
 DEFAULT_DNS = ("gpufrac-webhook", "gpufrac-webhook.gpufrac-system", "gpufrac-webhook.gpufrac-system.svc")
 DEFAULT_CERTS_OUT = "certs/dev"
@@ -95,7 +96,7 @@ def apply_environment(parser: argparse.ArgumentParser, environ: dict[str, str] |
 
 
 def _policy(args: argparse.Namespace) -> Policy:  # imported lazily: `gpufrac agent` stays light
-    from gpufrac.webhook.policy import Policy
+    from gpufrac.webhook.decide.policy import Policy
     return Policy(
         scheduler_users=frozenset(args.scheduler_user or (DEFAULT_SCHEDULER_USER,)),
         scheduler_groups=frozenset(args.scheduler_group or ()),
@@ -153,7 +154,7 @@ def port_in_use(bind: str) -> bool:
 
 def _webhook(args: argparse.Namespace) -> int:
     from gpufrac.core.bind import host_has_ipv6, resolve_bind
-    from gpufrac.webhook.server import ServeOptions, serve
+    from gpufrac.webhook.serve.server import ServeOptions, serve
 
     def bind(text: str) -> str:  # no host: every address of the pod's IP family
         return resolve_bind(text, os.environ.get("POD_IP"), host_has_ipv6()) if text else ""
@@ -164,7 +165,8 @@ def _webhook(args: argparse.Namespace) -> int:
                   f"with {flag} HOST:PORT (make run: BIND=127.0.0.1:8444)", file=sys.stderr)
             return 2
     serve(_policy(args), ServeOptions(Path(args.certs), bind(args.bind), args.workers, args.threads,
-                                      log_level=args.log_level, metrics_bind=bind(args.metrics_bind)),
+                                      log_level=args.log_level, log_format=args.log_format,
+                                      metrics_bind=bind(args.metrics_bind)),
           args.metrics_dir)
     return 0
 
@@ -172,8 +174,8 @@ def _webhook(args: argparse.Namespace) -> int:
 def _review(args: argparse.Namespace) -> int:
     """Exit 0: every manifest allowed; 1: something denied; 2: the input could not be reviewed (one line on
     stderr naming the file and the problem)."""
+    from gpufrac.webhook.decide.policy import UserInfo
     from gpufrac.webhook.offline import UnreadableError, review_files
-    from gpufrac.webhook.policy import UserInfo
     try:
         results = review_files(args.manifests, args.old, UserInfo(args.user, tuple(args.group or ())),
                                _policy(args), sys.stdin)
@@ -189,30 +191,41 @@ def _review(args: argparse.Namespace) -> int:
     return code
 
 
+def _policies(args: argparse.Namespace) -> int:
+    from gpufrac.webhook.decide import policies
+    if args.format == "helm":
+        sys.stdout.write(policies.render_helm())
+    elif args.format == "docs":
+        sys.stdout.write(policies.rule_table_markdown())
+    else:
+        objects = policies.policy_objects(_policy(args), actions=args.action or ("Deny",),
+                                          excluded_namespaces=args.exclude_namespace or ("kube-system",))
+        sys.stdout.write(policies.render_yaml(objects))
+    return 0
+
+
 def _agent(args: argparse.Namespace) -> int:
-    from gpufrac.agent.cli import run
+    from gpufrac.agent.programs.node_agent import run
     return run(args)
 
 
 def _agent_withdraw(args: argparse.Namespace) -> int:
-    from gpufrac.agent.withdraw import run
+    from gpufrac.agent.programs.withdraw import run
+    return run(args)
+
+
+def _mps_roll(args: argparse.Namespace) -> int:
+    from gpufrac.agent.programs.mps_roll import run
     return run(args)
 
 
 def _mps(args: argparse.Namespace) -> int:
-    from gpufrac.agent.mps_service import run
+    from gpufrac.agent.programs.mps_service import run
     return run(args)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: must be at least 1")
-    return value
-
-
 def _serve_defaults() -> type[ServeOptions]:
-    from gpufrac.webhook.server import ServeOptions
+    from gpufrac.webhook.serve.server import ServeOptions
     return ServeOptions  # its class attributes are the defaults
 
 
@@ -232,7 +245,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     certs.add_argument("--dns", action="append", metavar="NAME",
                        help=f"a DNS name or IP the serving certificate names (repeatable; default "
                             f"{', '.join(DEFAULT_DNS)})")
-    certs.add_argument("--days", type=_positive_int, default=365, help="validity of the serving certificate")
+    certs.add_argument("--days", type=positive_int, default=365, help="validity of the serving certificate")
     certs.set_defaults(func=_certs)
     if command in (None, "certs"):
         from gpufrac.certs.rotation import add_rotate_arguments, run_rotate
@@ -250,12 +263,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                          help="admission port (HTTPS); no host (:8443): every address of the pod's IP family")
     webhook.add_argument("--metrics-bind", default="", metavar="HOST:PORT",
                          help="plain-HTTP port serving /metrics (default: none; /metrics is on --bind too)")
-    webhook.add_argument("--workers", type=_positive_int, metavar="N", help="worker processes",
+    webhook.add_argument("--workers", type=positive_int, metavar="N", help="worker processes",
                          default=serve_defaults and serve_defaults.workers)
-    webhook.add_argument("--threads", type=_positive_int, metavar="N", help="reviews each worker answers at once",
+    webhook.add_argument("--threads", type=positive_int, metavar="N", help="reviews each worker answers at once",
                          default=serve_defaults and serve_defaults.threads)
-    webhook.add_argument("--log-level", default="info", choices=LEVELS, type=str.lower,
-                         help="the least severe log lines written (JSON, on stdout)")
+    add_log_arguments(webhook, stream="stdout")
     _add_policy_arguments(webhook)
     webhook.set_defaults(func=_webhook)
 
@@ -271,24 +283,44 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_policy_arguments(review)
     review.set_defaults(func=_review)
 
+    policies = subcommand("policies", "write the ValidatingAdmissionPolicies (and Bindings) generated from the "
+                                      "webhook's rule table: the deny rules CEL can carry, run by the API server")
+    policies.add_argument("--format", choices=("yaml", "helm", "docs"), default="yaml",
+                          help="yaml: the objects for this configuration; helm: the chart's template "
+                               "(charts/gpufrac/templates/policies/); docs: which rule runs where, as a table")
+    policies.add_argument("--action", action="append", choices=("Deny", "Warn", "Audit"),
+                          help="the Bindings' validationActions (repeatable; default Deny)")
+    policies.add_argument("--exclude-namespace", action="append", metavar="NAME",
+                          help="a namespace the policies skip (repeatable; default kube-system)")
+    _add_policy_arguments(policies)
+    policies.set_defaults(func=_policies)
+
     agent = subcommand("agent", "run the node agent (one per GPU node)")
     if command in (None, "agent"):
-        from gpufrac.agent.cli import add_arguments
+        from gpufrac.agent.programs.node_agent import add_arguments
         add_arguments(agent)
     agent.set_defaults(func=_agent)
 
     withdraw = subcommand("agent-withdraw", "before an uninstall (the chart's pre-delete hook): stop the agents, "
                                             "remove their node labels and conditions, stop the MPS daemons")
     if command in (None, "agent-withdraw"):
-        from gpufrac.agent.withdraw import add_arguments as add_withdraw_arguments
+        from gpufrac.agent.programs.withdraw import add_arguments as add_withdraw_arguments
         add_withdraw_arguments(withdraw)
     withdraw.set_defaults(func=_agent_withdraw)
 
     mps = subcommand("mps", "run one compute mode's MPS control daemon, supervised (the <release>-mps DaemonSet)")
     if command in (None, "mps"):
-        from gpufrac.agent.mps_service import add_arguments as add_mps_arguments
+        from gpufrac.agent.programs.mps_service import add_arguments as add_mps_arguments
         add_mps_arguments(mps)
     mps.set_defaults(func=_mps)
+
+    mps_roll = subcommand("mps-roll", "after an upgrade, move each node's MPS pod to the new image, node by node: "
+                                      "cordon, wait for (or evict, or list) its fractional pods, replace the MPS "
+                                      "pod, uncordon")
+    if command in (None, "mps-roll"):
+        from gpufrac.agent.programs.mps_roll import add_arguments as add_mps_roll_arguments
+        add_mps_roll_arguments(mps_roll)
+    mps_roll.set_defaults(func=_mps_roll)
     apply_environment(parser, os.environ)
     return parser
 
@@ -298,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics_dir = None
     command = argv[0] if argv and not argv[0].startswith("-") else None
     if command == "webhook":
-        from gpufrac.webhook.server import prepare_metrics_dir
+        from gpufrac.webhook.serve.server import prepare_metrics_dir
         metrics_dir = prepare_metrics_dir()  # before the parser imports anything that imports prometheus_client
     args = build_parser(command).parse_args(argv)
     args.metrics_dir = metrics_dir

@@ -1,64 +1,101 @@
 #!/usr/bin/env bash
-# The gRPC stubs of the kubelet plugin APIs the agent serves (CSI, kubelet plugin registration), generated at
-# build and test time with grpcio-tools from the upstream .proto files: nothing generated or fetched is committed.
+# The gRPC stubs of the upstream APIs gpufrac serves or calls, from the upstream .proto files vendored under proto/
+# (their upstream path layout, each module's LICENSE beside them, the versions in proto/VERSIONS). The stubs are
+# generated, never committed; the protos are committed, so generating needs no Go and no network.
 #
-#   hack/grpc-stubs.sh fetch      copy the pinned upstream protos into .build/proto (Go module proxy, `go mod download`)
-#   hack/grpc-stubs.sh generate   protoc (grpcio-tools, $PYTHON) over .build/proto into gpufrac/agent/csi/generated/
-#   hack/grpc-stubs.sh            both
+#   hack/grpc-stubs.sh generate   protoc (grpcio-tools, $PYTHON) over proto/ into the packages below (make venv,
+#                                 and the Dockerfile's build stage)
+#   hack/grpc-stubs.sh vendor     refresh proto/ from the Go module proxy (`go mod download`) at the versions below
 #
-# The image build runs `generate` on the protos `make image` fetched into the build context (no Go there).
+# To add an API: a line in MODULES (what to vendor) and a line per file in STUBS (what to generate where).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CSI_SPEC_VERSION=${CSI_SPEC_VERSION:-v1.13.0}
-KUBELET_API_VERSION=${KUBELET_API_VERSION:-v0.36.3}
 PYTHON=${PYTHON:-.venv/bin/python}
-PACKAGE=gpufrac/agent/csi/generated
-PROTO_ROOT=.build/proto
+PROTO=proto
+
+# module version files (paths inside the module; the module's LICENSE comes with them). NRI as containerd v2.4.2
+# requires it (its go.mod), with ttrpc's request envelope; google/rpc/status.proto, which request.proto imports and
+# grpcio-tools does not bundle, from grpc-gateway's googleapis copy (with that copy's license).
+MODULES=(
+  "github.com/container-storage-interface/spec v1.13.0 csi.proto"
+  "k8s.io/kubelet v0.36.3 pkg/apis/pluginregistration/v1/api.proto pkg/apis/deviceplugin/v1beta1/api.proto"
+  "github.com/containerd/nri v0.12.3 pkg/api/api.proto"
+  "github.com/containerd/ttrpc v1.2.9 request.proto"
+  "github.com/grpc-ecosystem/grpc-gateway v1.16.0 third_party/googleapis/google/rpc/status.proto third_party/googleapis/LICENSE"
+)
+
+# package module-name proto (under proto/): the generated modules <module-name>_pb2 and _pb2_grpc in <package>
+STUBS=(
+  "gpufrac/agent/edges/csi/generated csi github.com/container-storage-interface/spec/csi.proto"
+  "gpufrac/agent/edges/csi/generated pluginregistration k8s.io/kubelet/pkg/apis/pluginregistration/v1/api.proto"
+  "gpufrac/agent/edges/nri/generated status github.com/grpc-ecosystem/grpc-gateway/third_party/googleapis/google/rpc/status.proto"
+  "gpufrac/agent/edges/nri/generated request github.com/containerd/ttrpc/request.proto"
+  "gpufrac/agent/edges/nri/generated api github.com/containerd/nri/pkg/api/api.proto"
+)
+
+# upstream-import staged-import: an import a vendored file makes, as the file is staged in STUBS (compiled earlier)
+IMPORTS=(
+  "google/rpc/status.proto gpufrac/agent/edges/nri/generated/status.proto"
+)
 
 log() { echo "[grpc-stubs] $*" >&2; }
 
-module_dir() {  # the unpacked module in the Go module cache (downloaded once, outside the repository)
-  GOTOOLCHAIN=local GOFLAGS=-mod=mod go mod download -json "$1" \
-    | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)["Dir"])'
-}
-
-fetch() {
+vendor() {
   if ! command -v go >/dev/null 2>&1; then
-    log "Go is needed to fetch csi.proto and the kubelet's pluginregistration api.proto from the module proxy"
+    log "Go is needed to download the modules from the module proxy (generating needs none)"
     exit 1
   fi
-  local csi kubelet
-  csi=$(module_dir "github.com/container-storage-interface/spec@$CSI_SPEC_VERSION")
-  kubelet=$(module_dir "k8s.io/kubelet@$KUBELET_API_VERSION")
-  mkdir -p "$PROTO_ROOT/$PACKAGE"
-  # Placed under the package path so that the generated modules import each other as gpufrac.agent.csi.generated.
-  install -m 0644 "$csi/csi.proto" "$PROTO_ROOT/$PACKAGE/csi.proto"
-  install -m 0644 "$kubelet/pkg/apis/pluginregistration/v1/api.proto" "$PROTO_ROOT/$PACKAGE/pluginregistration.proto"
-  echo "csi $CSI_SPEC_VERSION, k8s.io/kubelet $KUBELET_API_VERSION" >"$PROTO_ROOT/VERSIONS"
-  log "protos: $(cat "$PROTO_ROOT/VERSIONS")"
+  local line module version files dir file
+  : >"$PROTO/VERSIONS.tmp"
+  for line in "${MODULES[@]}"; do
+    read -r module version files <<<"$line"
+    dir=$(GOTOOLCHAIN=local GOFLAGS=-mod=mod go mod download -json "$module@$version" \
+      | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')
+    rm -rf "${PROTO:?}/$module"
+    for file in "$dir"/LICENSE*; do  # LICENSE, or LICENSE.txt (grpc-gateway)
+      install -D -m 0644 "$file" "$PROTO/$module/${file##*/}"
+    done
+    for file in $files; do
+      install -D -m 0644 "$dir/$file" "$PROTO/$module/$file"
+    done
+    echo "$module $version" >>"$PROTO/VERSIONS.tmp"
+  done
+  mv "$PROTO/VERSIONS.tmp" "$PROTO/VERSIONS"
+  log "vendored: $(paste -sd, "$PROTO/VERSIONS")"
 }
 
 generate() {
-  if [[ ! -f $PROTO_ROOT/$PACKAGE/csi.proto ]]; then
-    log "$PROTO_ROOT has no protos: run hack/grpc-stubs.sh fetch first"
-    exit 1
-  fi
-  local tmp
+  local tmp line package name source packages=()
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' RETURN
-  "$PYTHON" -m grpc_tools.protoc -I "$PROTO_ROOT" --python_out="$tmp" --grpc_python_out="$tmp" \
-    "$PROTO_ROOT/$PACKAGE/csi.proto" "$PROTO_ROOT/$PACKAGE/pluginregistration.proto"
-  printf '"""Generated by hack/grpc-stubs.sh from %s; not committed."""\n' "$(cat "$PROTO_ROOT/VERSIONS")" \
-    >"$tmp/$PACKAGE/__init__.py"
-  rm -rf "$PACKAGE"
-  mv "$tmp/$PACKAGE" "$PACKAGE"
-  log "generated $PACKAGE ($(cat "$PROTO_ROOT/VERSIONS"))"
+  mkdir -p "$tmp/out"
+  # Each file is compiled at its package's path, so that the generated modules import each other as
+  # gpufrac.<...>.generated.<name>_pb2; -I proto resolves what a vendored file imports from another one.
+  for line in "${STUBS[@]}"; do
+    read -r package name source <<<"$line"
+    [[ -f $PROTO/$source ]] || { log "$PROTO/$source is missing: run hack/grpc-stubs.sh vendor (needs Go)"; exit 1; }
+    install -D -m 0644 "$PROTO/$source" "$tmp/src/$package/$name.proto"
+    local import
+    for import in "${IMPORTS[@]}"; do
+      sed -i "s|^import \"${import%% *}\";|import \"${import#* }\";|" "$tmp/src/$package/$name.proto"
+    done
+    "$PYTHON" -m grpc_tools.protoc -I "$tmp/src" -I "$PROTO" --python_out="$tmp/out" \
+      --grpc_python_out="$tmp/out" "$tmp/src/$package/$name.proto"
+    [[ " ${packages[*]} " == *" $package "* ]] || packages+=("$package")
+  done
+  for package in "${packages[@]}"; do
+    printf '"""Generated by hack/grpc-stubs.sh from proto/ (%s); not committed."""\n' "$(paste -sd, "$PROTO/VERSIONS")" \
+      >"$tmp/out/$package/__init__.py"
+    rm -rf "$package"
+    mkdir -p "$(dirname "$package")"
+    mv "$tmp/out/$package" "$package"
+    log "generated $package"
+  done
 }
 
-case "${1:-all}" in
-  fetch) fetch ;;
+case "${1:-generate}" in
   generate) generate ;;
-  all) fetch; generate ;;
-  *) log "usage: $0 [fetch|generate]"; exit 2 ;;
+  vendor) vendor ;;
+  *) log "usage: $0 [generate|vendor]"; exit 2 ;;
 esac

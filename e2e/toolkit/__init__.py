@@ -9,5 +9,5 @@
 - `objects`: the bootstrap objects, read from the YAML files in `bootstrap/`.
 - one module per component (`etcd`, `apiserver`, ...): its command line and its readiness check.
 
-Adding a component is adding its module and listing it in the orchestration (e2e/cluster.py).
+Adding a component is adding its module and listing it in the orchestration (e2e/cluster.py, e2e/node.py).
 """

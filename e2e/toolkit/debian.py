@@ -10,9 +10,8 @@ from pathlib import Path
 from e2e.toolkit.errors import ToolsMissingError
 
 # package -> a file it installs
+# (containerd and runc are built from the module proxy: e2e/build-tools.sh node)
 NODE_PACKAGES = {
-    "containerd": "/usr/bin/containerd",
-    "runc": "/usr/sbin/runc",
     "containernetworking-plugins": "/usr/lib/cni/bridge",
     "iptables": "/usr/sbin/iptables",
 }

@@ -1,8 +1,9 @@
-"""The kubelet (v1.36 from the module proxy) on cgroup v1 with Debian's containerd 1.6.
+"""The kubelet (v1.36 from the module proxy) on cgroup v1 with containerd 2.
 
-failCgroupV1: false (1.35+ refuses cgroup v1 otherwise) and cgroupDriver: cgroupfs set explicitly (containerd
-1.6 cannot report its driver). The kubelet ignores a misspelled field (it only logs `strict decoding failed`
-at INFO): `config_problems` greps its log for that.
+failCgroupV1: false (1.35+ refuses cgroup v1 otherwise) and cgroupDriver: cgroupfs set explicitly (the same as
+containerd's runc with SystemdCgroup = false; a runtime that cannot report its driver gets it from here). The
+kubelet ignores a misspelled field (it only logs `strict decoding failed` at INFO): `config_problems` greps its
+log for that.
 """
 
 from __future__ import annotations
@@ -56,8 +57,10 @@ class Kubelet:
             # No iptables from the kubelet; nothing here masquerades.
             "makeIPTablesUtilChains": False,
             "resolvConf": "/etc/resolv.conf",
-            # A shared CI disk: never evict the tests' pods or garbage-collect the imported images.
-            "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+            # A shared CI disk: never evict the tests' pods or garbage-collect the imported images. Absolute floors,
+            # not 1 %: that is 2.5 GB of a 252 GB disk whose free space is not ours to keep, and under DiskPressure
+            # no pod starts.
+            "evictionHard": {"memory.available": "1Mi", "nodefs.available": "100Mi", "imagefs.available": "100Mi",
                              "nodefs.inodesFree": "1%"},
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,

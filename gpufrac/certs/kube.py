@@ -1,4 +1,4 @@
-"""`Cluster` over the official kubernetes client: the rotation's Kubernetes edge."""
+"""`certs.cluster.Cluster` over the official kubernetes client: the rotation's Kubernetes edge."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from kubernetes import client
 
-from gpufrac.certs.rotation import KINDS
+from gpufrac.certs.cluster import MUTATING
 from gpufrac.kube.client import load_api_client, translated
 from gpufrac.kube.errors import ConflictError, NotFoundError
 
@@ -53,7 +53,7 @@ class KubeCluster:
         self._call(self._core.replace_namespaced_secret, name, namespace, body)
 
     def read_webhooks(self, kind: str, name: str) -> list[tuple[str, str]]:
-        read = (self._admission.read_mutating_webhook_configuration if kind == KINDS[0]
+        read = (self._admission.read_mutating_webhook_configuration if kind == MUTATING
                 else self._admission.read_validating_webhook_configuration)
         obj = self._call(read, name)
         return [
@@ -61,7 +61,7 @@ class KubeCluster:
         ]
 
     def set_ca_bundle(self, kind: str, name: str, index: int, webhook: str, ca_bundle: str) -> None:
-        patch = (self._admission.patch_mutating_webhook_configuration if kind == KINDS[0]
+        patch = (self._admission.patch_mutating_webhook_configuration if kind == MUTATING
                  else self._admission.patch_validating_webhook_configuration)
         # JSON patch; `test` makes sure the index still names the same webhook.
         body = [

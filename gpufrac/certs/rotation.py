@@ -27,14 +27,15 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
+from gpufrac.certs.cluster import WEBHOOK_CONFIGURATION_KINDS, Cluster
 from gpufrac.certs.generate import KeyPair, issue_ca, issue_serving_cert
-from gpufrac.core.jsonlog import LEVELS, setup_logging
+from gpufrac.core.argtypes import non_negative_int, positive_int
+from gpufrac.core.jsonlog import add_log_arguments, setup_logging
 from gpufrac.kube.errors import ConflictError, KubeError, NotFoundError
 
 log = logging.getLogger("gpufrac.certs.rotation")
@@ -170,54 +171,86 @@ def decide(state: CertState, now: dt.datetime, dns_names: Sequence[str], setting
     """What to do with the certificates in `state` at `now`. Pure: no I/O, no key generation."""
     ca = _load_cert(state.ca_crt)
     bundle = state.bundle_certs
-    if ca is None or not _key_matches(ca, state.ca_key) or ca.not_valid_after_utc <= now:
-        expired = ca is not None and ca.not_valid_after_utc <= now
-        why = "no CA" if ca is None else ("CA expired" if expired else "CA key mismatch")
+    if ca is None or not _usable_ca(ca, state.ca_key, now):
         # Nothing worth keeping: a fresh CA and serving certificate, the bundle is just the new CA.
         return Plan(issue_ca=True, issue_serving=True, drop_from_bundle=tuple(_pem(c) for c in bundle),
-                    reasons=(f"{why}: new CA and serving certificate",))
+                    reasons=(f"{_why_not_usable(ca, now)}: new CA and serving certificate",))
 
-    reasons: list[str] = []
     serving = _load_cert(state.tls_crt)
-    # Certificates the API server trusts (per our Secret): unexpired bundle entries, plus the current CA.
-    trusted = [c for c in bundle if c.not_valid_after_utc > now]
-    ca_in_bundle = any(_same(c, ca) for c in bundle)
-
     issue_ca = ca.not_valid_after_utc - now < settings.ca_renew_before
-    if issue_ca:
-        reasons.append(f"CA expires {ca.not_valid_after_utc:%Y-%m-%d}: new CA, old one stays trusted")
-
-    # The serving certificate: must it be replaced now, or is it due to move to the current CA?
-    must_reissue = None
-    if serving is None:
-        must_reissue = "no serving certificate"
-    elif not _key_matches(serving, state.tls_key):
-        must_reissue = "serving key mismatch"
-    elif serving.not_valid_after_utc - now < settings.renew_before:
-        must_reissue = f"serving certificate expires {serving.not_valid_after_utc:%Y-%m-%d}"
-    elif not set(dns_names) <= _dns_names(serving):
-        must_reissue = "serving certificate lacks " + ", ".join(sorted(set(dns_names) - _dns_names(serving)))
-    elif not any(_signed_by(serving, c) for c in [*trusted, ca]):
-        must_reissue = "serving certificate not signed by a trusted CA"
-    issue_serving = must_reissue is not None
-    if must_reissue:
-        reasons.append(f"{must_reissue}: new serving certificate")
-    elif not issue_ca and serving is not None and not _signed_by(serving, ca):
-        # Rollover step 2: switch to the current CA once it has been trusted for `overlap`.
-        if ca.not_valid_before_utc <= now - settings.overlap:
-            issue_serving = True
-            reasons.append("serving certificate signed by the previous CA: reissued by the current CA")
-        else:
-            reasons.append("waiting for the overlap period to move the serving certificate to the new CA")
-
-    # The bundle: drop expired entries; drop CAs other than the current one once the serving certificate has
-    # been signed by the current CA for `overlap` (rollover step 3).
-    serving_settled = (
-        not issue_ca and not issue_serving and serving is not None and _signed_by(serving, ca)
-        and serving.not_valid_before_utc <= now - settings.overlap
+    reasons = [f"CA expires {ca.not_valid_after_utc:%Y-%m-%d}: new CA, old one stays trusted"] if issue_ca else []
+    issue_serving, serving_reasons = _serving_step(state, serving, ca, bundle, issue_ca, now, dns_names, settings)
+    settled = not issue_ca and not issue_serving and _serving_settled(serving, ca, now, settings)
+    keep, drop, bundle_reasons = _bundle_step(bundle, ca, settled, now)
+    return Plan(
+        issue_ca=issue_ca, issue_serving=issue_serving, keep_in_bundle=keep, drop_from_bundle=drop,
+        add_current_ca=not any(_same(c, ca) for c in bundle),
+        reasons=(*reasons, *serving_reasons, *bundle_reasons),
     )
+
+
+def _usable_ca(ca: x509.Certificate, ca_key: bytes | None, now: dt.datetime) -> bool:
+    return _key_matches(ca, ca_key) and ca.not_valid_after_utc > now
+
+
+def _why_not_usable(ca: x509.Certificate | None, now: dt.datetime) -> str:
+    if ca is None:
+        return "no CA"
+    return "CA expired" if ca.not_valid_after_utc <= now else "CA key mismatch"
+
+
+def _serving_problem(
+    state: CertState, serving: x509.Certificate | None, trusted: list[x509.Certificate], now: dt.datetime,
+    dns_names: Sequence[str], settings: Settings,
+) -> str | None:
+    """Why the serving certificate must be replaced now (`trusted`: the CAs the API server trusts), or None."""
+    if serving is None:
+        return "no serving certificate"
+    if not _key_matches(serving, state.tls_key):
+        return "serving key mismatch"
+    if serving.not_valid_after_utc - now < settings.renew_before:
+        return f"serving certificate expires {serving.not_valid_after_utc:%Y-%m-%d}"
+    missing = set(dns_names) - _dns_names(serving)
+    if missing:
+        return "serving certificate lacks " + ", ".join(sorted(missing))
+    if not any(_signed_by(serving, c) for c in trusted):
+        return "serving certificate not signed by a trusted CA"
+    return None
+
+
+def _serving_step(
+    state: CertState, serving: x509.Certificate | None, ca: x509.Certificate, bundle: list[x509.Certificate],
+    issue_ca: bool, now: dt.datetime, dns_names: Sequence[str], settings: Settings,
+) -> tuple[bool, list[str]]:
+    """(reissue the serving certificate?, why): replaced when it must be, else moved to the current CA once that
+    has been trusted for `overlap` (rollover step 2)."""
+    # Certificates the API server trusts (per our Secret): unexpired bundle entries, plus the current CA.
+    trusted = [*(c for c in bundle if c.not_valid_after_utc > now), ca]
+    problem = _serving_problem(state, serving, trusted, now, dns_names, settings)
+    if problem:
+        return True, [f"{problem}: new serving certificate"]
+    if issue_ca or serving is None or _signed_by(serving, ca):
+        return False, []
+    if ca.not_valid_before_utc <= now - settings.overlap:
+        return True, ["serving certificate signed by the previous CA: reissued by the current CA"]
+    return False, ["waiting for the overlap period to move the serving certificate to the new CA"]
+
+
+def _serving_settled(
+    serving: x509.Certificate | None, ca: x509.Certificate, now: dt.datetime, settings: Settings
+) -> bool:
+    """The serving certificate has been signed by the current CA for `overlap`: other CAs may leave the bundle."""
+    return serving is not None and _signed_by(serving, ca) and serving.not_valid_before_utc <= now - settings.overlap
+
+
+def _bundle_step(
+    bundle: list[x509.Certificate], ca: x509.Certificate, serving_settled: bool, now: dt.datetime
+) -> tuple[tuple[bytes, ...], tuple[bytes, ...], list[str]]:
+    """(kept, dropped, why): expired CAs leave the bundle; CAs other than the current one leave once the serving
+    certificate has settled on it (rollover step 3); duplicates leave."""
     keep: list[bytes] = []
     drop: list[bytes] = []
+    reasons: list[str] = []
     for cert in bundle:
         if cert.not_valid_after_utc <= now:
             drop.append(_pem(cert))
@@ -230,10 +263,7 @@ def decide(state: CertState, now: dt.datetime, dns_names: Sequence[str], setting
     if len(set(keep)) != len(keep):
         reasons.append("drop duplicate bundle entries")
         drop.extend(k for i, k in enumerate(keep) if k in keep[:i])
-    return Plan(
-        issue_ca=issue_ca, issue_serving=issue_serving, keep_in_bundle=tuple(dict.fromkeys(keep)),
-        drop_from_bundle=tuple(drop), add_current_ca=not ca_in_bundle, reasons=tuple(reasons),
-    )
+    return tuple(dict.fromkeys(keep)), tuple(drop), reasons
 
 
 def _days_left(cert: x509.Certificate, now: dt.datetime) -> int:
@@ -269,25 +299,6 @@ def execute(
 # The cluster side
 
 
-class Cluster(Protocol):
-    def read_secret(self, namespace: str, name: str) -> tuple[dict[str, str], str] | None:
-        """(data, resourceVersion), or None when the Secret does not exist."""
-
-    def create_secret(self, namespace: str, name: str, data: dict[str, str]) -> None: ...
-
-    def replace_secret(
-        self, namespace: str, name: str, data: dict[str, str], resource_version: str
-    ) -> None: ...
-
-    def read_webhooks(self, kind: str, name: str) -> list[tuple[str, str]]:
-        """[(webhook name, caBundle base64 or "")] of a Mutating/ValidatingWebhookConfiguration."""
-
-    def set_ca_bundle(self, kind: str, name: str, index: int, webhook: str, ca_bundle: str) -> None: ...
-
-
-KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
-
-
 @dataclass
 class RotationOutcome:
     secret_written: bool = False
@@ -311,7 +322,7 @@ def reconcile(
     configs: list[tuple[str, str, list[tuple[str, str]]]] = []
     for name in webhook_configs:
         found = 0
-        for kind in KINDS:
+        for kind in WEBHOOK_CONFIGURATION_KINDS:
             try:
                 configs.append((kind, name, cluster.read_webhooks(kind, name)))
                 found += 1
@@ -341,13 +352,6 @@ def reconcile(
 # CLI (`gpufrac certs rotate`)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} must not be negative")
-    return value
-
-
 def add_rotate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--namespace", required=True, help="namespace of the Secret and the Service")
     parser.add_argument("--secret", required=True, help="Secret holding ca.crt, ca.key, tls.crt, tls.key")
@@ -359,22 +363,21 @@ def add_rotate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster-domain", default="cluster.local",
                         help="the cluster's DNS domain, in the serving certificate's names")
     defaults = Settings()  # the defaults are Settings'; the flags only name them
-    parser.add_argument("--ca-validity-days", type=_positive_int, default=defaults.ca_validity_days,
+    parser.add_argument("--ca-validity-days", type=positive_int, default=defaults.ca_validity_days,
                         help="validity of a new CA")
-    parser.add_argument("--ca-renew-before-days", type=_positive_int, default=defaults.ca_renew_before.days,
+    parser.add_argument("--ca-renew-before-days", type=non_negative_int, default=defaults.ca_renew_before.days,
                         help="start a new CA when the current one has less than this left")
-    parser.add_argument("--cert-validity-days", type=_positive_int, default=defaults.cert_validity_days,
+    parser.add_argument("--cert-validity-days", type=positive_int, default=defaults.cert_validity_days,
                         help="validity of a new serving certificate")
-    parser.add_argument("--renew-before-days", type=_positive_int, default=defaults.renew_before.days,
+    parser.add_argument("--renew-before-days", type=non_negative_int, default=defaults.renew_before.days,
                         help="renew the serving certificate when less than this is left")
-    parser.add_argument("--overlap-minutes", type=_positive_int,
+    parser.add_argument("--overlap-minutes", type=non_negative_int,
                         default=defaults.overlap // dt.timedelta(minutes=1),
                         help="wait between the steps of a CA rollover")
     parser.add_argument("--ignore-missing-webhook-configs", action="store_true",
                         help="skip configurations that do not exist yet (pre-install)")
-    parser.add_argument("--attempts", type=_positive_int, default=5, help="tries on write conflicts")
-    parser.add_argument("--log-level", default="info", choices=LEVELS, type=str.lower,
-                        help="the least severe log lines written (JSON, on stderr)")
+    parser.add_argument("--attempts", type=positive_int, default=5, help="tries on write conflicts")
+    add_log_arguments(parser)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -390,7 +393,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def run_rotate(
     args: argparse.Namespace, cluster: Cluster | None = None, now: dt.datetime | None = None
 ) -> int:
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, fmt=args.log_format)
     settings = settings_from_args(args)
     if settings.ca_validity_days <= settings.ca_renew_before.days:
         log.error("--ca-validity-days must be greater than --ca-renew-before-days")
@@ -406,7 +409,7 @@ def run_rotate(
     except Exception as e:  # no kubeconfig / in-cluster config
         log.error("cannot reach the cluster: %s", e)
         return 1
-    for attempt in range(1, max(1, args.attempts) + 1):
+    for attempt in range(1, args.attempts + 1):
         try:
             outcome = reconcile(
                 cluster, args.namespace, args.secret, dns_names, args.webhook_configs, settings,

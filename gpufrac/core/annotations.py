@@ -30,7 +30,8 @@ CANONICAL_PREFIX = "gpufrac.io/container."
 WHOLE_GPU_RESOURCE = "nvidia.com/gpu"
 
 # A container name is a DNS-1123 label, so it holds no dot and the key splits unambiguously.
-_CONTAINER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+CONTAINER_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+_CONTAINER_NAME = re.compile(CONTAINER_NAME_PATTERN)
 # The name part of an annotation key (after the `prefix/`) is at most 63 characters.
 KEY_NAME_MAX = 63
 
@@ -50,6 +51,13 @@ class Field(StrEnum):
     MEMORY_LIMIT = "gpu-memory.limit"
     COMPUTE_MODE = "gpu-compute.mode"
     DEVICES = "gpus.devices"
+    # The share of a GPU's compute the scheduler charged the container for, in (0, 1], written at bind (KAI's binder,
+    # kai-scheduler/KAI-Scheduler PR 2368); sm-sharing enforces it as an MPS active-thread percentage.
+    COMPUTE_PORTION = "gpu-compute.portion"
+
+
+# What only the scheduler writes, at bind: which GPUs, and how much of their compute.
+BIND_ONLY_FIELDS = (Field.DEVICES, Field.COMPUTE_PORTION)
 
 
 # The one key KAI writes under its own prefix.
@@ -63,6 +71,7 @@ class CanonicalField(StrEnum):
     LIMIT_MIB = "gpu-memory.limit-mib"
     MPS_PINNED_MEM_LIMIT = "mps-pinned-mem-limit"
     COMPUTE_MODE = "compute-mode"
+    ACTIVE_THREAD_PERCENT = "active-thread-percent"  # sm-sharing: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, 1..100
 
 
 _SUFFIXES: dict[str, tuple[str, ...]] = {
@@ -111,6 +120,19 @@ def is_fraction_key(key: str) -> bool:
 _OURS = (*_SUFFIXES, GPUFRAC_DOMAIN)
 
 
+def key_suffixes() -> dict[str, tuple[str, ...]]:
+    """Per-container prefix -> the fields a key under it may name (the grammar the admission policies check too)."""
+    return dict(_SUFFIXES)
+
+
+def accepted_keys(prefix: str) -> str:
+    """What a malformed key under `prefix` (one of key_suffixes(), or GPUFRAC_DOMAIN) should have been."""
+    if prefix in _SUFFIXES:
+        return f"expected {prefix}<container>.<{'|'.join(_SUFFIXES[prefix])}>"
+    return (f"the {GPUFRAC_DOMAIN} annotations are {CANONICAL_PREFIX}<container>.<{'|'.join(CanonicalField)}>, "
+            "written by the webhook")
+
+
 def parse_container_key(key: str) -> ContainerKey | None:
     """Split a per-container key; None for keys outside our prefixes; MalformedKeyError for a bad one inside."""
     return _parse_container_key(key) if key.startswith(_OURS) else None
@@ -122,15 +144,11 @@ def _parse_container_key(key: str) -> ContainerKey | None:
         if not key.startswith(prefix):
             continue
         container, _, suffix = key[len(prefix):].partition(".")
-        accepted = f"expected {prefix}<container>.<{'|'.join(suffixes)}>"
         if not _CONTAINER_NAME.fullmatch(container) or suffix not in suffixes:
-            raise MalformedKeyError(key, accepted)
+            raise MalformedKeyError(key, accepted_keys(prefix))
         return ContainerKey(key, prefix, container, suffix)
     if key.startswith(GPUFRAC_DOMAIN):
-        raise MalformedKeyError(
-            key, f"the {GPUFRAC_DOMAIN} annotations are {CANONICAL_PREFIX}<container>.<"
-            f"{'|'.join(CanonicalField)}>, written by the webhook"
-        )
+        raise MalformedKeyError(key, accepted_keys(GPUFRAC_DOMAIN))
     return None
 
 
@@ -157,10 +175,9 @@ def max_container_name_length() -> int:
     return KEY_NAME_MAX - longest_key_name("")
 
 
-_DEVICE_ID = re.compile(
-    r"^(?:GPU-[0-9a-zA-Z-]{1,64}|MIG-[0-9a-zA-Z/-]{1,96}|[0-9]{1,3}"
-    r"|[a-z0-9.-]+/[a-z0-9.-]+=[A-Za-z0-9_.:-]{1,128})$"
-)
+DEVICE_ID_PATTERN = (r"^(?:GPU-[0-9a-zA-Z-]{1,64}|MIG-[0-9a-zA-Z/-]{1,96}|[0-9]{1,3}"
+                     r"|[a-z0-9.-]+/[a-z0-9.-]+=[A-Za-z0-9_.:-]{1,128})$")
+_DEVICE_ID = re.compile(DEVICE_ID_PATTERN)
 
 
 def parse_devices(text: str) -> tuple[str, ...]:
@@ -175,6 +192,12 @@ def parse_devices(text: str) -> tuple[str, ...]:
     if len(set(devices)) != len(devices):
         raise ValueError("a device listed twice")
     return devices
+
+
+def device_id(device: str) -> str:
+    """The GPU a device entry names: a CDI name (`k8s.device-plugin.nvidia.com/gpu=GPU-a`, `nvidia.com/gpu=0`) ends
+    with `=<uuid or index>`; a bare UUID or index is itself."""
+    return device.rpartition("=")[2]
 
 
 def is_container_name(name: str) -> bool:

@@ -13,5 +13,11 @@ def version() -> str:
         return "0+unknown"
 
 
+def build(image: str = "") -> str:
+    """The gpufrac build a process runs, as the agent compares it with the MPS pods': the version and, where the
+    chart says it (--image), the image reference (a new tag of the same version is another build)."""
+    return f"{version()} ({image})" if image else version()
+
+
 def build_info() -> dict[str, str]:
     return {"version": version(), "python": platform.python_version()}

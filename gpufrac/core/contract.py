@@ -6,7 +6,7 @@ One owner for each piece, so the two programs cannot drift apart:
 - the node's enforcement labels (`gpufrac.io/enforcement.<mode>` = driver | mps | none) and the pods' fractional
   label;
 - the env names injected into each fractional container (`LimitEnv`), and the values a container with no GPU gets;
-- the MPS pinned-memory limit format (`0=4096M,1=4096M`);
+- the MPS pinned-memory limit format (`0=4096M,1=4096M`), and an sm-sharing container's active-thread percentage;
 - MiB, the unit of every canonical value, and its rounding;
 - the canonical annotations themselves: `write_canonical` and `read_canonical` are inverse;
 - who the scheduler is by default (the identity allowed to write bind-time values);
@@ -19,6 +19,7 @@ Pure: no I/O besides logging. See docs/architecture.md, "The contract".
 from __future__ import annotations
 
 import logging
+import math
 import posixpath
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -145,6 +146,7 @@ class LimitEnv(StrEnum):
     MEMORY_LIMIT = "NVIDIA_GPU_MEMORY_LIMIT"
     PINNED_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
     PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
+    ACTIVE_THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"  # sm-sharing containers only
 
 
 NO_GPU = "void"  # NVIDIA_VISIBLE_DEVICES of the containers of a fractional pod that get no GPU
@@ -182,6 +184,26 @@ def parse_pinned_mem_limit(text: str) -> dict[int, int]:
     return limits
 
 
+# ---- the MPS active-thread percentage (an sm-sharing container's compute share) ----
+
+NO_COMPUTE_CAP = 100  # an sm-sharing container whose bind wrote no compute portion: all of the GPU's threads
+
+
+def active_thread_percent(portion: float) -> int:
+    """CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for a compute portion in (0, 1], as KAI's node agent computes it: floored
+    (0.336 -> 33, so three such clients never ask for more than the GPU), at least 1 (MPS reads 0 as no limit), and
+    from the binary64 number the scheduler wrote (0.29 -> 28: never above the portion)."""
+    if not 0 < portion <= 1:
+        raise ValueError(f"a compute portion is in (0, 1], not {portion!r}")
+    return max(1, math.floor(portion * 100))
+
+
+def _percent_value(text: str) -> int:
+    if not re.fullmatch(r"[0-9]{1,3}", text) or not 1 <= int(text) <= NO_COMPUTE_CAP:
+        raise ValueError("expected a whole percentage from 1 to 100")
+    return int(text)
+
+
 # ---- the canonical annotations ----
 
 
@@ -199,6 +221,7 @@ class CanonicalFraction:
     limit_mib: int | None
     pinned_mem_limit_mib: Mapping[int, int] = field(default_factory=dict)
     devices: tuple[str, ...] = ()
+    active_thread_percent: int | None = None  # sm-sharing only
 
 
 def write_canonical(fractions: Iterable[CanonicalFraction]) -> dict[str, str]:
@@ -214,6 +237,8 @@ def write_canonical(fractions: Iterable[CanonicalFraction]) -> dict[str, str]:
         if f.pinned_mem_limit_mib:
             result[canonical_key(f.container, CanonicalField.MPS_PINNED_MEM_LIMIT)] = \
                 format_pinned_mem_limit(f.pinned_mem_limit_mib)
+        if f.active_thread_percent is not None:
+            result[canonical_key(f.container, CanonicalField.ACTIVE_THREAD_PERCENT)] = str(f.active_thread_percent)
         if f.devices:
             result[nvidia_key(f.container, Field.DEVICES)] = ",".join(f.devices)
     return result
@@ -264,6 +289,7 @@ def _read_one(container: str, values: Mapping[str, str], devices: str | None) ->
         limit_mib=value(CanonicalField.LIMIT_MIB, _mib_value, None),
         pinned_mem_limit_mib=value(CanonicalField.MPS_PINNED_MEM_LIMIT, parse_pinned_mem_limit, {}),
         devices=_parsed(nvidia_key(container, Field.DEVICES), devices, parse_devices) if devices else (),
+        active_thread_percent=value(CanonicalField.ACTIVE_THREAD_PERCENT, _percent_value, None),
     )
 
 

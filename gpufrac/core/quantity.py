@@ -26,7 +26,8 @@ _QUANTITY = re.compile(
 )
 # A decimal number as users write fractions: `0.25`, `.5`, `+0.5`, `2.5e-1`. Go's strconv.ParseFloat (what KAI
 # reads them with) takes these too; NaN, infinities, hex and underscores it also takes are refused here.
-_DECIMAL_NUMBER = re.compile(r"^\+?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,4})?$")
+DECIMAL_NUMBER_PATTERN = r"^\+?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,4})?$"
+_DECIMAL_NUMBER = re.compile(DECIMAL_NUMBER_PATTERN)
 _WHOLE_NUMBER = re.compile(r"^[0-9]+$")  # strconv.ParseUint, base 10: digits only, no sign
 _SIGNED_WHOLE_NUMBER = re.compile(r"^[+-]?[0-9]+$")  # strconv.ParseInt, base 10
 _MAX_LEN = 64  # nothing legitimate is longer; bounding it keeps Decimal work trivial on hostile input

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -28,12 +29,28 @@ def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
+def _status_message(body: object) -> str:
+    """The API server's own words from a Status body (why an eviction was refused, for instance); '' if none."""
+    if isinstance(body, bytes):
+        body = body.decode(errors="replace")
+    if not isinstance(body, str):
+        return ""
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return ""
+    message = status.get("message") if isinstance(status, dict) else None
+    return message[:300] if isinstance(message, str) else ""
+
+
 @contextmanager
 def translated(what: str) -> Iterator[None]:
     """Run API calls, turning the client's exceptions into `gpufrac.kube.errors` that say `what` failed."""
     try:
         yield
     except ApiException as err:
-        raise api_error(int(err.status or 0), f"{what}: {err.status} {err.reason}") from err
+        said = _status_message(err.body)
+        detail = f": {said}" if said else ""
+        raise api_error(int(err.status or 0), f"{what}: {err.status} {err.reason}{detail}") from err
     except _UNREACHABLE as err:
         raise UnreachableError(f"{what}: {err}") from err

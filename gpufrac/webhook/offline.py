@@ -14,10 +14,10 @@ from typing import Any, TextIO
 import jsonpatch
 import yaml
 
-from gpufrac.webhook import admission, workloads
-from gpufrac.webhook.errors import BadReviewError
-from gpufrac.webhook.policy import Policy, UserInfo
-from gpufrac.webhook.review import ReviewRequest
+from gpufrac.webhook.decide import admission, workloads
+from gpufrac.webhook.decide.errors import BadReviewError
+from gpufrac.webhook.decide.policy import Policy, UserInfo
+from gpufrac.webhook.decide.review import ReviewRequest
 
 STDIN = "-"
 KINDS = ("Pod", *(w.kind for w in workloads.WORKLOADS))

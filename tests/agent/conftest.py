@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.agent.helpers import preload_fake_nvml
-from tests.fakes.build import MPS_CONTROL
-from tests.fakes.state import FakeGpuState
+from testkit.agent import FakeNode, preload_fake_nvml
+from testkit.fakes.build import MPS_CONTROL
+from testkit.fakes.state import FakeGpuState
 
 
 @pytest.fixture
@@ -21,3 +22,11 @@ def fake_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeGpuState:
 @pytest.fixture
 def mps_binary() -> str:
     return str(MPS_CONTROL)
+
+
+@pytest.fixture
+def fake_node(tmp_path: Path, fake_gpus: FakeGpuState, mps_binary: str) -> Iterator[FakeNode]:
+    """Two GPUs, two fractional pods and the agent's settings (testkit.agent.FakeNode); its agents stop after."""
+    node = FakeNode.two_pods(tmp_path, fake_gpus, mps_binary)
+    yield node
+    node.close()

@@ -4,20 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from gpufrac.agent.audit import AttributedProcess, Snapshot, attribute, audit, decide, device_assigned, usage
-from gpufrac.agent.errors import ProcReadError
-from gpufrac.agent.model import GpuProcess, ViolationKind
-from gpufrac.agent.pods import fractional_containers, index_by_container_id
-from gpufrac.agent.procfs import (
-    container_ids_in_cgroup,
-    normalize_container_id,
-    read_cgroup,
-    read_environ,
-    read_memory_limit,
-)
+from gpufrac.agent.decide.audit import AttributedProcess, Snapshot, attribute, audit, decide, device_assigned, usage
+from gpufrac.agent.decide.errors import ProcReadError
+from gpufrac.agent.decide.model import GpuProcess, ViolationKind
+from gpufrac.agent.decide.pods import fractional_containers, index_by_container_id
+from gpufrac.agent.decide.proc_text import container_ids_in_cgroup, normalize_container_id
+from gpufrac.agent.edges.procfs import read_cgroup, read_environ, read_memory_limit
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import MIB
-from tests.agent.helpers import (
+from testkit.agent import (
     UUID_A,
     UUID_B,
     canonical_annotations,
@@ -27,7 +22,7 @@ from tests.agent.helpers import (
     injected_env,
     pod,
 )
-from tests.fakes.state import CGROUP_FORMS, ProcRoot
+from testkit.fakes.state import CGROUP_FORMS, ProcRoot
 
 GPUS = {UUID_A: gpu_info(0, UUID_A), UUID_B: gpu_info(1, UUID_B)}
 
@@ -142,6 +137,12 @@ def test_a_wrong_value_is_a_mismatch(name, value):
     assert f"{name}={value}" in v.message
 
 
+def test_void_visible_devices_of_a_cdi_injected_container_is_fine():
+    # NVIDIA's CDI specs set NVIDIA_VISIBLE_DEVICES=void in the containers they give GPUs to (the NRI plugin's way)
+    c = container()
+    assert audit([attributed(c, env=injected_env(c) | {"NVIDIA_VISIBLE_DEVICES": "void"})], GPUS) == []
+
+
 def test_unreadable_environ_is_not_a_violation():
     c = container()
     assert audit([AttributedProcess(proc(100), c, None)], GPUS) == []
@@ -228,3 +229,71 @@ def test_decide_is_one_pure_step_from_a_snapshot_to_violations_and_usage():
     assert [(str(v.kind), v.container.container) for v in findings.violations] == [("memory-over-limit", "over")]
     assert {(s.container, s.used_bytes) for s in findings.usage} == {("ok", 1024 * MIB), ("over", 5000 * MIB)}
     assert decide(snapshot) == findings
+
+
+# ---- issue 25: the compute portion and CDI device names ----
+
+CDI_A = f"k8s.device-plugin.nvidia.com/gpu={UUID_A}"
+
+
+def sm_sharing(percent: int = 50, **kw):
+    return container(mode=ComputeMode.SM_SHARING, active_thread_percent=percent, **kw)
+
+
+def test_an_sm_sharing_process_carries_its_active_thread_percentage():
+    c = sm_sharing(50)
+    assert injected_env(c)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert audit([attributed(c)], GPUS) == []
+
+
+def test_a_missing_active_thread_percentage_is_a_violation_like_a_missing_memory_limit():
+    c = sm_sharing(50)
+    env = injected_env(c)
+    del env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]
+    [v] = audit([attributed(c, env=env)], GPUS)
+    assert v.kind is ViolationKind.MISSING_LIMIT_ENV and "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in v.message
+
+
+@pytest.mark.parametrize("value", ["100", "51", "0", "fifty"])
+def test_an_active_thread_percentage_other_than_the_binds_is_a_mismatch(value):
+    c = sm_sharing(50)
+    [v] = audit([attributed(c, env=injected_env(c) | {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": value})], GPUS)
+    assert v.kind is ViolationKind.LIMIT_ENV_MISMATCH
+    assert f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={value} (expected 50)" in v.message
+
+
+def test_a_time_slicing_container_is_not_held_to_a_percentage():
+    c = container()
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in injected_env(c)
+    assert audit([attributed(c, env=injected_env(c) | {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "7"})], GPUS) == []
+
+
+def test_the_agent_reads_the_percentage_from_the_canonical_annotations(tmp_path):
+    """Through the real path: the pod's annotations (the contract's writer), read_canonical, the audit."""
+    from gpufrac.core.contract import CanonicalFraction, write_canonical
+
+    annotations = write_canonical([CanonicalFraction("app", ComputeMode.SM_SHARING, 2048, 4096, {0: 4096},
+                                                     (UUID_A,), 25)])
+    assert annotations["gpufrac.io/container.app.active-thread-percent"] == "25"
+    [running] = fractional_containers(pod("p1", uid="u1", containers={"app": cid(1)}, annotations=annotations))
+    assert running.fraction.active_thread_percent == 25
+    env = injected_env(running) | {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}
+    [v] = audit([attributed(running, env=env)], GPUS)
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 (expected 25)" in v.message
+
+
+@pytest.mark.parametrize("devices", [(CDI_A,), ("nvidia.com/gpu=0",), (f"nvidia.com/gpu={UUID_A}",)])
+def test_cdi_device_names_map_to_their_gpu_in_the_audit_and_the_metrics(devices):
+    c = container(devices=devices)
+    assert audit([attributed(c)], GPUS) == []
+    [v] = audit([attributed(c, gpu=UUID_B)], GPUS)
+    assert v.kind is ViolationKind.WRONG_DEVICE
+    [sample] = usage([], [c], GPUS)  # the idle series of its GPU, found through the CDI name
+    assert sample.gpu_uuid == UUID_A
+
+
+def test_visible_devices_named_by_uuid_match_a_cdi_name_of_the_same_gpu():
+    c = container(devices=(CDI_A,))
+    assert audit([attributed(c, env=injected_env(c) | {"NVIDIA_VISIBLE_DEVICES": UUID_A})], GPUS) == []
+    [v] = audit([attributed(c, env=injected_env(c) | {"NVIDIA_VISIBLE_DEVICES": UUID_B})], GPUS)
+    assert v.kind is ViolationKind.LIMIT_ENV_MISMATCH

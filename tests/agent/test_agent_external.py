@@ -10,16 +10,18 @@ from pathlib import Path
 import pytest
 
 from e2e.toolkit.wait import wait_until
-from gpufrac.agent.agent import Agent, DaemonOwner
-from gpufrac.agent.metrics import AgentMetrics
-from gpufrac.agent.model import DaemonState
-from gpufrac.agent.mps_config import daemon_spec
-from gpufrac.agent.mps_status import read_status, write_status
-from gpufrac.agent.nvml import NvmlSource
-from gpufrac.agent.supervisor import MpsSupervisor, RestartPolicy
+from gpufrac.agent.decide.model import DaemonState
+from gpufrac.agent.decide.mps_config import daemon_spec
+from gpufrac.agent.edges.metrics import AgentMetrics
+from gpufrac.agent.edges.mps_status import read_status, write_status
+from gpufrac.agent.edges.nvml import NvmlSource
+from gpufrac.agent.edges.supervisor import MpsSupervisor, RestartPolicy
+from gpufrac.agent.programs.agent_config import DaemonOwner
+from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.cli import build_parser
 from gpufrac.core.annotations import ComputeMode
-from tests.agent.helpers import UUID_A, UUID_B, two_pod_node
+from gpufrac.core.buildinfo import build, version
+from testkit.agent import UUID_A, UUID_B, two_pod_node
 
 
 @pytest.fixture
@@ -108,7 +110,7 @@ def test_a_missing_daemon_says_where_to_look(node):
 
 
 def test_the_status_file_round_trips_and_a_torn_one_reads_as_none(tmp_path: Path):
-    from gpufrac.agent.model import DaemonStatus
+    from gpufrac.agent.decide.model import DaemonStatus
     status = DaemonStatus(ComputeMode.SM_SHARING, DaemonState.BACKOFF, False, 2, None, "exited with code 1", None)
     write_status(tmp_path, status)
     assert read_status(tmp_path, ComputeMode.SM_SHARING) == status
@@ -119,3 +121,43 @@ def test_the_status_file_round_trips_and_a_torn_one_reads_as_none(tmp_path: Path
 def test_gpufrac_mps_parses_its_flags():
     args = build_parser().parse_args(["mps", "--mode", "sm-sharing", "--restart-backoff", "2"])
     assert (args.mode, args.restart_backoff, args.quit_timeout) == (ComputeMode.SM_SHARING, 2.0, 60.0)
+
+
+def test_an_mps_pod_on_another_build_is_a_version_skew_metric_and_condition_reason_until_it_matches(node):
+    """After `helm upgrade` the OnDelete MPS pods keep their old image: the agent compares the build each `gpufrac
+    mps` reports in its status file with its own (version and --image) and says so, without taking the node out."""
+    kube, config, supervisors = node
+    config = replace(config, image="registry.example.com/gpufrac:0.2.0")
+    agent = Agent(config, kube, NvmlSource(), AgentMetrics())
+    agent.start()
+    own = build(config.image)
+    old = build("registry.example.com/gpufrac:0.1.0")
+    for supervisor in supervisors.values():
+        write_status(supervisor.spec.log_dir, replace(supervisor.status(), build=own))
+    sm = supervisors[ComputeMode.SM_SHARING]
+    write_status(sm.spec.log_dir, replace(sm.status(), build=old))
+    agent.tick()
+    skew = agent.metrics.version_skew
+    assert skew.labels(mode="sm-sharing")._value.get() == 1
+    assert skew.labels(mode="time-slicing")._value.get() == 0
+    for condition_type in ("gpufrac.io/Ready", "gpu-sharing.nvidia.com/Ready"):
+        condition = kube.last_condition(condition_type)
+        assert (condition["status"], condition["reason"]) == ("True", "MpsVersionSkew"), condition
+        assert (f"the sm-sharing MPS pod runs gpufrac {old}, the agent gpufrac {own}: replace the node's MPS pod"
+                in condition["message"]), condition["message"]
+    write_status(sm.spec.log_dir, replace(sm.status(), build=own))  # the MPS pod replaced on the new image
+    agent.tick()
+    assert skew.labels(mode="sm-sharing")._value.get() == 0
+    assert kube.last_condition()["reason"] == "FractionsEnforced"
+    (sm.spec.log_dir / "supervisor.json").unlink()  # a `gpufrac mps` from before builds were reported
+    agent.tick()
+    assert skew.labels(mode="sm-sharing")._value.get() == 1
+    assert "the sm-sharing MPS pod runs gpufrac unknown" in kube.last_condition()["message"]
+    agent.shutdown()
+
+
+def test_gpufrac_mps_reports_its_build_in_the_status_file(tmp_path: Path):
+    from gpufrac.agent.decide.model import DaemonStatus
+    from gpufrac.agent.programs.mps_service import _report
+    _report(tmp_path, DaemonStatus(ComputeMode.SM_SHARING, DaemonState.RUNNING, True, 0, pid=7), "img:1")
+    assert read_status(tmp_path, ComputeMode.SM_SHARING).build == f"{version()} (img:1)"

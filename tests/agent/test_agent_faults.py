@@ -10,23 +10,23 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
 
 from e2e.toolkit.wait import wait_until
-from gpufrac.agent.agent import Agent
-from gpufrac.agent.kube import KubeClient
-from gpufrac.agent.metrics import AgentMetrics
-from gpufrac.agent.model import DaemonState
-from gpufrac.agent.nvml import NvmlSource
-from gpufrac.agent.serve import AgentHttpServer
-from gpufrac.agent.supervisor import RestartPolicy
+from gpufrac.agent.decide.model import DaemonState
+from gpufrac.agent.edges.kube import KubeClient
+from gpufrac.agent.edges.supervisor import RestartPolicy
+from gpufrac.agent.programs.node_agent import probe_server
+from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import MIB
-from tests.agent.helpers import UUID_A, UUID_B, FakeKube, cid, env_for, scrape, two_pod_node, value
+from testkit.agent import UUID_A, UUID_B, FakeKube, FakeNode, cid, env_for, scrape, value
 
 
 def http(port: int, path: str) -> tuple[int, str]:
@@ -44,7 +44,7 @@ class Running:
         self.agent = agent
         self.stop = threading.Event()
         self.errors: list[BaseException] = []
-        self.server = AgentHttpServer("127.0.0.1:0", agent.metrics.registry, agent.healthz, agent.readyz)
+        self.server = probe_server("127.0.0.1:0", agent.metrics, agent)
         self.server.start()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -81,26 +81,27 @@ def condition(kube: FakeKube) -> dict:
 
 
 @pytest.fixture
-def world(tmp_path: Path, fake_gpus, mps_binary):
-    fake_gpus.gpu(UUID_A, memory_total_mib=80000).gpu(UUID_B, memory_total_mib=80000)
-    proc, kube, config = two_pod_node(tmp_path, mps_binary, RestartPolicy(0.05, 0.2, 3, 300.0))
-    proc.add(4242, cid(1), env_for("time-slicing", 20000, 20000, UUID_A))
-    proc.add(5151, cid(2), env_for("sm-sharing", 16000, 10000, UUID_B))
-    fake_gpus.processes(UUID_A, [{"pid": 4242, "used_memory_mib": 2048, "sm_util": 10}])
-    fake_gpus.processes(UUID_B, [{"pid": 5151, "used_memory_mib": 4096, "sm_util": 12}])
+def world(fake_node: FakeNode) -> FakeNode:
+    """Each pod's container has a process on its GPU; the daemons restart fast and give up after 3 crashes."""
+    fake_node.config = replace(fake_node.config, restart_policy=RestartPolicy(0.05, 0.2, 3, 300.0))
+    fake_node.proc.add(4242, cid(1), env_for("time-slicing", 20000, 20000, UUID_A))
+    fake_node.proc.add(5151, cid(2), env_for("sm-sharing", 16000, 10000, UUID_B))
+    fake_node.gpus.processes(UUID_A, [{"pid": 4242, "used_memory_mib": 2048, "sm_util": 10}])
+    fake_node.gpus.processes(UUID_B, [{"pid": 5151, "used_memory_mib": 4096, "sm_util": 12}])
+    return fake_node
+
+
+@pytest.fixture
+def start(world: FakeNode) -> Iterator[Callable[..., Running]]:
+    """Start an agent's real loop on the node (its API `kube_sink`, default the node's); closed after the test."""
     running: list[Running] = []
 
-    def start(kube_sink=kube, **changes) -> Running:
-        r = Running(Agent(replace(config, **changes), kube_sink, NvmlSource(), AgentMetrics(node=config.node)))
+    def start(kube_sink: Any = None, **changes: Any) -> Running:
+        r = Running(world.agent(kube_sink, **changes))
         running.append(r)
         return r
 
-    class World:
-        pass
-
-    w = World()
-    w.gpus, w.proc, w.kube, w.start, w.tmp = fake_gpus, proc, kube, start, tmp_path
-    yield w
+    yield start
     for r in running:
         r.close()
 
@@ -113,11 +114,11 @@ def records(log_dir: Path) -> list[dict]:
 # ---- the MPS daemon crashes at once, again and again ----
 
 
-def test_daemon_crash_loop_exhausts_its_budget_and_the_agent_keeps_serving(world):
+def test_daemon_crash_loop_exhausts_its_budget_and_the_agent_keeps_serving(world, start):
     log_dir = world.tmp / "log" / "sm-sharing"
     log_dir.mkdir(parents=True)
     (log_dir / "fake-crash").write_text("")  # every start of the sm-sharing daemon exits 1 at once
-    r = world.start()
+    r = start()
     agent = r.agent
 
     def failed():
@@ -176,10 +177,10 @@ class ApiServerDown(FakeKube):
         self.create_event = self.real.create_event
 
 
-def test_unreachable_api_server_does_not_stop_the_loop(world):
+def test_unreachable_api_server_does_not_stop_the_loop(world, start):
     world.proc.add(4343, cid(1), env_for("time-slicing", 20000, 20000, UUID_A))
     kube = ApiServerDown(world.kube)
-    r = world.start(kube)
+    r = start(kube)
     # whole iterations complete: publishing fails, the audit and the metrics go on
     r.ticks_advance()
     r.ticks_advance()
@@ -214,8 +215,8 @@ def test_unreachable_api_server_does_not_stop_the_loop(world):
 # ---- NVML errors, a GPU that disappears, a broken state file ----
 
 
-def test_nvml_error_and_a_lost_gpu_while_running(world):
-    r = world.start()
+def test_nvml_error_and_a_lost_gpu_while_running(world, start):
+    r = start()
     m = r.agent.metrics
     train = {"namespace": "team-a", "pod": "train", "container": "app", "UUID": UUID_A, "Hostname": "gpu-node-1"}
     infer = {"namespace": "team-a", "pod": "infer", "container": "worker", "UUID": UUID_B, "Hostname": "gpu-node-1"}
@@ -264,13 +265,13 @@ def test_nvml_error_and_a_lost_gpu_while_running(world):
     ("corrupt", "Unknown Error"),
     ("truncated", "Unknown Error"),
 ])
-def test_broken_state_file_is_a_clear_condition_not_a_crash(world, breakage, text):
+def test_broken_state_file_is_a_clear_condition_not_a_crash(world, start, breakage, text):
     good = world.gpus.path.read_text()
     if breakage == "missing":
         world.gpus.path.unlink()
     else:
         world.gpus.path.write_text("{not json" if breakage == "corrupt" else good[: len(good) // 2])
-    r = world.start()
+    r = start()
     cond = wait_until(lambda: (c := condition(world.kube)).get("reason") == "NvmlUnavailable" and c,
                     what="NvmlUnavailable")
     assert cond["status"] == "False" and text in cond["message"]

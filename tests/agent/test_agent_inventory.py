@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from gpufrac.agent import capabilities
-from gpufrac.agent.errors import NvmlError
-from gpufrac.agent.model import DaemonState, DaemonStatus, Inventory
-from gpufrac.agent.nvml import NvmlSource
+from gpufrac.agent.decide import capabilities
+from gpufrac.agent.decide.errors import NvmlError
+from gpufrac.agent.decide.model import DaemonState, DaemonStatus, Inventory
+from gpufrac.agent.edges.nvml import NvmlSource
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import Enforcement
-from tests.agent.helpers import UUID_A, UUID_B, gpu_info
+from testkit.agent import UUID_A, UUID_B, gpu_info
 
 TS, SM = ComputeMode.TIME_SLICING, ComputeMode.SM_SHARING
 BOTH = (TS, SM)
@@ -172,7 +172,7 @@ def test_condition_without_nvml_or_gpus():
 def test_condition_memory_budget_problem():
     inv = inventory("615.20", 13040, gpus=8)
     daemons = {TS: up(TS), SM: up(SM)}
-    from gpufrac.agent.mps_config import memory_problem
+    from gpufrac.agent.decide.mps_config import memory_problem
     problem = memory_problem(256 * 1024 * 1024, 8, 2)
     assert problem is not None and "1152Mi" in problem
     assert memory_problem(2048 * 1024 * 1024, 8, 2) is None

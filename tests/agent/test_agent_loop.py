@@ -5,58 +5,39 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from e2e.toolkit.wait import wait_until
-from gpufrac.agent.agent import Agent
-from gpufrac.agent.metrics import AgentMetrics
-from gpufrac.agent.nvml import NvmlSource
-from gpufrac.agent.serve import AgentHttpServer
-from gpufrac.agent.supervisor import RestartPolicy
+from gpufrac.agent.programs.node_agent import probe_server
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import MIB
-from tests.agent.helpers import UUID_A, UUID_B, cid, env_for, scrape, two_pod_node, value
+from testkit.agent import UUID_A, UUID_B, FakeNode, cid, env_for, scrape, value
+
+# KAI's two names for the node condition its NvFractions mode gates placement on: the agent must publish both.
+KAI_TYPES = ("gpu-sharing.nvidia.com/Ready", "gpu-fractioning.nvidia.com/Ready")
 
 
 @pytest.fixture
-def world(tmp_path: Path, fake_gpus, mps_binary):
-    fake_gpus.gpu(UUID_A, memory_total_mib=80000).gpu(UUID_B, memory_total_mib=80000)
-    proc, kube, config = two_pod_node(tmp_path, mps_binary, RestartPolicy(0.01, 0.05, 3, 300.0))
-    agents: list[Agent] = []
-
-    def make_agent(**changes) -> Agent:
-        from dataclasses import replace
-        metrics = AgentMetrics(node=config.node)
-        agent = Agent(replace(config, **changes), kube, NvmlSource(), metrics)
-        agent.start()
-        agent.pods.synced.wait(10)
-        agents.append(agent)
-        return agent
-
-    class World:
-        pass
-
-    w = World()
-    w.gpus, w.proc, w.kube, w.make_agent, w.tmp = fake_gpus, proc, kube, make_agent, tmp_path
-    yield w
-    for agent in agents:
-        agent.shutdown()
+def world(fake_node: FakeNode) -> FakeNode:
+    return fake_node
 
 
 def test_labels_condition_and_daemons(world):
-    agent = world.make_agent()
+    agent = world.start_agent()
     agent.tick()
     wait_until(lambda: all(s.up for s in agent.daemon_statuses().values()) and len(agent.daemon_statuses()) == 2)
     agent.tick()
     assert world.kube.labels == {
         "gpufrac.io/driver-version.major": "615", "gpufrac.io/gpu-count": "2",
-        "gpufrac.io/enforcement.time-slicing": "driver", "gpufrac.io/enforcement.sm-sharing": "driver"}
+        "gpufrac.io/enforcement.time-slicing": "driver", "gpufrac.io/enforcement.sm-sharing": "driver",
+        "gpufrac.io/gpu-memory-usable-mib.NVIDIA-H200": "80000"}  # no reserve in the fake's state, no MPS server
     last = world.kube.last_condition()
     assert (last["type"], last["status"], last["reason"]) == ("gpufrac.io/Ready", "True", "FractionsEnforced")
-    kai = world.kube.last_condition("gpu-sharing.nvidia.com/Ready")
-    assert (kai["status"], kai["reason"]) == ("True", "FractionsEnforced"), "KAI's NvFractions gate follows ours"
+    for kai_type in KAI_TYPES:  # both names of KAI's NvFractions gate follow ours
+        kai = world.kube.last_condition(kai_type)
+        assert (kai["status"], kai["reason"], kai["message"]) == ("True", "FractionsEnforced", last["message"]), \
+            kai_type
     assert agent.node_dirs().not_served == dict.fromkeys(ComputeMode)
     for mode in ("time-slicing", "sm-sharing"):
         assert value(agent.metrics, "gpufrac_mps_daemon_up", mode=mode) == 1
@@ -75,7 +56,7 @@ def test_old_driver_labels_and_only_the_sm_sharing_daemon(world):
     stale = world.tmp / "mps" / "time-slicing" / "control"  # from a daemon under a former r615 driver
     stale.parent.mkdir(parents=True)
     stale.write_text("")
-    agent = world.make_agent()
+    agent = world.start_agent()
     agent.tick()
     wait_until(lambda: agent.daemon_statuses()[ComputeMode.SM_SHARING].up)
     agent.tick()
@@ -97,7 +78,7 @@ def test_usage_metrics_per_fraction(world):
                                   {"pid": 4343, "used_memory_mib": 1024, "sm_util": 5},
                                   {"pid": 9999, "used_memory_mib": 512, "sm_util": 50}])
     world.gpus.processes(UUID_B, [{"pid": 5151, "used_memory_mib": 4096, "sm_util": 12}])
-    agent = world.make_agent()
+    agent = world.start_agent()
     agent.tick()
     m = agent.metrics
     train = {"namespace": "team-a", "pod": "train", "container": "app", "UUID": UUID_A, "Hostname": "gpu-node-1"}
@@ -121,7 +102,7 @@ def test_usage_metrics_per_fraction(world):
 
 
 def test_a_pod_whose_canonical_values_do_not_parse_is_counted(world):
-    agent = world.make_agent()
+    agent = world.start_agent()
     agent.tick()
     assert value(agent.metrics, "gpufrac_unreadable_canonical_containers") == 0
     world.kube.pods[1]["metadata"]["annotations"]["gpufrac.io/container.worker.gpu-memory.limit-mib"] = "16Gi"
@@ -133,7 +114,7 @@ def test_a_pod_whose_canonical_values_do_not_parse_is_counted(world):
 def test_over_limit_becomes_one_event_even_across_agent_restarts(world):
     world.proc.add(4242, cid(1), env_for("time-slicing", 20000, 20000, UUID_A))
     world.gpus.processes(UUID_A, [{"pid": 4242, "used_memory_mib": 25000, "sm_util": 90}])
-    agent = world.make_agent()
+    agent = world.start_agent()
     agent.tick()
     agent.tick()
     [event] = world.kube.events.values()
@@ -148,7 +129,7 @@ def test_over_limit_becomes_one_event_even_across_agent_restarts(world):
     assert world.kube.create_event_calls == calls  # remembered: not even re-sent
     # a restarted agent tries once, finds the event by its name, and adds nothing
     agent.shutdown()
-    again = world.make_agent()
+    again = world.start_agent()
     again.tick()
     again.tick()
     assert len(world.kube.events) == 1
@@ -161,7 +142,7 @@ def test_missing_env_and_eviction(world):
     del env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]
     world.proc.add(4242, cid(1), env)
     world.gpus.processes(UUID_A, [{"pid": 4242, "used_memory_mib": 100, "sm_util": 1}])
-    agent = world.make_agent(evict_on_violation=True)
+    agent = world.start_agent(evict_on_violation=True)
     agent.tick()
     agent.tick()
     [event] = world.kube.events.values()
@@ -170,12 +151,29 @@ def test_missing_env_and_eviction(world):
     assert world.kube.evictions == [("team-a", "train")]  # once, though seen on two loops
 
 
+def test_an_sm_sharing_process_without_its_binds_active_thread_percentage_is_an_event(world):
+    """The compute portion the bind wrote (here 0.5: active-thread-percent 50) is checked like the memory limits, in
+    the environ the agent reads from /proc."""
+    infer = next(p for p in world.kube.pods if p["metadata"]["name"] == "infer")
+    infer["metadata"]["annotations"]["gpufrac.io/container.worker.active-thread-percent"] = "50"
+    world.proc.add(5151, cid(2), env_for("sm-sharing", 16000, 10000, UUID_B) |
+                   {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"})
+    world.proc.add(5252, cid(2), env_for("sm-sharing", 16000, 10000, UUID_B) |
+                   {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"})
+    world.gpus.processes(UUID_B, [{"pid": 5151, "used_memory_mib": 100}, {"pid": 5252, "used_memory_mib": 100}])
+    agent = world.start_agent()
+    agent.tick()
+    [event] = world.kube.events.values()
+    assert (event["involvedObject"]["name"], event["reason"]) == ("infer", "GPULimitEnvMismatch")
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 (expected 50)" in event["message"]
+
+
 def test_mixed_modes_and_wrong_device(world):
     # the sm-sharing pod's process shows up on GPU A, where the time-slicing pod runs
     world.proc.add(4242, cid(1), env_for("time-slicing", 20000, 20000, UUID_A))
     world.proc.add(5151, cid(2), env_for("sm-sharing", 16000, 10000, UUID_B))
     world.gpus.processes(UUID_A, [{"pid": 4242, "used_memory_mib": 100}, {"pid": 5151, "used_memory_mib": 100}])
-    agent = world.make_agent(evict_on_violation=True)
+    agent = world.start_agent(evict_on_violation=True)
     agent.tick()
     reasons = sorted((e["involvedObject"]["name"], e["reason"]) for e in world.kube.events.values())
     assert reasons == [("infer", "GPUComputeModesMixed"), ("infer", "GPUDeviceNotAssigned"),
@@ -185,7 +183,7 @@ def test_mixed_modes_and_wrong_device(world):
 
 
 def test_killed_daemon_is_restarted_and_counted(world):
-    agent = world.make_agent()
+    agent = world.start_agent()
     agent.tick()
     sup = agent.supervisors[ComputeMode.SM_SHARING]
     wait_until(lambda: sup.status().up)
@@ -200,7 +198,7 @@ def test_killed_daemon_is_restarted_and_counted(world):
 
 
 def test_exhausted_daemon_makes_the_node_not_ready(world):
-    agent = world.make_agent()
+    agent = world.start_agent()
     (world.tmp / "log" / "sm-sharing").mkdir(parents=True)
     (world.tmp / "log" / "sm-sharing" / "fake-crash").write_text("")
     agent.tick()
@@ -210,8 +208,9 @@ def test_exhausted_daemon_makes_the_node_not_ready(world):
     last = world.kube.last_condition()
     assert (last["status"], last["reason"]) == ("False", "MpsDaemonFailed")
     assert "restarted 3 times in a row" in last["message"]
-    kai = world.kube.last_condition("gpu-sharing.nvidia.com/Ready")
-    assert (kai["status"], kai["reason"], kai["message"]) == ("False", "MpsDaemonFailed", last["message"])
+    for kai_type in KAI_TYPES:
+        kai = world.kube.last_condition(kai_type)
+        assert (kai["status"], kai["reason"], kai["message"]) == ("False", "MpsDaemonFailed", last["message"]), kai_type
     assert world.kube.labels["gpufrac.io/enforcement.sm-sharing"] == "none"
     ok, text = agent.readyz()
     assert not ok and "sm-sharing MPS daemon failed" in text
@@ -221,18 +220,18 @@ def test_exhausted_daemon_makes_the_node_not_ready(world):
 
 
 def test_the_kai_condition_type_is_configurable_and_can_be_left_out(world):
-    agent = world.make_agent(extra_condition_types=("gpu-fractioning.nvidia.com/Ready",))
+    agent = world.start_agent(extra_condition_types=("gpu-fractioning.nvidia.com/Ready",))
     agent.tick()
     types = {c["type"] for c in world.kube.conditions}
     assert types == {"gpufrac.io/Ready", "gpu-fractioning.nvidia.com/Ready"}
     world.kube.conditions.clear()
-    world.make_agent(extra_condition_types=()).tick()
+    world.start_agent(extra_condition_types=()).tick()
     assert {c["type"] for c in world.kube.conditions} == {"gpufrac.io/Ready"}
 
 
 def test_nvml_down_is_reported_not_fatal(world):
     world.gpus.set(error=9)
-    agent = world.make_agent()
+    agent = world.start_agent()
     agent.tick()
     last = world.kube.last_condition()
     assert (last["status"], last["reason"]) == ("False", "NvmlUnavailable")
@@ -247,7 +246,7 @@ def test_nvml_down_is_reported_not_fatal(world):
 
 def test_memory_budget_check(world):
     (world.tmp / "memory.max").write_text(str(128 * MIB))
-    agent = world.make_agent()
+    agent = world.start_agent()
     agent.tick()
     wait_until(lambda: all(s.up for s in agent.daemon_statuses().values()))
     agent.tick()
@@ -257,7 +256,7 @@ def test_memory_budget_check(world):
 
 
 def test_shutdown_quits_daemons_and_marks_the_node_unknown(world):
-    agent = world.make_agent()
+    agent = world.start_agent()
     agent.tick()
     wait_until(lambda: all(s.up for s in agent.daemon_statuses().values()))
     sups = list(agent.supervisors.values())
@@ -268,14 +267,16 @@ def test_shutdown_quits_daemons_and_marks_the_node_unknown(world):
         assert not sup.killed
     last = world.kube.last_condition()
     assert (last["status"], last["reason"]) == ("Unknown", "AgentStopped")
-    assert world.kube.last_condition("gpu-sharing.nvidia.com/Ready")["status"] == "Unknown"
+    for kai_type in KAI_TYPES:
+        assert (world.kube.last_condition(kai_type)["status"], world.kube.last_condition(kai_type)["reason"]) == \
+            ("Unknown", "AgentStopped"), kai_type
     assert world.kube.labels["gpufrac.io/enforcement.sm-sharing"] == "none"
     assert value(agent.metrics, "gpufrac_mps_daemon_up", mode="sm-sharing") == 0
 
 
 def test_http_endpoints(world):
-    agent = world.make_agent()
-    server = AgentHttpServer("127.0.0.1:0", agent.metrics.registry, agent.healthz, agent.readyz)
+    agent = world.start_agent()
+    server = probe_server("127.0.0.1:0", agent.metrics, agent)
     server.start()
     try:
         base = f"http://127.0.0.1:{server.port}"

@@ -5,17 +5,18 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import threading
+from types import SimpleNamespace
 
 import pytest
 
-from gpufrac.agent.capabilities import CONDITION_TYPE
-from gpufrac.agent.cli import add_arguments, config_from_args
-from gpufrac.agent.errors import ConfigError
-from gpufrac.agent.kube import pod_selectors
-from gpufrac.agent.model import ConditionStatus, NodeCondition
-from gpufrac.agent.node import NodePublisher
-from gpufrac.agent.podwatch import PodCache, apply_event
-from gpufrac.agent.serve import parse_bind
+from gpufrac.agent.decide.capabilities import CONDITION_TYPE
+from gpufrac.agent.decide.errors import ConfigError
+from gpufrac.agent.decide.model import ConditionStatus, NodeCondition
+from gpufrac.agent.edges.kube import pod_selectors
+from gpufrac.agent.edges.metrics import AgentMetrics
+from gpufrac.agent.edges.node import NodePublisher
+from gpufrac.agent.edges.podwatch import PodCache, apply_event
+from gpufrac.agent.programs.node_agent import add_arguments, config_from_args, probe_server
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.kube.errors import ApiError, GoneError
 
@@ -159,14 +160,16 @@ def test_cli_flags(monkeypatch):
     assert config_from_args(parse()).node == "from-env"
 
 
-def test_bind_parsing():
-    assert parse_bind("0.0.0.0:9400") == ("0.0.0.0", 9400)
-    # No host: the any-address of the pod's family.
-    assert parse_bind(":9475", pod_ip="10.0.0.7") == ("0.0.0.0", 9475)
-    assert parse_bind(":9475", pod_ip="fd00::7") == ("::", 9475)
-    assert parse_bind("[::1]:9400") == ("::1", 9400)
-    with pytest.raises(ConfigError):
-        parse_bind("9400")
+def test_a_bad_or_taken_metrics_bind_is_a_config_error_naming_the_flag():
+    probes = SimpleNamespace(healthz=lambda: (True, "ok"), readyz=lambda: (True, "ok"))
+    with pytest.raises(ConfigError, match=r"^--metrics-bind 9400: expected HOST:PORT, e\.g\. :9475"):
+        probe_server("9400", AgentMetrics(), probes)
+    taken = probe_server("127.0.0.1:0", AgentMetrics(), probes)
+    try:
+        with pytest.raises(ConfigError, match=rf"^--metrics-bind 127\.0\.0\.1:{taken.port}: .*in use"):
+            probe_server(f"127.0.0.1:{taken.port}", AgentMetrics(), probes)
+    finally:
+        taken.server.server_close()
 
 
 def test_gpufrac_agent_command_is_wired():

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from e2e.toolkit.wait import wait_until
-from gpufrac.agent.model import DaemonState
-from gpufrac.agent.mps_config import daemon_spec, render_config
-from gpufrac.agent.supervisor import MpsSupervisor, RestartPolicy, initial_budget, next_restart, remove_stale
+from gpufrac.agent.decide.model import DaemonState
+from gpufrac.agent.decide.mps_config import daemon_spec, render_config
+from gpufrac.agent.edges.supervisor import MpsSupervisor, RestartPolicy, initial_budget, next_restart, remove_stale
 from gpufrac.core.annotations import ComputeMode
 
 TS, SM = ComputeMode.TIME_SLICING, ComputeMode.SM_SHARING

@@ -8,18 +8,26 @@ from typing import Any
 
 import pytest
 
-from gpufrac.agent import withdraw as withdraw_module
-from gpufrac.agent.capabilities import CONDITION_TYPE, KAI_CONDITION_TYPE, node_labels
-from gpufrac.agent.model import Inventory
-from gpufrac.agent.withdraw import AGENT_LABELS, Plan, Workload, condition_types, leftover, withdraw
+from gpufrac.agent.decide.capabilities import CONDITION_TYPE, node_labels, ready_condition_types
+from gpufrac.agent.decide.model import Inventory
+from gpufrac.agent.programs import withdraw as withdraw_module
+from gpufrac.agent.programs.withdraw import (
+    AGENT_LABELS,
+    ReleaseDaemonSet,
+    WithdrawalPlan,
+    condition_types,
+    leftover,
+    withdraw,
+)
 from gpufrac.cli import build_parser
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import Enforcement
 from gpufrac.kube.errors import UnreachableError
-from tests.agent.helpers import UUID_A, UUID_B, gpu_info
+from testkit.agent import UUID_A, UUID_B, gpu_info
 
-AGENTS = Workload("gpufrac-agent", "app.kubernetes.io/component=agent")
-MPS = Workload("gpufrac-mps", "app.kubernetes.io/component=mps")
+KAI_CONDITION_TYPE, KAI_FRACTIONING_TYPE = "gpu-sharing.nvidia.com/Ready", "gpu-fractioning.nvidia.com/Ready"
+AGENTS = ReleaseDaemonSet("gpufrac-agent", "app.kubernetes.io/component=agent")
+MPS = ReleaseDaemonSet("gpufrac-mps", "app.kubernetes.io/component=mps")
 KUBELET_LABELS = {"kubernetes.io/hostname": "gpu-1", "nvidia.com/gpu.present": "true"}
 
 
@@ -61,6 +69,11 @@ class FakeApi:
         for key in keys:
             self.nodes[name]["metadata"]["labels"].pop(key)
 
+    def delete_secret(self, namespace: str, name: str) -> bool:
+        assert self.pods[MPS.selector] == 0, "the CA Secret deleted before the MPS daemons stopped"
+        self.calls.append(("secret", namespace, name))
+        return True
+
     def remove_node_conditions(self, name: str, types: tuple[str, ...]) -> None:
         self.calls.append(("conditions", name, *types))
         status = self.nodes[name]["status"]
@@ -90,7 +103,7 @@ def published() -> dict[str, str]:
     return node_labels(inventory, dict.fromkeys(ComputeMode, Enforcement.DRIVER))
 
 
-def run(api: FakeApi, plan: Plan) -> tuple[withdraw_module.Outcome, Clock]:
+def run(api: FakeApi, plan: WithdrawalPlan) -> tuple[withdraw_module.WithdrawalOutcome, Clock]:
     clock = Clock()
     return withdraw(api, plan, clock=clock, sleep=clock.sleep), clock
 
@@ -101,15 +114,17 @@ def test_every_label_the_agent_publishes_is_withdrawn() -> None:
 
 def test_the_agents_stop_first_then_their_labels_and_conditions_go_then_the_mps_daemons() -> None:
     api = FakeApi([
-        node("gpu-1", KUBELET_LABELS | published(), ("Ready", CONDITION_TYPE, KAI_CONDITION_TYPE)),
+        node("gpu-1", KUBELET_LABELS | published(),
+             ("Ready", CONDITION_TYPE, KAI_CONDITION_TYPE, KAI_FRACTIONING_TYPE)),
         node("cpu-1", {"kubernetes.io/hostname": "cpu-1"}, ("Ready",)),
     ])
-    outcome, clock = run(api, Plan("gpufrac-system", AGENTS, MPS, condition_types((KAI_CONDITION_TYPE,)), 60, 1))
+    types = condition_types(ready_condition_types(None))  # the default: both of KAI's names
+    outcome, clock = run(api, WithdrawalPlan("gpufrac-system", AGENTS, MPS, types, 60, 1))
     assert outcome.nodes == ["gpu-1"]
     assert api.calls == [
         ("delete", "gpufrac-system", "gpufrac-agent"),
         ("labels", "gpu-1", *AGENT_LABELS),
-        ("conditions", "gpu-1", CONDITION_TYPE, KAI_CONDITION_TYPE),
+        ("conditions", "gpu-1", CONDITION_TYPE, KAI_CONDITION_TYPE, KAI_FRACTIONING_TYPE),
         ("delete", "gpufrac-system", "gpufrac-mps"),
     ]
     assert api.labels("gpu-1") == KUBELET_LABELS and api.condition_types("gpu-1") == {"Ready"}
@@ -121,30 +136,41 @@ def test_the_agents_stop_first_then_their_labels_and_conditions_go_then_the_mps_
 def test_only_the_configured_condition_types_are_removed() -> None:
     other = "gpu-fractioning.nvidia.com/Ready"
     api = FakeApi([node("gpu-1", published(), (CONDITION_TYPE, KAI_CONDITION_TYPE, other))])
-    run(api, Plan("ns", AGENTS, None, condition_types((other,))))
+    run(api, WithdrawalPlan("ns", AGENTS, None, condition_types((other,))))
     assert api.condition_types("gpu-1") == {KAI_CONDITION_TYPE}  # published by someone else on this cluster
     api = FakeApi([node("gpu-1", published(), (CONDITION_TYPE, KAI_CONDITION_TYPE))])
-    run(api, Plan("ns", AGENTS, None, condition_types(())))
+    run(api, WithdrawalPlan("ns", AGENTS, None, condition_types(())))
     assert api.condition_types("gpu-1") == {KAI_CONDITION_TYPE}
 
 
 def test_a_node_with_only_a_condition_left_loses_it_and_untouched_nodes_get_no_patch() -> None:
     api = FakeApi([node("gpu-1", {}, (CONDITION_TYPE,)), node("gpu-2", {}, ("Ready",))])
-    outcome, _ = run(api, Plan("ns", AGENTS, None, condition_types(())))
+    outcome, _ = run(api, WithdrawalPlan("ns", AGENTS, None, condition_types(())))
     assert outcome.nodes == ["gpu-1"]
     assert [c for c in api.calls if c[0] != "delete"] == [("conditions", "gpu-1", CONDITION_TYPE)]
 
 
+def test_the_ca_secret_goes_last_and_only_when_named() -> None:
+    api = FakeApi([node("gpu-1", published(), (CONDITION_TYPE,))], polls_to_go={AGENTS.selector: 0, MPS.selector: 0})
+    run(api, WithdrawalPlan("ns", AGENTS, MPS, secret="gpufrac-webhook-tls"))
+    assert api.calls[-1] == ("secret", "ns", "gpufrac-webhook-tls")
+    kept = FakeApi([node("gpu-1", published(), (CONDITION_TYPE,))])
+    run(kept, WithdrawalPlan("ns", AGENTS, MPS))
+    assert not [c for c in kept.calls if c[0] == "secret"]
+    plan = withdraw_module.plan_from_args(parse(*REQUIRED, "--delete-secret", "gpufrac-webhook-tls"))
+    assert plan.secret == "gpufrac-webhook-tls"
+
+
 def test_without_an_mps_daemonset_only_the_agents_are_stopped() -> None:
     api = FakeApi([node("gpu-1", published(), (CONDITION_TYPE,))])
-    outcome, _ = run(api, Plan("ns", AGENTS))
+    outcome, _ = run(api, WithdrawalPlan("ns", AGENTS))
     assert [c for c in api.calls if c[0] == "delete"] == [("delete", "ns", "gpufrac-agent")]
     assert outcome.mps_stopped_s is None and api.pods[MPS.selector] == 2
 
 
 def test_agents_that_outlive_the_timeout_are_logged_and_the_rest_is_done(caplog: pytest.LogCaptureFixture) -> None:
     api = FakeApi([node("gpu-1", published(), (CONDITION_TYPE,))], polls_to_go={AGENTS.selector: None})
-    outcome, clock = run(api, Plan("ns", AGENTS, MPS, timeout=30, poll=2))
+    outcome, clock = run(api, WithdrawalPlan("ns", AGENTS, MPS, timeout=30, poll=2))
     assert outcome.agents_stopped_s is None and 30 <= clock.now < 40
     assert api.labels("gpu-1") == {} and api.condition_types("gpu-1") == set()
     assert outcome.mps_stopped_s is not None
@@ -153,11 +179,18 @@ def test_agents_that_outlive_the_timeout_are_logged_and_the_rest_is_done(caplog:
 
 def test_a_second_run_finds_nothing_left_and_patches_nothing() -> None:
     api = FakeApi([node("gpu-1", published(), (CONDITION_TYPE, KAI_CONDITION_TYPE))])
-    plan = Plan("ns", AGENTS, MPS, condition_types((KAI_CONDITION_TYPE,)))
+    plan = WithdrawalPlan("ns", AGENTS, MPS, condition_types((KAI_CONDITION_TYPE,)))
     run(api, plan)
     api.calls.clear()
     outcome, _ = run(api, plan)  # the hook's Job restarted after a failure, or run by hand after --no-hooks
     assert outcome.nodes == [] and [c[0] for c in api.calls] == ["delete", "delete"]
+
+
+def test_the_usable_memory_labels_of_every_gpu_model_are_withdrawn() -> None:
+    usable = {"gpufrac.io/gpu-memory-usable-mib.NVIDIA-H200": "139000",
+              "gpufrac.io/gpu-memory-usable-mib.NVIDIA-L4": "22000"}
+    found = leftover(node("n", KUBELET_LABELS | published() | usable, ()), (CONDITION_TYPE,))
+    assert found is not None and found.labels == (*AGENT_LABELS, *sorted(usable))
 
 
 def test_leftover_reads_a_node_without_labels_or_status() -> None:
@@ -181,7 +214,8 @@ REQUIRED = ("--namespace", "gpufrac-system", "--agent-daemonset", AGENTS.name, "
 
 
 def test_the_flags_follow_the_agents_condition_types() -> None:
-    assert withdraw_module.plan_from_args(parse(*REQUIRED)).condition_types == (CONDITION_TYPE, KAI_CONDITION_TYPE)
+    assert withdraw_module.plan_from_args(parse(*REQUIRED)).condition_types == (CONDITION_TYPE, KAI_CONDITION_TYPE,
+                                                                                KAI_FRACTIONING_TYPE)
     plan = withdraw_module.plan_from_args(parse(*REQUIRED, "--ready-condition-type", "", "--mps-daemonset", MPS.name,
                                                 "--mps-selector", MPS.selector))
     assert plan.condition_types == (CONDITION_TYPE,) and plan.mps == MPS
@@ -190,13 +224,13 @@ def test_the_flags_follow_the_agents_condition_types() -> None:
 def test_the_command_logs_one_json_summary(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
     api = FakeApi([node("gpu-1", published(), (CONDITION_TYPE, KAI_CONDITION_TYPE))], polls_to_go={
         AGENTS.selector: 0, MPS.selector: 0})
-    monkeypatch.setattr("gpufrac.agent.kube.KubeClient.from_config", classmethod(lambda cls, path: api))
+    monkeypatch.setattr("gpufrac.agent.edges.kube.KubeClient.from_config", classmethod(lambda cls, path: api))
     args = parse(*REQUIRED, "--mps-daemonset", MPS.name, "--mps-selector", MPS.selector)
     assert args.func(args) == 0
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
     assert {"time", "level", "logger", "message"} <= set(lines[-1])
     summary = lines[-1]
-    assert summary["logger"] == "gpufrac.agent.withdraw" and summary["nodes"] == ["gpu-1"]
+    assert summary["logger"] == "gpufrac.agent.programs.withdraw" and summary["nodes"] == ["gpu-1"]
     # Seconds each stop took: no pods to wait for, so no poll, but a loaded machine still spends a few ms.
     assert all(isinstance(summary[k], (int, float)) and 0 <= summary[k] < 1
                for k in ("agents_stopped_s", "mps_stopped_s"))
@@ -209,7 +243,7 @@ def test_an_api_failure_is_one_error_line_and_exit_1(monkeypatch: pytest.MonkeyP
         def delete_daemonset(self, namespace: str, name: str) -> bool:
             raise UnreachableError(f"deleting daemonset {namespace}/{name}: connection refused")
 
-    monkeypatch.setattr("gpufrac.agent.kube.KubeClient.from_config", classmethod(lambda cls, path: Down([])))
+    monkeypatch.setattr("gpufrac.agent.edges.kube.KubeClient.from_config", classmethod(lambda cls, path: Down([])))
     args = parse(*REQUIRED)
     assert args.func(args) == 1
     [line] = capsys.readouterr().err.splitlines()

@@ -66,3 +66,40 @@ def test_the_agent_logs_in_the_same_schema() -> None:
     [line] = [json.loads(text) for text in result.stderr.splitlines()]
     assert (line["level"], line["logger"]) == ("error", "gpufrac.agent") and TIME.fullmatch(line["time"])
     assert "--node is required" in line["message"]
+
+
+def test_the_text_format_writes_the_same_fields_for_a_terminal() -> None:
+    from gpufrac.core.jsonlog import TextFormatter
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(TextFormatter())
+    logger = logging.getLogger("gpufrac.text")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        with log_context(uid="u-1"):
+            logger.warning("daemon %s restarted", "sm-sharing", extra={"mode": "sm-sharing", "note": "two words"})
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logger.exception("failed")
+    finally:
+        logger.removeHandler(handler)
+    first, second, *trace = stream.getvalue().splitlines()
+    stamp, rest = first.split(" ", 1)
+    assert TIME.match(stamp)
+    assert rest == 'warning gpufrac.text: daemon sm-sharing restarted uid=u-1 mode=sm-sharing note="two words"'
+    assert second.endswith("error   gpufrac.text: failed") and trace[-1] == "ValueError: boom"
+
+
+def test_every_command_takes_log_format_text(tmp_path: Path) -> None:
+    """`--log-format text` on a command as its users run it: lines a person reads, not JSON."""
+    done = subprocess.run([sys.executable, "-m", "gpufrac", "mps-roll", "--log-format", "text", "--log-level", "info",
+                           "--kubeconfig", str(tmp_path / "missing")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1 and "gpufrac mps-roll: cannot load the cluster's configuration" in done.stderr
+    from gpufrac.cli import build_parser
+    for argv in (["webhook", "--certs", "x"], ["agent"], ["mps", "--mode", "sm-sharing"], ["agent-withdraw",
+                 "--namespace", "n", "--agent-daemonset", "a", "--agent-selector", "s"]):
+        args = build_parser().parse_args([*argv, "--log-format", "text"])
+        assert args.log_format == "text", argv

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,14 +18,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) does not put the repo root on sys.path
     sys.path.insert(0, str(REPO_ROOT))
 
-from e2e.cluster import (  # noqa: E402 (after the sys.path fix above)
-    ClusterError,
-    ControlPlane,
-    Tools,
-    ToolsMissingError,
-    private_workdir,
-)
+from e2e.cluster import ControlPlane  # noqa: E402 (after the sys.path fix above)
+from e2e.state import private_workdir  # noqa: E402 (after the sys.path fix above)
 from e2e.testing import Kubectl  # noqa: E402
+from e2e.toolkit.errors import ClusterError, ToolsMissingError  # noqa: E402 (after the sys.path fix above)
+from e2e.toolkit.tools import Tools  # noqa: E402 (after the sys.path fix above)
 
 _skip_reason: list[str] = []
 _started: list[str] = []
@@ -61,6 +58,30 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     if failed:
         _started.append(f"\n[e2e] logs of the control plane kept in {cp.workdir}\n")
     cp.stop(remove_workdir=not failed)
+
+
+def _own_control_plane(kind: str, **kwargs: object) -> Iterator[ControlPlane]:
+    """A control plane for one test module (one that stops the webhook or changes its configurations), in
+    .e2e/<kind>-<pid>; skipped like the session's without the tools."""
+    try:
+        tools = Tools.find()
+    except ToolsMissingError as exc:
+        if _in_ci():
+            pytest.fail(f"CI is set and the e2e control plane cannot start: {exc}", pytrace=False)
+        pytest.skip(f"E2E TESTS SKIPPED (no control plane): {exc}")
+    plane = ControlPlane(private_workdir(kind), tools=tools, **kwargs)  # type: ignore[arg-type]
+    try:
+        plane.start()
+    except ClusterError as exc:
+        pytest.fail(f"the control plane did not start: {exc}", pytrace=False)
+    yield plane
+    plane.stop(remove_workdir=True)
+
+
+@pytest.fixture(scope="session")
+def own_control_plane() -> Callable[..., Iterator[ControlPlane]]:
+    """For a module's fixture: ``yield from own_control_plane("policies")`` starts and stops its own plane."""
+    return _own_control_plane
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

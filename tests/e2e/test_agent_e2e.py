@@ -9,9 +9,9 @@ import signal
 
 import pytest
 
+from e2e.agent_world import GPU_UUIDS, AgentWorld, metric_value
 from e2e.testing import unique
 from e2e.toolkit.wait import wait_until
-from tests.fakes.agent_world import GPU_UUIDS, AgentWorld, metric_value
 
 pytestmark = pytest.mark.e2e
 

@@ -1,5 +1,5 @@
 """The node agent under faults, against the real control plane: `gpufrac agent` as its own process on the GPU
-fakes (tests/fakes/agent_world.py), while the tests crash its MPS daemon in a loop, kill and restart
+fakes (e2e/agent_world.py), while the tests crash its MPS daemon in a loop, kill and restart
 kube-apiserver, SIGKILL the agent itself, and break the fake NVML's state file under it.
 
 The API server is shared by the whole session: the test that stops it restarts it in a `finally`, and waits
@@ -14,10 +14,10 @@ import time
 
 import pytest
 
+from e2e.agent_world import GPU_UUIDS, AgentWorld, metric_value
 from e2e.testing import unique
 from e2e.toolkit.wait import wait_until
-from tests.fakes.agent_world import GPU_UUIDS, AgentWorld, metric_value
-from tests.fakes.build import MPS_CONTROL
+from testkit.fakes.build import MPS_CONTROL
 
 pytestmark = pytest.mark.e2e
 

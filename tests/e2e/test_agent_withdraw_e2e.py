@@ -10,16 +10,16 @@ import sys
 
 import pytest
 
-from e2e.cluster import REPO_ROOT
+from e2e.agent_world import AgentWorld
+from e2e.names import REPO_ROOT
 from e2e.testing import unique
 from e2e.toolkit.wait import wait_until
-from tests.fakes.agent_world import AgentWorld
 
 pytestmark = pytest.mark.e2e
 
 PUBLISHED = {"gpufrac.io/enforcement.time-slicing", "gpufrac.io/enforcement.sm-sharing",
              "gpufrac.io/driver-version.major", "gpufrac.io/gpu-count"}
-CONDITIONS = {"gpufrac.io/Ready", "gpu-sharing.nvidia.com/Ready"}
+CONDITIONS = {"gpufrac.io/Ready", "gpu-sharing.nvidia.com/Ready", "gpu-fractioning.nvidia.com/Ready"}
 FOREIGN_CONDITION = {"type": "example.com/Other", "status": "True", "reason": "Someone", "message": "not ours"}
 
 

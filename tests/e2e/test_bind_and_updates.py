@@ -7,36 +7,14 @@ import json
 
 import pytest
 
-from e2e.cluster import NODE_NAME, USER_NAMESPACE
-from e2e.testing import assert_denied, create, example, get_pod, pod, unique
+from e2e.names import NODE_NAME
+from e2e.testing import assert_denied, bind, create, example, get_pod, pod, unique
 
 pytestmark = pytest.mark.e2e
 
 NV = "nvidia.com/container.app."
 C = "gpufrac.io/container.app."
 
-
-def _bind(binder, name: str, annotations: dict[str, str]) -> None:
-    """What KAI's binder does: one merge patch of the annotations, then POST pods/binding."""
-    rc, _, err = binder(
-        "patch", "pod", name, "--type=merge", "-p", json.dumps({"metadata": {"annotations": annotations}})
-    )
-    assert rc == 0, f"binder's annotation patch refused: {err}"
-    binding = {
-        "apiVersion": "v1",
-        "kind": "Binding",
-        "metadata": {"name": name},
-        "target": {"apiVersion": "v1", "kind": "Node", "name": NODE_NAME},
-    }
-    rc, _, err = binder(
-        "create",
-        "--raw",
-        f"/api/v1/namespaces/{USER_NAMESPACE}/pods/{name}/binding",
-        "-f",
-        "-",
-        input=json.dumps(binding),
-    )
-    assert rc == 0, f"binding refused: {err}"
 
 
 UUIDS = "GPU-6f0d3c1e-8a47-4b1e-9a11-0c2d9b2e5f10,GPU-7a1e2b3c-4d5e-6f70-8192-a3b4c5d6e7f8"
@@ -47,7 +25,7 @@ def bind_a_notebook(alice, binder, devices: str = "GPU-a,GPU-b") -> str:
     name = unique("notebook-bound")
     rc, _, err = create(alice, example("notebook-time-slicing.yaml", name))
     assert rc == 0, err
-    _bind(
+    bind(
         binder,
         name,
         {

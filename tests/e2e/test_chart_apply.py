@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e.cluster import CHART_DIR, RELEASE_NAMESPACE, ControlPlane
+from e2e.cluster import ControlPlane
 from e2e.crds import CERT_MANAGER, PROMETHEUS_OPERATOR, crd_files
+from e2e.names import CHART_DIR, RELEASE_NAMESPACE
 
 pytestmark = pytest.mark.e2e
 

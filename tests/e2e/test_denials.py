@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from e2e.testing import IMAGE, assert_denied, create, pod, unique
+from e2e.testing import assert_denied, create, pod, unique
+from testkit.pods import IMAGE
 
 pytestmark = pytest.mark.e2e
 
@@ -154,7 +155,7 @@ def test_user_sets_devices_on_create(alice):
 
 def test_wrong_examples_are_denied(alice):
     """Every examples/wrong-*.yaml is refused (they are what `make demo` shows)."""
-    from e2e.testing import EXAMPLES
+    from testkit.pods import EXAMPLES
 
     wrong = sorted(EXAMPLES.glob("wrong-*.yaml"))
     assert len(wrong) >= 5

@@ -2,11 +2,11 @@
 operations.md, then the chart's README, in that order, in one shell environment against a control plane of its
 own (the chart installed in Service mode, as on a cluster).
 
-A block's info string says what it needs (tests/docblocks.py reads them): `bash test` must succeed; `fails` must
+A block's info string says what it needs (testkit/docblocks.py reads them): `bash test` must succeed; `fails` must
 fail; `=webhook-down` runs while the webhook is away (its "pod" stopped, no ready endpoint) and `=webhook-up` once
 it is back. A `# → text` line is output the block must print. The control plane has no controllers or kubelets:
 e2e/standins.py runs the chart's Jobs and one webhook pod here, and marks workloads ready, as those would. The
-README's other blocks run elsewhere (tests/docblocks.py names where).
+README's other blocks run elsewhere (testkit/docblocks.py names where).
 """
 
 from __future__ import annotations
@@ -20,10 +20,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e.cluster import REPO_ROOT, ControlPlane, Tools, ToolsMissingError, private_workdir
+from e2e.cluster import ControlPlane
 from e2e.crds import PROMETHEUS_OPERATOR, crd_files
+from e2e.names import REPO_ROOT
 from e2e.standins import StandInControllers, harness_address
-from tests.docblocks import Block, blocks
+from e2e.state import private_workdir
+from e2e.toolkit.errors import ToolsMissingError
+from e2e.toolkit.tools import Tools
+from testkit.docblocks import Block, blocks, every_block
 
 pytestmark = pytest.mark.e2e
 
@@ -35,6 +39,7 @@ README_UNINSTALL = "helm uninstall gpufrac -n gpufrac-system"
 
 
 def test_the_docs_mark_their_commands():
+    assert {b.doc for b in every_block("test")} == set(DOCS)  # a page with `bash test` blocks is run here
     for doc in DOCS:
         found = blocks(doc)
         assert blocks(doc, "test"), doc
@@ -42,8 +47,11 @@ def test_the_docs_mark_their_commands():
         assert not unmarked, f"a command block no test runs: {unmarked}"
         if doc != "README.md":  # docs/ and the chart's README: every block runs here
             assert [b.runner for b in found] == ["test"] * len(found), doc
-    (block,) = [b for b in blocks("docs/operations.md") if b.fails]
-    assert block.scenario == "webhook-down" and block.expected == ['failed calling webhook "mutate.gpufrac.io"']
+    # the outage's two refusals: the webhook unreachable, then (failure policy Ignore) the policy in its place
+    down, last_resort = [b for b in blocks("docs/operations.md") if b.fails]
+    assert down.scenario == last_resort.scenario == "webhook-down"
+    assert down.expected == ['failed calling webhook "mutate.gpufrac.io"']
+    assert "ValidatingAdmissionPolicy 'gpufrac-pods'" in last_resort.expected[0]
     assert f"`{README_UNINSTALL}`" in (REPO_ROOT / "README.md").read_text()
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from e2e.testing import EXAMPLES, container, env_of, get_pod
+from e2e.testing import container, env_of, get_pod
+from testkit.pods import EXAMPLES
 
 pytestmark = pytest.mark.e2e
 

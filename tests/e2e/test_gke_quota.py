@@ -12,7 +12,9 @@ import subprocess
 import pytest
 import yaml
 
-from e2e.cluster import CHART_DIR, RELEASE_NAMESPACE, ControlPlane, private_workdir
+from e2e.cluster import ControlPlane
+from e2e.names import CHART_DIR, RELEASE_NAMESPACE
+from e2e.state import private_workdir
 from e2e.toolkit.errors import ToolsMissingError
 from e2e.toolkit.tools import Tools
 

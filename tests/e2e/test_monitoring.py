@@ -15,19 +15,21 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.cluster import CHART_DIR, RELEASE_NAMESPACE, REPO_ROOT
+from e2e.agent_world import GPU_UUIDS, AgentWorld
+from e2e.names import CHART_DIR, RELEASE_NAMESPACE, REPO_ROOT
 from e2e.testing import unique
 from e2e.toolkit.wait import wait_until
 from gpufrac.certs.generate import issue_ca, issue_serving_cert, write_serving_files
-from tests.fakes.agent_world import GPU_UUIDS, AgentWorld
-from tests.test_dashboard import kept_labels
-from tests.webhook.builders import pod, review_body
+from testkit.dashboard import kept_labels, load_dashboard
+from testkit.pods import pod
+from testkit.reviews import review_body
 
 pytestmark = pytest.mark.e2e
 
@@ -113,7 +115,7 @@ def rendered_rules() -> list[str]:
 
 
 def dashboard_queries() -> list[str]:
-    dashboard = json.loads((CHART_DIR / "dashboards" / "gpufrac.json").read_text())
+    dashboard = load_dashboard()
     queries = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
     for variable in dashboard["templating"]["list"]:
         if variable["type"] == "query":  # Grafana's label_values(metric, label): the label of that metric
@@ -227,7 +229,7 @@ def test_webhook_metrics_port_serves_what_operators_need(webhook_series):
                  "gpufrac_admission_denials_total", "gpufrac_certificate_expiration_timestamp_seconds",
                  "gpufrac_build_info"):
         assert name in webhook_series, name
-    assert webhook_series["gpufrac_admission_denials_total"] == {"endpoint", "reason"}
+    assert webhook_series["gpufrac_admission_denials_total"] == {"webhook", "reason"}
 
 
 def test_agent_usage_series_join_with_dcgm_exporter(agent_series):
@@ -271,10 +273,10 @@ def test_every_series_the_chart_queries_is_exported(webhook_series, agent_series
 
 
 def test_dashboard_legends_name_labels_the_series_carry(webhook_series, agent_series):
-    """A legend of a query that does not aggregate names labels of the series it reads (tests/test_dashboard.py
+    """A legend of a query that does not aggregate names labels of the series it reads (tests/chart/test_dashboard.py
     checks those that aggregate)."""
     exported = {**webhook_series, **agent_series}
-    dashboard = json.loads((CHART_DIR / "dashboards" / "gpufrac.json").read_text())
+    dashboard = load_dashboard()
     checked = 0
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
@@ -339,3 +341,181 @@ def test_certificate_alerts_fire_when_renewal_fails(case):
     assert result.returncode == 0, result.stdout + result.stderr
     firing = {name for name, count in zip(names, result.stdout.split(), strict=True) if int(count) > 0}
     assert firing == expected, case
+
+
+# ---- the series as Prometheus stores them behind the Prometheus Operator -------------------------------------------
+#
+# The operator turns each ServiceMonitor/PodMonitor endpoint into a scrape config whose relabel_configs set the
+# target's labels (namespace, service, pod, container, job, endpoint, ...) before the chart's own relabelings; with
+# honor_labels false a scraped label of the same name is renamed exported_<name>. operator_scrape_config() writes
+# that config the way the operator's generator does (pkg/prometheus/promcfg.go; its testdata/*.golden show the
+# shape), from the rendered monitor; `promqlcheck scrape` then scrapes the real webhook and agent with Prometheus'
+# own scrape manager and evaluates every dashboard query and alert against what it stored.
+
+SCRAPE_INTERVAL = "1s"  # the monitors' interval, shortened so that a few scrapes take seconds
+
+
+def _meta_name(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", label)
+
+
+def _snake(relabelings: list[dict]) -> list[dict]:
+    """The operator's RelabelConfig (camelCase) as Prometheus' relabel_config."""
+    words = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+    return [{words.get(k, k): v for k, v in r.items()} for r in relabelings or []]
+
+
+def operator_scrape_config(monitor: dict) -> dict:
+    """The scrape config the Prometheus Operator generates for the monitor's first endpoint."""
+    kind, meta, spec = monitor["kind"], monitor["metadata"], monitor["spec"]
+    service = kind == "ServiceMonitor"
+    (endpoint,) = spec["endpoints"] if service else spec["podMetricsEndpoints"]
+    on = "service" if service else "pod"
+    port_label = "__meta_kubernetes_endpoint_port_name" if service else "__meta_kubernetes_pod_container_port_name"
+    relabel = [{"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"}]
+    for key, value in sorted(spec["selector"]["matchLabels"].items()):
+        relabel.append({"action": "keep", "source_labels": [f"__meta_kubernetes_{on}_label_{_meta_name(key)}",
+                                                            f"__meta_kubernetes_{on}_labelpresent_{_meta_name(key)}"],
+                        "regex": f"({value});true"})
+    relabel.append({"action": "keep", "source_labels": [port_label], "regex": endpoint["port"]})
+    if service:
+        for target_kind, label in (("Node", "node"), ("Pod", "pod")):
+            relabel.append({"source_labels": ["__meta_kubernetes_endpoint_address_target_kind",
+                                              "__meta_kubernetes_endpoint_address_target_name"],
+                            "separator": ";", "regex": f"{target_kind};(.*)", "replacement": "${1}",
+                            "target_label": label})
+    relabel.append({"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"})
+    if service:
+        relabel.append({"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"})
+    relabel += [{"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+                {"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"}]
+    relabel.append({"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job", "replacement": "${1}"}
+                   if service else {"target_label": "job", "replacement": f"{meta['namespace']}/{meta['name']}"})
+    relabel.append({"target_label": "endpoint", "replacement": endpoint["port"]})
+    relabel += _snake(endpoint.get("relabelings"))
+    relabel += [{"source_labels": ["__address__"], "target_label": "__tmp_hash", "modulus": 1, "action": "hashmod"},
+                {"source_labels": ["__tmp_hash"], "regex": "0", "action": "keep"}]
+    config = {"job_name": f"{'serviceMonitor' if service else 'podMonitor'}/{meta['namespace']}/{meta['name']}/0",
+              "honor_labels": bool(endpoint.get("honorLabels", False)), "scrape_interval": SCRAPE_INTERVAL,
+              "scrape_timeout": SCRAPE_INTERVAL, "metrics_path": endpoint.get("path", "/metrics"),
+              "scheme": endpoint.get("scheme", "http"), "relabel_configs": relabel}
+    if endpoint.get("metricRelabelings"):
+        config["metric_relabel_configs"] = _snake(endpoint["metricRelabelings"])
+    return config
+
+
+def rendered_monitors(*values: str) -> dict[str, dict]:
+    argv = [str(Path(os.environ.get("GPUFRAC_TOOLS_CACHE", Path.home() / ".cache/gpufrac/tools")) / "bin/helm"),
+            "template", "gpufrac", str(CHART_DIR), "--namespace", RELEASE_NAMESPACE,
+            "--set", "monitoring.serviceMonitor.enabled=true", "--set", "monitoring.podMonitor.enabled=true",
+            "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor",
+            "--api-versions", "monitoring.coreos.com/v1/PodMonitor", *values]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
+    return {d["kind"]: d for d in yaml.safe_load_all(out) if d and d["kind"] in ("ServiceMonitor", "PodMonitor")}
+
+
+def discovered(monitor: dict, address: str, pod_name: str, container: str) -> dict[str, str]:
+    """What Kubernetes service discovery reports for the monitor's target (role endpoints or pod)."""
+    labels = monitor["spec"]["selector"]["matchLabels"]
+    on = "service" if monitor["kind"] == "ServiceMonitor" else "pod"
+    target = {"__address__": address, "__meta_kubernetes_namespace": RELEASE_NAMESPACE,
+              "__meta_kubernetes_pod_name": pod_name, "__meta_kubernetes_pod_container_name": container,
+              "__meta_kubernetes_pod_node_name": "gpu-node-1", "__meta_kubernetes_pod_phase": "Running"}
+    for key, value in labels.items():
+        target[f"__meta_kubernetes_{on}_label_{_meta_name(key)}"] = value
+        target[f"__meta_kubernetes_{on}_labelpresent_{_meta_name(key)}"] = "true"
+    if on == "service":
+        target |= {"__meta_kubernetes_service_name": "gpufrac-webhook",
+                   "__meta_kubernetes_endpoint_port_name": "metrics",
+                   "__meta_kubernetes_endpoint_address_target_kind": "Pod",
+                   "__meta_kubernetes_endpoint_address_target_name": pod_name}
+    else:
+        target["__meta_kubernetes_pod_container_port_name"] = "metrics"
+    return target
+
+
+def data_expr(alert: str) -> str:
+    """An alert's expression without its threshold comparisons: the series it compares, which must exist."""
+    return re.sub(r"\s*(?:[<>]=?|==|!=)\s*-?[0-9][0-9.e+]*(?=\s*(?:\bor\b|\band\b|\bunless\b|$))", "",
+                  alert.strip())
+
+
+@pytest.fixture(scope="module")
+def live_targets(cluster, tmp_path_factory) -> Iterator[dict[str, str]]:
+    """The webhook (after a review of each result) and the agent on the GPU fakes, left running to be scraped."""
+    server = WebhookProcess(tmp_path_factory.mktemp("relabel-webhook"))
+    world = AgentWorld(cluster, tmp_path_factory.mktemp("relabel-agent"))
+    try:
+        for path, annotations in (("/mutate", {"gpu-fraction": "0.5"}), ("/mutate", {"gpu-fraction": "1.5"}),
+                                  ("/validate", {"gpu-fraction": "1.5"})):
+            assert server.post(path, json.dumps(review_body(pod(annotations), operation="CREATE")).encode()) == 200
+        assert server.post("/validate", b"not json") == 400
+        world.start_agent()
+        fp = world.create_pod(unique("relabel-fraction"), gpu_uuid=GPU_UUIDS[0], limit_mib=8000)
+        world.start_process(fp, used_mib=1000, sm_util=30)
+        wait_until(lambda: scraped_with(world.metrics, f'pod="{fp.name}"'), 60, "usage series")
+        yield {"ServiceMonitor": f"127.0.0.1:{server.metrics_port}", "PodMonitor": f"127.0.0.1:{world.port}"}
+    finally:
+        server.stop()
+        try:
+            world.stop_agent()
+        finally:
+            world.delete_pods(*world.created)
+
+
+def stored(monitors: dict[str, dict], targets: dict[str, str], exprs: list[str]) -> dict:
+    configs = {kind: operator_scrape_config(m) for kind, m in monitors.items()}
+    pods = {"ServiceMonitor": ("gpufrac-webhook-6d9f-abcde", "webhook"), "PodMonitor": ("gpufrac-agent-x7k2q", "agent")}
+    request = {"config": yaml.safe_dump({"scrape_configs": list(configs.values())}),
+               "targets": {configs[k]["job_name"]: [discovered(m, targets[k], *pods[k])] for k, m in monitors.items()},
+               "scrapes": 3, "exprs": exprs}
+    result = subprocess.run([str(promqlcheck()), "scrape"], input=json.dumps(request), capture_output=True,
+                            text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout)
+
+
+def test_behind_the_operator_every_query_and_alert_reads_the_labels_the_exporters_wrote(live_targets):
+    """The series as Prometheus stores them through the operator's relabeling: no gpufrac label was overwritten by
+    a target label (renamed exported_*), every label a dashboard query or an alert filters or groups by is there,
+    and every dashboard query and every alert's compared series return data."""
+    alerts = {name: data_expr(expr) for name, expr in rendered_alerts().items()
+              if not any(s in EXTERNAL for s, _ in selectors(expr))}
+    queries = dashboard_queries()
+    for variable, value in GRAFANA_VARIABLES.items():
+        queries = [q.replace(variable, value) for q in queries]
+    exprs = queries + list(alerts.values())
+    out = stored(rendered_monitors(), live_targets, exprs)
+    ours = [s for s in out["series"] if s["__name__"].startswith("gpufrac_")]
+    assert {s["job"] for s in ours} == {"gpufrac-webhook", f"{RELEASE_NAMESPACE}/gpufrac-agent"}, ours[:3]
+    shadowed = sorted({f"{s['__name__']}: {k}" for s in ours for k in s if k.startswith("exported_")})
+    assert not shadowed, f"target labels overwrote what the exporters wrote: {shadowed}"
+    carried: dict[str, set[str]] = {}
+    for s in ours:
+        carried.setdefault(s["__name__"], set()).update(s)
+    for expr in exprs:
+        for name, labels in selectors(expr):
+            if name in carried:
+                assert labels <= carried[name], f"{expr}: {name} has no {sorted(labels - carried[name])} as stored"
+    empty = [e for e, n in zip(exprs, out["results"], strict=True) if not isinstance(n, int) or n == 0]
+    assert not empty, f"queries that return no data (or fail) against the stored series: {empty}"
+
+
+def test_the_monitors_values_reach_the_scrape(live_targets):
+    """honorLabels, relabelings and metricRelabelings on both monitors, as the operator applies them."""
+    values = []
+    for kind in ("serviceMonitor", "podMonitor"):
+        values += ["--set", f"monitoring.{kind}.relabelings[0].targetLabel=cluster",
+                   "--set", f"monitoring.{kind}.relabelings[0].replacement=gpu-east",
+                   "--set", f"monitoring.{kind}.metricRelabelings[0].action=drop",
+                   "--set", f"monitoring.{kind}.metricRelabelings[0].sourceLabels[0]=__name__",
+                   "--set", f"monitoring.{kind}.metricRelabelings[0].regex=gpufrac_build_info"]
+    values += ["--set", "monitoring.podMonitor.honorLabels=false"]
+    out = stored(rendered_monitors(*values), live_targets, [])
+    ours = [s for s in out["series"] if s["__name__"].startswith("gpufrac_")]
+    assert ours and all(s.get("cluster") == "gpu-east" for s in ours)
+    assert not [s for s in ours if s["__name__"] == "gpufrac_build_info"]
+    usage = [s for s in ours if s["__name__"] == "gpufrac_container_gpu_memory_used_bytes"]
+    assert usage and all(s["namespace"] == RELEASE_NAMESPACE and s["exported_namespace"] != RELEASE_NAMESPACE
+                         for s in usage), usage  # without honorLabels the workload's namespace is renamed

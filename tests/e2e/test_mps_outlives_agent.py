@@ -3,7 +3,7 @@
 The MPS daemons run under `gpufrac mps` processes of their own (what the gpufrac-mps DaemonSet's containers run);
 the agent runs with `--mps-daemons external --csi` and finds them through its /proc. The test plays the kubelet: it
 reads the agent's registration socket and calls NodePublishVolume on its CSI socket for pods created through the
-real admission path, and checks the real bind mounts. GPU and MPS are the fakes (tests/fakes).
+real admission path, and checks the real bind mounts. GPU and MPS are the fakes (testkit/fakes).
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from typing import Any
 import grpc
 import pytest
 
-from e2e.cluster import USER_NAMESPACE
+from e2e.agent_world import GPU_UUIDS, AgentWorld, metric_value
+from e2e.names import USER_NAMESPACE
 from e2e.testing import unique
 from e2e.toolkit.wait import wait_until
-from gpufrac.agent.csi import mounts
-from gpufrac.agent.csi.stubs import csi_pb2, csi_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
-from tests.fakes.agent_world import GPU_UUIDS, IMAGE, AgentWorld, metric_value
+from gpufrac.agent.edges.csi import mounts
+from gpufrac.agent.edges.csi.stubs import csi_pb2, csi_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
+from testkit.pods import IMAGE
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from e2e.testing import EXAMPLES, unique
+from e2e.testing import unique
+from testkit.pods import EXAMPLES
 
 pytestmark = pytest.mark.e2e
 

@@ -1,7 +1,7 @@
-"""The README's `bash here=<step>` blocks, run on this machine: each step below runs its block's commands as
-written, or, where a command needs what this machine lacks (a registry, a GPU node over ssh), the same steps
-against what it has, as the step says. The README's other blocks: `test` in tests/e2e/test_docs.py, `lines` in
-tests/webhook/test_readme.py, `node` in tests/node/test_readme_cluster.py (tests/docblocks.py)."""
+"""The `bash here=<step>` blocks of the README and docs/ (the GPU check), run on this machine: each step below runs
+its block's commands as written, or, where a command needs what this machine lacks (a registry, a GPU node over
+ssh), the same steps against what it has, as the step says. The other blocks: `test` in tests/e2e/test_docs.py,
+`lines` in tests/webhook/test_readme.py, `node` in tests/node/test_readme_cluster.py (testkit/docblocks.py)."""
 
 from __future__ import annotations
 
@@ -11,23 +11,21 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from pathlib import Path
 
 import pytest
 
-from e2e.cluster import REPO_ROOT
+from e2e.buildah import BASE_IMAGE, IMAGE_CACHE, buildah
+from e2e.names import REPO_ROOT
 from e2e.toolkit.tools import find_kubectl
-from tests.docblocks import Block, blocks
+from testkit.docblocks import Block, blocks, every_block
 
 pytestmark = pytest.mark.e2e
 
-STEPS = ("make-run", "curl", "gpu-check", "image")
-IMAGE_CACHE = Path(os.environ.get("GPUFRAC_IMAGE_CACHE", Path.home() / ".cache/gpufrac/images"))
-BASE_IMAGE = "localhost/gpufrac:dev"  # what `make image` builds from ./Dockerfile
+STEPS = ("make-run", "curl", "patch", "gpu-check", "image")
 
 
 def step(name: str) -> Block:
-    (block,) = [b for b in blocks("README.md", "here") if b.step == name]
+    (block,) = [b for b in every_block("here") if b.step == name]
     return block
 
 
@@ -42,7 +40,8 @@ def unavailable(reason: str) -> None:
 
 
 def test_every_here_block_is_a_step_this_file_runs():
-    assert sorted(b.step for b in blocks("README.md", "here")) == sorted(STEPS)
+    assert sorted(b.step for b in every_block("here")) == sorted(STEPS)
+    assert step("gpu-check").doc == "docs/gpu-check.md"
 
 
 # ---- "Two commands": make run, and the curl that talks to it ---------------------------------------------------
@@ -59,7 +58,10 @@ for _ in $(seq 1 300); do
   sleep 0.2
 done
 bash -euo pipefail -c "$CURL_BLOCK"
+echo "$SEPARATOR"
+bash -euo pipefail -c "$PATCH_BLOCK"
 """
+SEPARATOR = "==== the patch block ===="
 
 
 def shown_output(block: Block) -> dict:
@@ -68,10 +70,17 @@ def shown_output(block: Block) -> dict:
     return json.loads(text)
 
 
+def shown_lines(block: Block) -> list[str]:
+    """What the README prints after the command, one `# ` comment line per output line."""
+    return [line.strip()[2:] for line in block.body.splitlines() if line.strip().startswith("# ")]
+
+
 def test_make_run_serves_the_review_the_readme_shows(tmp_path):
     """`make run` serves on the README's address, https://127.0.0.1:8443, in a network namespace of the test's own
-    (so that port is free whatever else runs here), and the README's curl gets exactly the answer it shows."""
-    make_run, curl = step("make-run"), step("curl")
+    (so that port is free whatever else runs here); the README's curl gets exactly the answer it shows, and its
+    allowed review's patch, decoded with jq and base64, lists exactly the operations it shows."""
+    make_run, curl, patch = step("make-run"), step("curl"), step("patch")
+    assert "jq -r .response.patch | base64 -d" in patch.body
     assert make_run.commands() == ["make run", "make test"]
     # `make test` is the command that runs this test: CI's entry point runs it.
     assert "make test" in (REPO_ROOT / ".ci" / "run").read_text().splitlines()
@@ -82,35 +91,37 @@ def test_make_run_serves_the_review_the_readme_shows(tmp_path):
                               timeout=900)
     assert prepared.returncode == 0, prepared.stdout[-2000:] + prepared.stderr[-2000:]
     log = tmp_path / "make-run.log"
-    env = {**os.environ, "LOG": str(log), "CURL_BLOCK": curl.body}
+    env = {**os.environ, "LOG": str(log), "CURL_BLOCK": curl.body, "PATCH_BLOCK": patch.body, "SEPARATOR": SEPARATOR}
     result = subprocess.run(["unshare", "--net", "bash", "-c", SERVE_AND_CURL], cwd=REPO_ROOT, env=env,
                             capture_output=True, text=True, timeout=300)
     served = log.read_text() if log.exists() else ""
     assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-2000:]}\n--- make run:\n{served[-3000:]}"
-    assert json.loads(result.stdout) == shown_output(curl)
+    denied, decoded = result.stdout.split(SEPARATOR + "\n")
+    assert json.loads(denied) == shown_output(curl)
+    assert decoded.splitlines() == shown_lines(patch), decoded
     assert "127.0.0.1:8443" in served, served[-3000:]
 
 
-# ---- "Checking a GPU node" ------------------------------------------------------------------------------------
+# ---- docs/gpu-check.md ------------------------------------------------------------------------------------
 
 
 def test_the_gpu_check_runs_from_its_one_file_and_from_make(tmp_path):
-    """The README copies bench/gpu_check.py to a GPU node and runs it there with the node's python3. No GPU node
-    is reachable here: the file is copied alone into an empty directory and run there with python3, against the
+    """docs/gpu-check.md copies gpucheck/gpu_check.py to a GPU node and runs it there with the node's python3. No GPU
+    node is reachable here: the file is copied alone into an empty directory and run there with python3, against the
     fakes the tests use (the fake NVML and nvidia-cuda-mps-control, given by the script's own flags); then the
     comment's other way, `make gpu-check`, from the checkout (it picks the fakes where there is no GPU)."""
     block = step("gpu-check")
-    assert block.commands() == ["scp bench/gpu_check.py gpu-node:", "ssh gpu-node sudo python3 gpu_check.py"]
+    assert block.commands() == ["scp gpucheck/gpu_check.py gpu-node:", "ssh gpu-node sudo python3 gpu_check.py"]
     assert "make gpu-check" in block.body
-    nvml_dir = subprocess.run([sys.executable, "-m", "tests.fakes.build"], cwd=REPO_ROOT, capture_output=True,
+    nvml_dir = subprocess.run([sys.executable, "-m", "testkit.fakes.build"], cwd=REPO_ROOT, capture_output=True,
                               text=True, check=True, timeout=300).stdout.strip()
     node_home = tmp_path / "gpu-node"
     node_home.mkdir()
-    shutil.copy(REPO_ROOT / "bench" / "gpu_check.py", node_home)  # scp: the one file
-    env = {**os.environ, "GPUFRAC_FAKE_NVML": str(REPO_ROOT / "tests/fakes/gpu_check_node.json")}
+    shutil.copy(REPO_ROOT / "gpucheck" / "gpu_check.py", node_home)  # scp: the one file
+    env = {**os.environ, "GPUFRAC_FAKE_NVML": str(REPO_ROOT / "testkit/fakes/gpu_check_node.json")}
     alone = subprocess.run(
         ["python3", "gpu_check.py", "--nvml", f"{nvml_dir}/libnvidia-ml.so.1",
-         "--mps-control", str(REPO_ROOT / "tests/fakes/nvidia-cuda-mps-control"), "--cuda", "none"],
+         "--mps-control", str(REPO_ROOT / "testkit/fakes/nvidia-cuda-mps-control"), "--cuda", "none"],
         cwd=node_home, env=env, capture_output=True, text=True, timeout=600)
     assert alone.returncode == 0, alone.stdout[-3000:] + alone.stderr[-3000:]
     assert "7    MPS daemons start and stop            PASS" in alone.stdout, alone.stdout[-3000:]
@@ -125,13 +136,6 @@ def test_the_gpu_check_runs_from_its_one_file_and_from_make(tmp_path):
 
 
 # ---- "The image": build for a real registry, and push ---------------------------------------------------------
-
-
-def buildah(*args: str) -> subprocess.CompletedProcess[str]:
-    """buildah on the image store `make image` uses (e2e/build-image.sh), under its lock."""
-    argv = ["flock", str(IMAGE_CACHE / ".lock"), "buildah", "--root", str(IMAGE_CACHE / "storage"), "--runroot",
-            str(IMAGE_CACHE / "run"), "--storage-driver", "vfs", *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=600)
 
 
 def test_the_image_is_pushed_under_the_name_the_readme_installs(tmp_path):
@@ -169,7 +173,7 @@ def test_the_image_is_pushed_under_the_name_the_readme_installs(tmp_path):
     assert config["config"]["User"] == "65532:65532"
 
 
-# ---- make targets the README names in its text (not in a block) ---------------------------------------------------
+# ---- make targets the docs name in their text (not in a block) ---------------------------------------------------
 
 
 def make(target: str) -> str:
@@ -179,9 +183,10 @@ def make(target: str) -> str:
 
 
 def test_the_api_only_cluster_demo_and_agent_demo_the_readme_names_run():
-    """"`make cluster-up-api` keeps the fast API-only control plane ...; `make demo-api` runs the admission demo
-    on it. Kubeconfigs: `alice` (`.e2e/kubeconfig`, namespace `team-a`) ...", and "Try it without a GPU: `make
-    agent-demo`". They use the checkout's own .e2e (the tests' clusters live in .e2e/pytest-<pid>)."""
+    """docs/development.md: "`make cluster-up-api` keeps the fast API-only control plane ...; `make demo-api` runs
+    the admission demo on it. Kubeconfigs: `alice` (`.e2e/kubeconfig`, namespace `team-a`) ...", and docs/agent.md:
+    "Try it without a GPU: `make agent-demo`". They use the checkout's own .e2e (the tests' clusters live in
+    .e2e/pytest-<pid>)."""
     state = REPO_ROOT / ".e2e" / "state.json"
     assert not state.exists(), "a cluster of `make cluster-up` is up in this checkout: `make cluster-down` first"
     up = make("cluster-up-api")

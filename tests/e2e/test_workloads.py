@@ -9,8 +9,9 @@ import json
 import pytest
 import yaml
 
-from e2e.cluster import USER_NAMESPACE
-from e2e.testing import EXAMPLES, metric_total
+from e2e.names import USER_NAMESPACE
+from e2e.testing import metric_total
+from testkit.pods import EXAMPLES
 
 pytestmark = pytest.mark.e2e
 

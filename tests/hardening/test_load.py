@@ -15,7 +15,7 @@ import time
 import pytest
 from cryptography import x509
 
-from tests.hardening.harness import Load, Server, slow_client, timed_review
+from e2e.hardening.harness import Load, Server, slow_client, timed_review
 
 LOAD_SECONDS = float(os.environ.get("GPUFRAC_LOAD_SECONDS") or 6)
 GRACEFUL_TIMEOUT = 20  # webhook.server.ServeOptions.graceful_timeout

@@ -16,14 +16,14 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from gpufrac.webhook import admission
-from gpufrac.webhook.errors import BadReviewError
-from gpufrac.webhook.fractions import resolve
-from gpufrac.webhook.mutation import canonical_annotations
-from gpufrac.webhook.policy import Policy, UserInfo
-from gpufrac.webhook.review import build_response, parse_review
-from gpufrac.webhook.validation import _authorship, _boundaries, _webhook_output
-from tests.hardening import strategies as s
+from gpufrac.webhook.decide import admission
+from gpufrac.webhook.decide.errors import BadReviewError
+from gpufrac.webhook.decide.fractions import resolve
+from gpufrac.webhook.decide.mutation import canonical_annotations
+from gpufrac.webhook.decide.policy import Policy, UserInfo
+from gpufrac.webhook.decide.review import build_response, parse_review
+from gpufrac.webhook.decide.validation import _authorship, _boundaries, _webhook_output
+from testkit import strategies as s
 
 POLICIES = (Policy(), Policy(require_enforcing_node=True, scheduler_groups=frozenset({"system:authenticated"})))
 DENIAL_SUBJECTS = ("annotation ", "label ", "container ", "ephemeral container ", "volume ", "pod")
@@ -176,7 +176,7 @@ def test_the_scheduler_bind_is_mutated_into_a_pod_validation_accepts_or_is_denie
 @s.examples(100)
 def test_any_bytes_are_answered_by_the_app_with_json(body):
     """The Flask app in process: any body gets 200 with a review for the same uid, or a 4xx JSON error."""
-    from tests.hardening.harness import check_http_answer
+    from e2e.hardening.harness import check_http_answer
     client = _client()
     for path in ("/mutate", "/validate"):
         response = client.post(path, data=body, content_type="application/json")
@@ -189,7 +189,7 @@ _APP = None
 def _client():
     global _APP
     if _APP is None:
-        from gpufrac.webhook.app import create_app
+        from gpufrac.webhook.serve.app import create_app
         _APP = create_app(Policy())
     return _APP.test_client()
 
@@ -198,7 +198,7 @@ def _client():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from tests.hardening.harness import Server
+    from e2e.hardening.harness import Server
     srv = Server(tmp_path_factory.mktemp("fuzz"), workers=2, threads=4)
     srv.initial_workers = srv.worker_pids()
     yield srv
@@ -208,7 +208,7 @@ def server(tmp_path_factory):
 @given(body=s.raw_bodies(), path=st.sampled_from(["/mutate", "/validate"]))
 @s.examples(60, fuzz_share=0.2)
 def test_https_endpoints_answer_every_body_with_a_review_or_a_json_4xx(server, body, path):
-    from tests.hardening.harness import check_http_answer
+    from e2e.hardening.harness import check_http_answer
     conn = server.connection(timeout=10)  # a hang is a client timeout, reported as a failure
     try:
         status, data = server.post(path, body, conn)

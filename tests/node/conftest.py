@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,9 +18,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from e2e.cluster import ClusterError, ToolsMissingError, private_workdir  # noqa: E402
 from e2e.install import Helm  # noqa: E402
 from e2e.node import RealCluster, images_missing  # noqa: E402
+from e2e.state import private_workdir  # noqa: E402
+from e2e.toolkit.errors import ClusterError, ToolsMissingError  # noqa: E402
 from e2e.toolkit.tools import node_binaries  # noqa: E402
 
 _notes: list[str] = []
@@ -37,7 +38,7 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-def require_real_node() -> None:
+def _require_real_node() -> None:
     """Skip (fail under CI) where a real node cannot start: not root, no node tools, no images."""
     if os.geteuid() != 0:
         _unavailable("the real node needs root (network namespace, mounts, cgroups)")
@@ -52,7 +53,7 @@ def require_real_node() -> None:
 
 @pytest.fixture(scope="session")
 def node(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
-    require_real_node()
+    _require_real_node()
     cluster = RealCluster(private_workdir("node"))
     try:
         cluster.start()
@@ -68,13 +69,20 @@ def node(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
 
 
 @pytest.fixture(scope="session")
+def require_real_node() -> Callable[[], None]:
+    """For a test that starts real nodes of its own: call it to skip (fail under CI) where none can start."""
+    return _require_real_node
+
+
+@pytest.fixture(scope="session")
 def helm(node: RealCluster) -> Helm:
     return Helm(node)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def installed(node: RealCluster, helm: Helm) -> Helm:
-    """gpufrac installed as a user installs it (the first test that needs it installs it)."""
+    """gpufrac installed as a user installs it (the first test of a module that needs it installs it: a module
+    before may have uninstalled it, as test_real_node.py's last test does)."""
     if not helm.installed():
         helm.install()
     return helm

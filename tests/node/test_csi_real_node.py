@@ -18,8 +18,24 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import NODE_NAME, RELEASE_NAMESPACE, REPO_ROOT, USER_NAMESPACE
+from e2e.agent_on_node import (
+    DRIVER,
+    KAI_CONDITION,
+    MODES,
+    MPS_ROOT,
+    OWN_CONDITION,
+    agent_ready,
+    both_ready,
+    condition,
+    daemon_pids,
+    delete,
+    registered_drivers,
+    seed_pod,
+    start_seed,
+)
+from e2e.agent_world import metric_value
 from e2e.install import Helm
+from e2e.names import NODE_NAME, RELEASE_NAMESPACE, REPO_ROOT, USER_NAMESPACE
 from e2e.node import RealCluster
 from e2e.pods import (
     SEED_BINDS,
@@ -36,59 +52,23 @@ from e2e.pods import (
     release_pods,
     wait_running,
 )
-from e2e.testing import example, unique
+from e2e.testing import unique
 from e2e.toolkit.wait import wait_until
-from gpufrac.agent.procfs import mps_control_processes
-from tests.fakes.agent_world import metric_value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_node]
 
-DRIVER = "mps.gpufrac.io"
 AGENT_DS = "gpufrac-agent"
-KAI_CONDITION = "gpu-sharing.nvidia.com/Ready"
-OWN_CONDITION = "gpufrac.io/Ready"
-MODES = ("time-slicing", "sm-sharing")
-MPS_ROOT = Path("/run/gpufrac/mps")  # values.yaml mps.root and mps.logRoot: host paths
 LOG_ROOT = Path("/var/log/gpufrac/mps")
 
 
 # ---- what the node shows -------------------------------------------------------------------------------------
 
 
-def daemon_pids() -> dict[str, list[int]]:
-    """The MPS control daemons on the host, found as the agent finds them (their env names the pipe directory)."""
-    return {mode: mps_control_processes(Path("/proc"), MPS_ROOT / mode) for mode in MODES}
-
-
 def commands_received(mode: str, pid: int) -> list[str]:
-    """The commands the fake nvidia-cuda-mps-control of this PID recorded (tests/fakes, `-f` daemon mode)."""
+    """The commands the fake nvidia-cuda-mps-control of this PID recorded (testkit/fakes, `-f` daemon mode)."""
     path = LOG_ROOT / mode / "fake-mps-record.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [r["command"] for r in records if r["event"] == "command" and r["pid"] == pid]
-
-
-def condition(node: RealCluster, kind: str) -> dict:
-    conditions = get_json(node, "get", "node", NODE_NAME)["status"].get("conditions", [])
-    return next((c for c in conditions if c["type"] == kind), {})
-
-
-def both_ready(node: RealCluster) -> bool:
-    return all(condition(node, kind).get("status") == "True" for kind in (KAI_CONDITION, OWN_CONDITION))
-
-
-def registered_drivers(node: RealCluster) -> list[str]:
-    res = node.kubectl("get", "csinode", NODE_NAME, "-o", "json", user="admin")
-    if res.rc != 0:
-        return []
-    return [d["name"] for d in json.loads(res.stdout)["spec"].get("drivers") or []]
-
-
-def agent_ready(node: RealCluster) -> dict | None:
-    pods = release_pods(node, "agent")
-    if len(pods) != 1:
-        return None
-    statuses = pods[0].get("status", {}).get("containerStatuses", [])
-    return pods[0] if statuses and all(s.get("ready") for s in statuses) else None
 
 
 def mount_failure(node: RealCluster, name: str, text: str) -> str | None:
@@ -103,24 +83,6 @@ def waiting_reason(node: RealCluster, name: str) -> str | None:
     return next((s["state"]["waiting"].get("reason") for s in statuses if "waiting" in s.get("state", {})), None)
 
 
-def delete(node: RealCluster, *names: str) -> None:
-    node.kubectl("delete", "pod", "-n", USER_NAMESPACE, "--wait=false", "--grace-period=0", "--force", *names,
-                 user="admin")
-
-
-def seed_pod(seed: str, name: str) -> dict:
-    manifest = example(SEED_EXAMPLES[seed][0], name)
-    manifest["spec"]["terminationGracePeriodSeconds"] = 1
-    return manifest
-
-
-def start_seed(node: RealCluster, seed: str, name: str) -> dict:
-    res = create(node, seed_pod(seed, name))
-    assert res.rc == 0, res.stderr
-    bind(node, name, SEED_BINDS[seed])
-    return wait_running(node, name)
-
-
 def volume_dir(node: RealCluster, pod_obj: dict, volume: str) -> Path:
     """Where the kubelet keeps a pod's CSI volume: <root>/pods/<uid>/volumes/kubernetes.io~csi/<name>."""
     return (node.node_root / "kubelet" / "pods" / pod_obj["metadata"]["uid"] / "volumes" / "kubernetes.io~csi" /
@@ -128,11 +90,12 @@ def volume_dir(node: RealCluster, pod_obj: dict, volume: str) -> Path:
 
 
 def readme_quote_after(marker: str) -> str:
-    """The first fenced block of the README after `marker`, its lines joined as the terminal printed them."""
-    text = (REPO_ROOT / "README.md").read_text()
+    """The first fenced block of docs/agent.md (the delivery section, moved there from the README) after `marker`,
+    its lines joined as the terminal printed them."""
+    text = (REPO_ROOT / "docs" / "agent.md").read_text()
     after = text[text.index(marker):]
     block = re.search(r"```\n(.*?)```", after, re.S)
-    assert block, f"no quoted block after {marker!r} in README.md"
+    assert block, f"no quoted block after {marker!r} in docs/agent.md"
     return " ".join(line.strip() for line in block.group(1).splitlines() if line.strip())
 
 
@@ -314,7 +277,7 @@ def assert_daemons_survived(node: RealCluster, before: dict[str, list[int]], cli
     # And it serves the driver again: a pod bound now gets its mount.
     wait_until(lambda: DRIVER in registered_drivers(node), 60, "the driver registered again", interval=1)
     name = unique("csi-after-agent")
-    start_seed(node, "notebook", name)
+    start_seed(node, "inference", name)  # the client's mode: its GPUs serve sm-sharing (the NRI plugin's rule)
     delete(node, name)
 
 

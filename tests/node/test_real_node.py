@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import NODE_NAME, RELEASE_NAMESPACE, USER_NAMESPACE
+from e2e.agent_world import metric_value
 from e2e.install import Helm
+from e2e.names import NODE_NAME, RELEASE_NAMESPACE, USER_NAMESPACE
 from e2e.node import GPU_UUIDS, RealCluster
 from e2e.pods import (
     SEED_BINDS,
@@ -32,7 +33,6 @@ from e2e.pods import (
 )
 from e2e.testing import example, unique
 from e2e.toolkit.wait import wait_until
-from tests.fakes.agent_world import metric_value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_node]
 
@@ -57,11 +57,14 @@ def webhook_pods(node: RealCluster) -> list[dict]:
                         "app.kubernetes.io/component=webhook")["items"]
 
 
+KAI_CONDITIONS = ("gpu-sharing.nvidia.com/Ready", "gpu-fractioning.nvidia.com/Ready")  # both published by default
+
+
 def gpufrac_leftovers(node_obj: dict) -> list[str]:
     """The agent's labels and conditions still on the node (gpufrac.io/ and KAI's readiness)."""
     labels = [k for k in node_obj["metadata"]["labels"] if k.startswith("gpufrac.io/")]
     conditions = [c["type"] for c in node_obj["status"]["conditions"]
-                  if c["type"].startswith("gpufrac.io/") or c["type"] == "gpu-sharing.nvidia.com/Ready"]
+                  if c["type"].startswith("gpufrac.io/") or c["type"] in KAI_CONDITIONS]
     return labels + conditions
 
 
@@ -105,6 +108,11 @@ def test_seed_pods_start_after_the_bind_and_see_their_bind_time_limits(node: Rea
     assert f" {pipe_dir} " in mounts, mounts
     # The agent's MPS daemon for this mode listens in the mounted directory.
     assert "control" in exec_in(node, seed, f"ls {pipe_dir}").split()
+    if seed == "inference":
+        # KAI never places the time-slicing notebook on GPUs serving sm-sharing, and the agent's NRI plugin refuses
+        # it there: the inference server (every GPU of the node) makes room for it (kept for the tests below)
+        node.kubectl("delete", "pod", seed, "-n", USER_NAMESPACE, "--grace-period=0", "--force", "--wait=true",
+                     user="admin")
 
 
 # ---- workloads -----------------------------------------------------------------------------------------------
@@ -265,7 +273,7 @@ def test_helm_upgrade_rolls_both_while_pods_are_created_without_a_failure(node: 
         samples = sampler.finish()
     # The agent replaced by the rollout withdrew nothing: its labels and conditions stayed on the node throughout.
     published = {"gpufrac.io/enforcement.time-slicing", "gpufrac.io/enforcement.sm-sharing", "gpufrac.io/gpu-count",
-                 "gpufrac.io/Ready", "gpu-sharing.nvidia.com/Ready"}
+                 "gpufrac.io/Ready", *KAI_CONDITIONS}
     assert len(samples) >= 5 and all(published <= sample for sample in samples), \
         [sorted(published - sample) for sample in samples if not published <= sample][:3]
     # helm --wait returns once the new pods are ready; the old ones may still be terminating (and listed) then.
@@ -321,7 +329,7 @@ class HookLog(threading.Thread):
 def test_helm_uninstall_withdraws_the_agents_and_leaves_no_webhook_configuration(node: RealCluster, installed: Helm):
     before = kubectl_json(node, "get", "node", NODE_NAME)
     assert {"gpufrac.io/enforcement.time-slicing", "gpufrac.io/gpu-count", "gpufrac.io/Ready",
-            "gpu-sharing.nvidia.com/Ready"} <= set(gpufrac_leftovers(before)), "the agent published nothing"
+            *KAI_CONDITIONS} <= set(gpufrac_leftovers(before)), "the agent published nothing"
     hook_log = HookLog(node)
     hook_log.start()
     started = time.monotonic()

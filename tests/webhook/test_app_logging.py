@@ -9,10 +9,11 @@ import logging
 import pytest
 
 from gpufrac.core.jsonlog import JsonFormatter
-from gpufrac.webhook import admission
-from gpufrac.webhook.app import create_app
-from gpufrac.webhook.policy import Policy
-from tests.webhook.builders import pod, review_body
+from gpufrac.webhook.decide import admission
+from gpufrac.webhook.decide.policy import Policy
+from gpufrac.webhook.serve.app import create_app
+from testkit.pods import pod
+from testkit.reviews import review_body
 
 
 @pytest.fixture
@@ -20,9 +21,12 @@ def log_lines():
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter())
-    logger = logging.getLogger("gpufrac")
+    # the webhook's logger only: threads other tests left running (the agent's) may still log under "gpufrac"
+    logger = logging.getLogger("gpufrac.webhook")
     logger.addHandler(handler)
-    level, logger.level = logger.level, logging.INFO
+    level = logger.level
+    # setLevel, not `logger.level =`: it clears isEnabledFor's cache, which an earlier test may have filled
+    logger.setLevel(logging.INFO)
     yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
     logger.removeHandler(handler)
     logger.setLevel(level)

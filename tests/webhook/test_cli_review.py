@@ -12,7 +12,8 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from tests.webhook.builders import BINDER, INFERENCE, NOTEBOOK, pod
+from testkit.admission import BINDER
+from testkit.pods import INFERENCE, NOTEBOOK, pod, workload
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,15 +69,6 @@ def test_review_refuses_a_kind_it_does_not_review_in_one_line(tmp_path):
 
 WORKLOAD_KINDS = ["Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "PodTemplate"]
 
-
-def workload(kind: str, annotations: dict[str, str]) -> dict:
-    template = {"metadata": {"annotations": annotations}, "spec": {"containers": [{"name": "app", "image": "x"}]}}
-    if kind == "PodTemplate":
-        return {"apiVersion": "v1", "kind": kind, "metadata": {"name": "t"}, "template": template}
-    if kind == "CronJob":
-        return {"apiVersion": "batch/v1", "kind": kind, "metadata": {"name": "c"},
-                "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": template}}}}
-    return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": "w"}, "spec": {"template": template}}
 
 
 def test_review_judges_every_document_of_every_kind(tmp_path):

@@ -1,5 +1,5 @@
 """gpufrac beside KAI's admission: for every shorthand pod of the tests (builders.SHORTHAND_PODS and the examples),
-the per-container annotations gpufrac writes are the strings KAI's translation writes (tests/webhook/kai_oracle.py,
+the per-container annotations gpufrac writes are the strings KAI's translation writes (testkit/kai_oracle.py,
 modeled from KAI's source), so KAI's admission, installed too, has nothing to change and nothing to deny, in
 either order. Besides these cases, every pod the webhook tests admit through builders.allowed/created (the default
 policy) is checked the same way: KAI's admission after gpufrac's finds nothing to do."""
@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 from gpufrac.core.annotations import SHORTHAND_KEYS
-from gpufrac.webhook import workloads
-from tests.webhook.builders import EXAMPLES, SHORTHAND_PODS, created, pod
-from tests.webhook.kai_oracle import KaiDeniedError, kai_mutate, mebibytes_string
+from gpufrac.webhook.decide import workloads
+from testkit.admission import SHORTHAND_PODS, created
+from testkit.kai_oracle import KaiDeniedError, kai_mutate, mebibytes_string
+from testkit.pods import EXAMPLES, pod
 
 
 def _example_pods() -> list[tuple[str, dict[str, str], tuple[str, ...]]]:

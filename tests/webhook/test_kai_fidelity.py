@@ -13,8 +13,10 @@ import pytest
 
 from gpufrac.core import annotations as ann
 from gpufrac.core.contract import read_canonical
-from gpufrac.webhook import admission
-from tests.webhook.builders import BINDER, MULTIPLE, POLICY, allowed, created, denial, pod, review
+from gpufrac.webhook.decide import admission
+from testkit.admission import BINDER, MULTIPLE, POLICY, allowed, created, denial
+from testkit.pods import pod
+from testkit.reviews import review
 
 MAIN_HELPER = ("main", "helper")
 REQUEST = "nvidia.com/container.{}.gpu-memory.request"
@@ -50,26 +52,27 @@ def test_repro1_container_name_helper_with_memory_and_a_request_on_main_is_denie
            "helper" in message
 
 
-# --- 2. Shorthands never give a second container a fraction nobody asked for ---------------------------------------
+# --- 2. Shorthands apply to the container KAI's GetFractionContainerRef picks, never to a second one -------------
 
 
-def test_repro2_memory_shorthand_with_a_request_on_helper_gives_main_nothing():
-    message = denial(pod({"gpu-memory": "2000", REQUEST.format("helper"): "2000Mi"}, *MAIN_HELPER))
-    assert f"annotation {REQUEST.format('helper')}: 2000Mi names container helper, but gpu-memory applies to main; " \
-           "set gpu-fraction-container-name to helper" in message
-    assert "2 containers" not in message  # reported once, as the cause
-    fixed = written(pod({"gpu-memory": "2000", "gpu-fraction-container-name": "helper",
-                         REQUEST.format("helper"): "2000Mi"}, *MAIN_HELPER))
-    assert not any(k.startswith("gpufrac.io/container.main.") for k in fixed)
-    assert fixed["gpufrac.io/container.helper.gpu-memory.request-mib"] == "2000"
+def test_repro2_memory_shorthand_with_a_request_on_helper_applies_to_helper():
+    """Issue 25: the container the nvidia.com/container. keys name is the shorthands' target, as in KAI."""
+    annotations = written(pod({"gpu-memory": "2000", REQUEST.format("helper"): "2000Mi"}, *MAIN_HELPER))
+    assert not any(k.startswith("gpufrac.io/container.main.") for k in annotations)
+    assert annotations["gpufrac.io/container.helper.gpu-memory.request-mib"] == "2000"
+    assert REQUEST.format("main") not in annotations
 
 
-@pytest.mark.parametrize("shorthand", [{"gpu-fraction": "0.5"}, {"gpu-memory": "1024"},
-                                       {"kai.scheduler/gpu-compute-sharing-mode": "sm-sharing",
-                                        "gpu-memory": "1024"}])
-def test_repro2_family_any_shorthand_with_keys_for_another_container(shorthand):
+@pytest.mark.parametrize(("shorthand", "fragment"), [
+    ({"gpu-fraction": "0.5"}, "cannot be used together with gpu-fraction"),
+    ({"gpu-memory": "1024"}, "cannot be used together with gpu-memory alone"),
+    ({"kai.scheduler/gpu-compute-sharing-mode": "sm-sharing", "gpu-memory": "1024"},
+     "cannot be used together with gpu-memory alone"),
+])
+def test_repro2_family_a_shorthand_with_a_limit_on_another_container_is_denied_as_kai_does(shorthand, fragment):
+    """KAI moves the shorthand to helper too, then denies the limit beside it ("cannot combine ...")."""
     message = denial(pod({**shorthand, LIMIT.format("helper"): "2Gi"}, *MAIN_HELPER))
-    assert "names container helper, but" in message and "set gpu-fraction-container-name to helper" in message
+    assert f"annotation {LIMIT.format('helper')}: 2Gi {fragment}" in message
 
 
 # --- 3. Translated quantities in Kubernetes' canonical form ------------------------------------------------------
@@ -275,19 +278,18 @@ def test_repro10_the_binder_is_told_why_it_may_not_add_a_key():
         assert "only the scheduler may add it" not in message
 
 
-def test_repro10_a_mode_on_helper_beside_gpu_fraction_is_told_to_name_helper():
-    message = denial(pod({"gpu-fraction": "0.5", MODE.format("helper"): "sm-sharing"}, *MAIN_HELPER))
-    assert f"annotation {MODE.format('helper')}: sm-sharing names container helper, but gpu-fraction applies to " \
-           "main; set gpu-fraction-container-name to helper" in message
-    assert "or gpu-fraction" not in message
+def test_repro10_a_mode_on_helper_beside_gpu_fraction_puts_the_portion_on_helper():
+    """Issue 25: KAI's binder writes the portion's memory for helper, the container the mode key names."""
+    annotations = written(pod({"gpu-fraction": "0.5", MODE.format("helper"): "sm-sharing"}, *MAIN_HELPER))
+    assert annotations["gpufrac.io/container.helper.compute-mode"] == "sm-sharing"
+    assert not any(k.startswith("gpufrac.io/container.main.") for k in annotations)
     allowed(pod({"gpu-fraction": "0.5", "gpu-fraction-container-name": "helper", MODE.format("helper"): "sm-sharing"},
                 *MAIN_HELPER))
 
 
 def test_repro10_family_a_mode_alone_on_another_container_names_what_it_needs():
     message = denial(pod({MODE.format("helper"): "sm-sharing"}, *MAIN_HELPER))
-    assert f"needs a GPU memory request for container helper ({REQUEST.format('helper')} or gpu-fraction with " \
-           "gpu-fraction-container-name: helper)" in message
+    assert f"needs a GPU memory request for container helper ({REQUEST.format('helper')} or gpu-fraction)" in message
 
 
 @pytest.mark.parametrize(("value", "fragment"), [
@@ -327,8 +329,6 @@ def test_the_compute_mode_shorthand_is_translated_like_the_others():
      "annotation kai.scheduler/gpu-compute-sharing-mode: turbo must be time-slicing or sm-sharing"),
     ({"gpu-fraction": "0.5", "kai.scheduler/gpu-compute-sharing-mode": "sm-sharing",
       MODE.format("main"): "time-slicing"}, "time-slicing does not match kai.scheduler/gpu-compute-sharing-mode"),
-    ({"kai.scheduler/gpu-compute-sharing-mode": "sm-sharing"},
-     "annotation kai.scheduler/gpu-compute-sharing-mode: sm-sharing needs a fraction to apply to"),
 ])
 def test_the_compute_mode_shorthand_is_judged_like_the_others(annotations, fragment):
     assert fragment in denial(pod(annotations, "main"))

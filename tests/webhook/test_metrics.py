@@ -10,12 +10,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufrac.certs.generate import issue_ca, issue_serving_cert, write_serving_files
-from gpufrac.webhook import admission
-from gpufrac.webhook.errors import Violation, annotation
-from gpufrac.webhook.metrics import BuildInfoCollector, CertificateCollector, denial_reason
-from gpufrac.webhook.policy import Policy
-from gpufrac.webhook.review import parse_review
-from tests.webhook.builders import pod, review_body
+from gpufrac.webhook.decide import admission
+from gpufrac.webhook.decide.errors import Violation, annotation
+from gpufrac.webhook.decide.policy import Policy
+from gpufrac.webhook.decide.review import parse_review
+from gpufrac.webhook.serve.metrics import BuildInfoCollector, CertificateCollector, denial_reason
+from testkit.pods import pod
+from testkit.reviews import review_body
 
 
 @pytest.mark.parametrize("violation, reason", [

@@ -7,9 +7,11 @@ import kubernetes_validate
 import pytest
 
 from gpufrac.core.contract import Delivery
-from gpufrac.webhook import admission
-from gpufrac.webhook.policy import Policy
-from tests.webhook.builders import BINDER, INFERENCE, NOTEBOOK, POLICY, pod, review
+from gpufrac.webhook.decide import admission
+from gpufrac.webhook.decide.policy import Policy
+from testkit.admission import BINDER, POLICY
+from testkit.pods import INFERENCE, NOTEBOOK, pod
+from testkit.reviews import review
 
 KUBE_VERSION = "1.36.0"
 

@@ -8,8 +8,8 @@ import jsonpatch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpufrac.webhook.patch import diff, working_copy
-from tests.webhook.builders import INFERENCE, pod
+from gpufrac.webhook.decide.patch import diff, working_copy
+from testkit.pods import INFERENCE, pod
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docblocks import blocks
+from testkit.docblocks import blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 _EXIT = re.compile(r"#\s*exit (\d)\b")

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpufrac.webhook import admission
-from tests.webhook.builders import INFERENCE, MULTIPLE, NOTEBOOK, POLICY, allowed, denial, pod, review
+from gpufrac.webhook.decide import admission
+from testkit.admission import MULTIPLE, POLICY, allowed, denial
+from testkit.pods import INFERENCE, NOTEBOOK, pod
+from testkit.reviews import review
 
 
 @pytest.mark.parametrize("value", ["1", "0", "-0.5", "1.5", "NaN", "nan", "inf", "half", "0x1p-1", "", " 0.5",

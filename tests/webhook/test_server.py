@@ -12,10 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.toolkit.webhook import WebhookProcess
 from gpufrac.certs.generate import issue_ca, issue_serving_cert, write_dev_certs, write_serving_files
-from tests.webhook.builders import INFERENCE, pod, review_body
+from testkit.pods import INFERENCE, pod
+from testkit.reviews import review_body
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -159,9 +161,10 @@ def test_tls_below_1_2_is_refused(server):
 
 
 def test_metrics_count_reviews_across_workers(server):
-    def count(text: str, endpoint: str, result: str) -> float:
-        prefix = f'gpufrac_admission_reviews_total{{endpoint="{endpoint}",result="{result}"}} '
-        return sum(float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix))
+    def count(text: str, webhook: str, result: str) -> float:
+        return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                   if s.name == "gpufrac_admission_reviews_total"
+                   and s.labels == {"webhook": webhook, "result": result})
 
     before = server.request("GET", "/metrics")[1].decode()
     for _ in range(20):  # new connections, so both workers answer some
@@ -242,7 +245,7 @@ def test_a_metrics_directory_it_is_given_keeps_everything_but_the_servers_own_fi
 def test_large_reviews_take_turns_across_processes(tmp_path, monkeypatch):
     """Two gates on one lock file stand for two workers: while one decodes a large review, the other waits, and
     past the wait it answers 503 rather than holding a thread for ever."""
-    from gpufrac.webhook import app
+    from gpufrac.webhook.serve import app
 
     monkeypatch.setattr(app, "LARGE_REVIEW_WAIT_SECONDS", 0.2)
     first, second = app.LargeReviewGate(tmp_path / "lock"), app.LargeReviewGate(tmp_path / "lock")
@@ -258,7 +261,7 @@ def test_large_reviews_sent_together_are_all_answered(server):
     """Reviews over the large-review size from several clients at once: each waits its turn and is answered."""
     import concurrent.futures
 
-    from gpufrac.webhook.app import LARGE_REVIEW_BYTES
+    from gpufrac.webhook.serve.app import LARGE_REVIEW_BYTES
 
     big = pod(INFERENCE)
     big["metadata"]["annotations"]["note.example.com/pad"] = "x" * (LARGE_REVIEW_BYTES + 1000)

@@ -6,31 +6,22 @@ import copy
 
 import pytest
 
-from gpufrac.webhook import admission
-from gpufrac.webhook.errors import BadReviewError
-from gpufrac.webhook.review import parse_review
-from gpufrac.webhook.workloads import BY_KIND, WORKLOADS, pod_template
-from tests.webhook.builders import IMAGE, POLICY, review_body
+from gpufrac.webhook.decide import admission
+from gpufrac.webhook.decide.errors import BadReviewError
+from gpufrac.webhook.decide.workloads import BY_KIND, WORKLOADS, pod_template
+from testkit import pods
+from testkit.admission import POLICY
+from testkit.reviews import review
 
 
 def workload(kind: str, annotations: dict[str, str], **container_fields) -> dict:
-    template = {"metadata": {"labels": {"app": "x"}, "annotations": dict(annotations)},
-                "spec": {"containers": [{"name": "main", "image": IMAGE, **container_fields}]}}
-    obj: dict = {"apiVersion": "v1", "kind": kind, "metadata": {"name": "w", "namespace": "team-a"}}
-    node = obj
-    path = BY_KIND[kind].template_path
-    for part in path[:-1]:
-        node = node.setdefault(part, {})
-    node[path[-1]] = template
-    return obj
+    return pods.workload(kind, annotations, "main", template_labels={"app": "x"}, **container_fields)
 
 
 def request(obj: dict, operation: str = "CREATE", old: dict | None = None, sub_resource: str = ""):
-    body = review_body(obj, operation=operation, old=old, sub_resource=sub_resource)
-    spec = BY_KIND[obj["kind"]]
-    body["request"]["kind"] = {"group": spec.group, "version": "v1", "kind": spec.kind}
-    body["request"]["resource"] = {"group": spec.group, "version": "v1", "resource": spec.resource}
-    return parse_review(body)
+    kind = BY_KIND[obj["kind"]]
+    return review(obj, operation=operation, old=old, sub_resource=sub_resource, kind=kind.kind, group=kind.group,
+                  resource=kind.resource)
 
 
 KINDS = [w.kind for w in WORKLOADS]
@@ -101,7 +92,7 @@ def test_a_template_of_the_wrong_type_is_a_bad_review():
 
 
 def test_a_template_denial_is_counted_by_what_it_names():
-    from gpufrac.webhook.metrics import denial_reason
+    from gpufrac.webhook.serve.metrics import denial_reason
     outcome = admission.validate(request(workload("CronJob", {"gpu-fraction": "1.5"})), POLICY)
     (violation,) = outcome.violations
     assert denial_reason(violation) == "annotation gpu-fraction"

@@ -176,7 +176,7 @@ and metadata.labels may be absent (has()); on pods/binding the object is a Bindi
 || (has({{ $o }}.metadata.labels) && "gpufrac.io/fractional" in {{ $o }}.metadata.labels)
 {{- end }}
 
-{{/* KAI's pod-level shorthands (gpufrac.core.annotations.SHORTHAND_KEYS; tests/test_chart.py checks they agree). */}}
+{{/* KAI's pod-level shorthands (gpufrac.core.annotations.SHORTHAND_KEYS; tests/chart/test_chart.py checks they agree). */}}
 {{- define "gpufrac.shorthandKeys" -}}
 ["gpu-fraction", "gpu-fraction.limit", "gpu-memory", "gpu-memory.limit", "gpu-fraction-num-devices", "gpu-fraction-container-name", "kai.scheduler/gpu-compute-sharing-mode"]
 {{- end }}
@@ -373,4 +373,40 @@ securityContext:
 {{- define "gpufrac.hasMonitoringKind" -}}
 {{- $root := index . 0 -}}
 {{- if $root.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" (index . 1)) }}true{{ end }}
+{{- end }}
+
+{{/* --log-level and --log-format of every gpufrac container (values: log.level, log.format): include "gpufrac.logArgs" . */}}
+{{- define "gpufrac.logArgs" -}}
+- --log-level
+- {{ .Values.log.level | quote }}
+- --log-format
+- {{ .Values.log.format | quote }}
+{{- end }}
+
+{{/*
+Whether to render the ValidatingAdmissionPolicies: policies.enabled, on a cluster that has them in v1 (1.30+).
+*/}}
+{{- define "gpufrac.policiesEnabled" -}}
+{{- if and .Values.policies.enabled (semverCompare ">=1.30-0" .Capabilities.KubeVersion.Version) -}}
+{{- if and (has "Deny" .Values.policies.validationActions) (has "Warn" .Values.policies.validationActions) -}}
+{{- fail "policies.validationActions: Deny and Warn cannot be used together (the API server refuses the Binding); use [Deny], or [Warn] and/or [Audit] for a dry run" -}}
+{{- end -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/* The name of one policy and its Binding: include "gpufrac.policyName" (list . "pods"). */}}
+{{- define "gpufrac.policyName" -}}
+{{- printf "%s-%s" (include "gpufrac.fullname" (index . 0)) (index . 1) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Whether the policies enforce everything the validating webhook checks on a pod's CREATE, so the webhook can skip
+it: they are on, they deny (not a Warn/Audit dry run), and the MPS directories come by CSI (with hostPath delivery
+the injection check stays with the webhook).
+*/}}
+{{- define "gpufrac.policiesCheckCreate" -}}
+{{- if and (include "gpufrac.policiesEnabled" .) (has "Deny" .Values.policies.validationActions) (eq .Values.mps.delivery "csi") -}}
+true
+{{- end -}}
 {{- end }}

@@ -2,7 +2,12 @@
 // line per expression on stdout ("ok" or the parse error). `promqlcheck eval` evaluates them instead, with
 // Prometheus' own engine, over series given in promqltest's `load` notation: stdin is
 // {"load": "...", "at": "2h", "exprs": [...]}, and each line is the number of series the expression returns at
-// that time (an alert expression fires where it returns any) or the error. Used by tests/e2e/test_monitoring.py.
+// that time (an alert expression fires where it returns any) or the error. `promqlcheck scrape` scrapes real
+// targets with Prometheus' own scrape manager, as a Prometheus with the given configuration would (its
+// relabel_configs, honor_labels and metric_relabel_configs applied by Prometheus' code), into a TSDB of its own:
+// stdin is {"config": "<prometheus.yml>", "targets": {"<job>": [{"__address__": ..., "__meta_...": ...}]},
+// "scrapes": 3, "exprs": [...]}; stdout is one JSON object, {"results": [count or error per expression],
+// "series": [the label sets stored]}. Used by tests/e2e/test_monitoring.py.
 package main
 
 import (
@@ -21,6 +26,9 @@ import (
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "eval" {
 		os.Exit(evaluate())
+	}
+	if len(os.Args) > 1 && os.Args[1] == "scrape" {
+		os.Exit(scrapeAndQuery())
 	}
 	var exprs []string
 	if err := json.NewDecoder(os.Stdin).Decode(&exprs); err != nil {

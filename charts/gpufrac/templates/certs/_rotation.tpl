@@ -112,6 +112,7 @@ containers:
       - {{ $sm.renewBeforeDays | quote }}
       - --overlap-minutes
       - {{ $sm.overlapMinutes | quote }}
+      {{- include "gpufrac.logArgs" $root | nindent 6 }}
       {{- range .extraArgs }}
       - {{ . | quote }}
       {{- end }}

@@ -1,0 +1,22 @@
+{{/* What the agent holds on its node beyond the audit (enforcement.*, reclaim.*): its flags, and whether it may
+evict. `policy: off` written unquoted is YAML's false: it means off too. */}}
+{{- define "gpufrac.reclaimPolicy" -}}
+{{- $policy := .Values.reclaim.policy -}}
+{{- if or (kindIs "bool" $policy) (eq (toString $policy) "off") -}}off{{- else -}}{{ $policy }}{{- end -}}
+{{- end }}
+
+{{- define "gpufrac.agent.guaranteeArgs" -}}
+- --over-limit-action
+- {{ .Values.enforcement.overLimitAction | quote }}
+- --reclaim-policy
+- {{ include "gpufrac.reclaimPolicy" . | quote }}
+- --reclaim-grace-period
+- {{ .Values.reclaim.gracePeriodSeconds | quote }}
+- --reclaim-hysteresis-mib
+- {{ .Values.reclaim.hysteresisMiB | quote }}
+{{- end }}
+
+{{/* "true" when the agent can evict: overLimitAction evict, reclaim evict, or --evict-on-violation in extraArgs. */}}
+{{- define "gpufrac.agent.mayEvict" -}}
+{{- if or (eq .Values.enforcement.overLimitAction "evict") (eq (include "gpufrac.reclaimPolicy" .) "evict") (has "--evict-on-violation" .Values.agent.extraArgs) -}}true{{- end -}}
+{{- end }}

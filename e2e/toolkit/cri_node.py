@@ -1,0 +1,85 @@
+"""containerd 2 alone (the tools cache's, as the real node runs it: its CRI with NRI and CDI on, runc), with fake GPU
+device nodes in a directory of its own and CDI specs of NVIDIA's shape naming them: for a CRI client that makes
+pods itself (crictl, a bench). No kubelet (it removes pods it did not make), no CNI (host-network pods only), no
+machine lock (nothing here is machine-wide: sockets, state, devices and specs live under `root`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from e2e.toolkit import gpu_devices
+from e2e.toolkit.containerd import Containerd
+from e2e.toolkit.netns import NodeNetwork
+from e2e.toolkit.wait import wait_until
+
+IMAGE_ARCHIVES = ("pause.oci.tar", "app.oci.tar")
+
+
+class CriNode:
+    def __init__(self, root: Path, pause_image: str, uuids: Sequence[str]) -> None:
+        """`root`: keep it short, a unix socket's path must stay under 108 bytes."""
+        self.root = root
+        self.dev = root / "dev"
+        self.uuids = tuple(uuids)
+        # the network only fills containerd's CNI config, which host-network pods never use
+        self.containerd = Containerd(root / "containerd", pause_image, NodeNetwork(bridge="gpufraccri0"))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.containerd.cdi_dir
+
+    @property
+    def socket(self) -> Path:
+        return self.containerd.socket
+
+    @property
+    def nri_socket(self) -> Path:
+        return self.containerd.nri_socket
+
+    def start(self, images_dir: Path) -> None:
+        self.dev.mkdir(parents=True, exist_ok=True)
+        gpu_devices.create(len(self.uuids), self.dev)
+        self.containerd.write_config()
+        for spec in (gpu_devices.toolkit_spec(self.uuids, self.dev),
+                     gpu_devices.device_plugin_spec(self.uuids, self.dev)):
+            (self.cdi_dir / gpu_devices.spec_file_name(spec["kind"])).write_text(json.dumps(at_dev(spec)))
+        argv = [Containerd.binary("containerd"), "--config", str(self.containerd.config_file), "--log-level", "warn"]
+        self.proc = subprocess.Popen(argv, env=self.containerd.env(), stdout=(self.root / "containerd.log").open("ab"),
+                                     stderr=subprocess.STDOUT)
+        wait_until(self.containerd.ready, 120, "containerd's CRI socket", interval=0.2)
+        for archive in IMAGE_ARCHIVES:
+            self.containerd.import_image(images_dir / archive)
+
+    def containers(self) -> list[str]:
+        return self.containerd.ctr("containers", "list", "-q").stdout.split()
+
+    def stop(self, crictl: str | None = None) -> None:
+        """Stops containerd; with `crictl`, first removes every pod left (their shims would outlive containerd)."""
+        if self.proc is not None:
+            if crictl:
+                subprocess.run([crictl, "--runtime-endpoint", f"unix://{self.socket}", "rmp", "-f", "-a"],
+                               capture_output=True, timeout=120, check=False)
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+        gpu_devices.remove(self.dev)
+
+
+def at_dev(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec with its device nodes at /dev/<name> in the container, from the node's own directory on the host."""
+    def edits(container_edits: dict[str, Any]) -> dict[str, Any]:
+        nodes = [{"path": f"/dev/{Path(n['hostPath']).name}", "hostPath": n["hostPath"]}
+                 for n in container_edits.get("deviceNodes", [])]
+        return {**container_edits, "deviceNodes": nodes}
+
+    return {**spec, "containerEdits": edits(spec["containerEdits"]),
+            "devices": [{**d, "containerEdits": edits(d["containerEdits"])} for d in spec["devices"]]}

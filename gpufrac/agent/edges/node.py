@@ -1,0 +1,94 @@
+"""Publishes the node's labels and Ready conditions, only when they change (plus a heartbeat).
+
+The one readiness is published under gpufrac's own type and under the types other schedulers gate on (KAI's
+`gpu-sharing.nvidia.com/Ready` and `gpu-fractioning.nvidia.com/Ready`, its two names across releases, in NvFractions
+mode), so they all say the same thing at the same time.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from gpufrac.agent.decide.capabilities import CONDITION_TYPE
+from gpufrac.agent.decide.model import NodeCondition
+from gpufrac.kube.errors import KubeError
+
+log = logging.getLogger(__name__)
+
+
+class NodeSink(Protocol):
+    def patch_node_labels(self, node: str, labels: dict[str, str]) -> None: ...
+
+    def patch_node_condition(self, node: str, condition: dict[str, Any]) -> None: ...
+
+
+def condition_body(condition: NodeCondition, now: dt.datetime, transitioned: bool,
+                   condition_type: str = CONDITION_TYPE) -> dict[str, Any]:
+    stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = {
+        "type": condition_type,
+        "status": str(condition.status),
+        "reason": condition.reason,
+        "message": condition.message,
+        "lastHeartbeatTime": stamp,
+    }
+    if transitioned:
+        body["lastTransitionTime"] = stamp
+    return body
+
+
+class NodePublisher:
+    def __init__(
+        self,
+        sink: NodeSink,
+        node: str,
+        *,
+        heartbeat: float = 300.0,
+        now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        extra_condition_types: tuple[str, ...] = (),
+    ) -> None:
+        self._sink = sink
+        self.condition_types = (CONDITION_TYPE, *(t for t in extra_condition_types if t != CONDITION_TYPE))
+        self._node = node
+        self._heartbeat = heartbeat
+        self._now = now
+        self._labels: dict[str, str] | None = None
+        self._condition: NodeCondition | None = None
+        self._condition_at: dt.datetime | None = None
+
+    def publish(self, labels: dict[str, str], condition: NodeCondition) -> None:
+        """Raises KubeError; what failed is retried on the next call."""
+        if labels != self._labels:
+            self._sink.patch_node_labels(self._node, labels)
+            log.info("node %s labels: %s", self._node, labels)
+            self._labels = dict(labels)
+        now = self._now()
+        due = self._condition_at is None or (now - self._condition_at).total_seconds() >= self._heartbeat
+        if condition != self._condition or due:
+            transitioned = self._condition is None or condition.status != self._condition.status
+            for condition_type in self.condition_types:
+                self._sink.patch_node_condition(
+                    self._node, condition_body(condition, now, transitioned, condition_type)
+                )
+            if condition != self._condition:
+                log.info(
+                    "node %s %s=%s %s: %s",
+                    self._node,
+                    ",".join(self.condition_types),
+                    condition.status,
+                    condition.reason,
+                    condition.message,
+                )
+            self._condition = condition
+            self._condition_at = now
+
+    def try_publish(self, labels: dict[str, str], condition: NodeCondition) -> bool:
+        try:
+            self.publish(labels, condition)
+        except KubeError as err:
+            log.warning("publishing node state: %s", err)
+            return False
+        return True

@@ -1,0 +1,20 @@
+"""The NRI plugin's settings (no wire imports: the CLI reads its defaults without the generated messages)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_SOCKET = Path("/var/run/nri/nri.sock")
+DEFAULT_LOCK_FILE = Path("/run/gpufrac/nri/plugin.lock")
+
+
+@dataclass(frozen=True)
+class NriConfig:
+    socket_path: Path = DEFAULT_SOCKET
+    name: str = "gpufrac"  # what containerd's required_plugins names
+    index: str = "10"  # two digits: plugins are called in index order
+    lock_file: Path | None = DEFAULT_LOCK_FILE
+    retry_interval: float = 1.0  # between tries while the socket is absent or refuses us
+    void_env_grants: bool = True  # containers that are no fraction get NVIDIA_VISIBLE_DEVICES=void
+    trusted_namespaces: frozenset[str] = frozenset({"kube-system"})  # whose pods keep their env grants

@@ -1,0 +1,130 @@
+"""NVML through pynvml (edge): the inventory and the running compute processes with their SM utilization."""
+
+from __future__ import annotations
+
+import threading
+
+import pynvml
+
+from gpufrac.agent.decide.errors import NvmlError
+from gpufrac.agent.decide.model import GpuInfo, GpuMemory, GpuProcess, Inventory
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class NvmlSource:
+    """Initializes NVML lazily, and again after an error (a driver reload, a lost GPU)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._initialized = False
+        self._last_sample_us: dict[str, int] = {}  # per GPU: timestamp of the newest utilization sample seen
+
+    def _ensure(self) -> None:
+        if not self._initialized:
+            pynvml.nvmlInit()
+            self._initialized = True
+
+    def _reset(self) -> None:
+        if self._initialized:
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError:
+                pass
+            self._initialized = False
+
+    def inventory(self) -> Inventory:
+        with self._lock:
+            try:
+                self._ensure()
+                gpus = []
+                for index in range(pynvml.nvmlDeviceGetCount()):
+                    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                    gpus.append(
+                        GpuInfo(
+                            index=pynvml.nvmlDeviceGetIndex(handle),
+                            uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+                            name=_text(pynvml.nvmlDeviceGetName(handle)),
+                            memory_total_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+                        )
+                    )
+                return Inventory(
+                    driver_version=_text(pynvml.nvmlSystemGetDriverVersion()).strip(),
+                    cuda_driver_version=int(pynvml.nvmlSystemGetCudaDriverVersion_v2()),
+                    gpus=tuple(gpus),
+                )
+            except pynvml.NVMLError as err:
+                self._reset()
+                raise NvmlError(f"NVML: {err}") from err
+
+    def processes(self) -> list[GpuProcess]:
+        """Compute processes on every GPU, with the newest SM utilization sample of each (None if none)."""
+        with self._lock:
+            try:
+                self._ensure()
+                result = []
+                for index in range(pynvml.nvmlDeviceGetCount()):
+                    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                    uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+                    util = self._utilization(handle, uuid)
+                    for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                        if proc.pid == 0:
+                            continue
+                        used = proc.usedGpuMemory
+                        result.append(
+                            GpuProcess(
+                                uuid,
+                                int(proc.pid),
+                                int(used) if used is not None else None,
+                                util.get(int(proc.pid)),
+                            )
+                        )
+                return result
+            except pynvml.NVMLError as err:
+                self._reset()
+                raise NvmlError(f"NVML: {err}") from err
+
+    def memory(self) -> dict[str, GpuMemory]:
+        """Each GPU's memory by UUID, with the driver's reserve (v2 memory info). A driver without v2 gives v1's
+        figures, whose `used` holds the reserve: then reserved reads 0 and used holds it, free is the same."""
+        with self._lock:
+            try:
+                self._ensure()
+                result = {}
+                for index in range(pynvml.nvmlDeviceGetCount()):
+                    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                    uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+                    try:
+                        info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+                        reserved = int(info.reserved)
+                    except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported,
+                            pynvml.NVMLError_ArgumentVersionMismatch):
+                        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+                        reserved = 0
+                    result[uuid] = GpuMemory(uuid, int(info.total), reserved, int(info.used), int(info.free))
+                return result
+            except pynvml.NVMLError as err:
+                self._reset()
+                raise NvmlError(f"NVML: {err}") from err
+
+    def _utilization(self, handle: object, uuid: str) -> dict[int, int]:
+        last = self._last_sample_us.get(uuid, 0)
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(handle, last)
+        except (pynvml.NVMLError_NotFound, pynvml.NVMLError_NotSupported):
+            return {}  # no sample since `last`
+        newest: dict[int, tuple[int, int]] = {}
+        for sample in samples:
+            if sample.pid == 0 or sample.smUtil > 100 or sample.timeStamp <= last:
+                continue
+            if sample.pid not in newest or sample.timeStamp > newest[sample.pid][0]:
+                newest[sample.pid] = (sample.timeStamp, sample.smUtil)
+        if newest:
+            self._last_sample_us[uuid] = max(ts for ts, _ in newest.values())
+        return {pid: util for pid, (_, util) in newest.items()}
+
+    def close(self) -> None:
+        with self._lock:
+            self._reset()

@@ -1,0 +1,336 @@
+"""Holding the range a fraction promises, at the node (edge): container totals, reclaim above request, usable capacity.
+
+Each audit pass ends here. The decisions are pure (`overlimit`, `reclaim`, `capacity`); this module reads what they
+need (NVML's memory, process start times), carries them out (a process killed, a pod evicted through the Eviction
+API) and reports them (Events, metrics, the usable-memory node labels the agent publishes).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gpufrac.agent.decide import capacity, reclaim
+from gpufrac.agent.decide.audit import Findings, Snapshot
+from gpufrac.agent.decide.errors import NvmlError, ProcReadError
+from gpufrac.agent.decide.events import EventSink, pod_event
+from gpufrac.agent.decide.model import (
+    EnforcementViolation,
+    EvictionOutcome,
+    GpuMemory,
+    GpuProcess,
+    Inventory,
+    ViolationKind,
+)
+from gpufrac.agent.decide.overlimit import OverLimitAction, newest
+from gpufrac.agent.decide.reclaim import Candidate, PodFacts, ReclaimPlan, ReclaimPolicy, ReclaimSettings, Tenant
+from gpufrac.agent.edges.metrics import AgentMetrics
+from gpufrac.agent.edges.procfs import is_mps_server, read_start_time
+from gpufrac.core.contract import mib_ceil
+from gpufrac.kube.errors import KubeError
+
+log = logging.getLogger(__name__)
+
+RECLAIM_LABEL = "gpufrac.io/reclaim"  # on reclaim's Events: evicted, reclaimed-for, blocked, would-evict, short
+
+
+@dataclass(frozen=True)
+class GuaranteeConfig:
+    over_limit_action: OverLimitAction = OverLimitAction.EVENT
+    reclaim: ReclaimSettings = field(default_factory=ReclaimSettings)
+
+    @property
+    def may_evict(self) -> bool:
+        return self.over_limit_action is OverLimitAction.EVICT or self.reclaim.policy is ReclaimPolicy.EVICT
+
+
+class MemorySource(Protocol):
+    def memory(self) -> dict[str, GpuMemory]: ...
+
+
+class GuaranteeKube(EventSink, Protocol):
+    def request_eviction(self, namespace: str, name: str) -> tuple[EvictionOutcome, str]: ...
+
+
+def _timestamp(text: object) -> float | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def pod_facts(pods: Iterable[Mapping[str, Any]]) -> dict[str, PodFacts]:
+    """By pod UID: spec.priority (0 when unset), status.startTime (else the creation time), and whether it is being
+    deleted."""
+    facts = {}
+    for pod in pods:
+        metadata = pod.get("metadata") or {}
+        priority = (pod.get("spec") or {}).get("priority")
+        started = _timestamp((pod.get("status") or {}).get("startTime")) or _timestamp(
+            metadata.get("creationTimestamp")
+        )
+        facts[str(metadata.get("uid", ""))] = PodFacts(
+            str(metadata.get("name", "")),
+            priority if isinstance(priority, int) else 0,
+            started or 0.0,
+            terminating=bool(metadata.get("deletionTimestamp")),
+        )
+    return facts
+
+
+def _mib(value: int) -> str:
+    return f"{mib_ceil(max(0, value))} MiB"
+
+
+def _owed_text(owed: Sequence[Tenant]) -> str:
+    return ", ".join(
+        f"{t.container.namespace}/{t.container.pod} (container {t.container.container}: "
+        f"{_mib(t.owed_bytes)} of its {_mib(t.request_bytes)} request not yet used)"
+        for t in owed
+    )
+
+
+class Guarantee:
+    """One per agent; `measure` and `act` run once per audit pass."""
+
+    def __init__(
+        self,
+        kube: GuaranteeKube,
+        gpus: MemorySource,
+        metrics: AgentMetrics,
+        node: str,
+        proc_root: Any,
+        config: GuaranteeConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        kill: Callable[[int, int], None] = os.kill,
+    ) -> None:
+        self._kube = kube
+        self._gpus = gpus
+        self._metrics = metrics
+        self._node = node
+        self._proc_root = proc_root
+        self.config = config
+        self._clock = clock
+        self._kill = kill
+        self._episodes: dict[str, reclaim.Episode] = {}
+        self._mps_context: dict[str, int] = {}  # the most each GPU's MPS servers were seen holding
+        self._killed: set[tuple[int, int]] = set()  # (pid, start time): a killed process NVML still lists
+        self._evicted: set[str] = set()  # pod UIDs evicted for their total
+        self.labels: dict[str, str] = {}  # the usable-memory labels, published with the agent's others
+
+    # ---- one pass ----
+
+    def run(self, inventory: Inventory, snapshot: Snapshot, findings: Findings,
+            pods: Sequence[Mapping[str, Any]]) -> None:
+        try:
+            memory = self._gpus.memory()
+        except NvmlError as err:
+            log.warning("%s", err)
+            memory = {}
+        usable = self.measure(inventory, memory, snapshot.processes)
+        self.hold_totals(findings.violations)
+        shortfalls = self.reclaim(snapshot, findings, memory, pods)
+        self._metrics.gpu_memory.set(usable, shortfalls)
+
+    def measure(self, inventory: Inventory, memory: Mapping[str, GpuMemory],
+                processes: Sequence[GpuProcess]) -> list[capacity.Usable]:
+        """Usable memory per GPU; the labels are kept for the next publish. An MPS server's context is remembered
+        at its largest: servers come and go with their clients, the memory they take each time does not change."""
+        servers = []
+        for process in processes:
+            try:
+                if is_mps_server(self._proc_root, process.pid):
+                    servers.append(process.pid)
+            except OSError:
+                continue
+        for uuid, held in capacity.mps_contexts(processes, servers).items():
+            self._mps_context[uuid] = max(self._mps_context.get(uuid, 0), held)
+        usable = capacity.usable(inventory.gpus, memory, self._mps_context)
+        self.labels = capacity.usable_labels(usable)
+        return usable
+
+    # ---- container totals ----
+
+    def hold_totals(self, violations: Sequence[EnforcementViolation]) -> None:
+        over = [v for v in violations if v.kind is ViolationKind.MEMORY_OVER_LIMIT]
+        self._metrics.containers_over_limit.set(len(over))
+        for violation in over:
+            if self.config.over_limit_action is OverLimitAction.KILL_NEWEST:
+                self._kill_newest(violation)
+            elif self.config.over_limit_action is OverLimitAction.EVICT:
+                self._evict_over_limit(violation)
+
+    def _start_times(self, pids: Iterable[int]) -> dict[int, int]:
+        times = {}
+        for pid in pids:
+            try:
+                times[pid] = read_start_time(self._proc_root, pid)
+            except ProcReadError:
+                continue  # exited meanwhile
+        return times
+
+    def _kill_newest(self, violation: EnforcementViolation) -> None:
+        started = self._start_times(violation.pids)
+        pid = newest(violation.pids, started)
+        if pid is None or (pid, started[pid]) in self._killed:
+            return  # gone, or killed already and not yet out of NVML's list
+        if self._start_times([pid]).get(pid) != started[pid]:
+            return  # the PID was reused meanwhile: not the process NVML counted
+        c = violation.container
+        try:
+            self._kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        except OSError as err:
+            log.warning("killing process %d of %s/%s: %s", pid, c.namespace, c.pod, err)
+            return
+        self._killed.add((pid, started[pid]))
+        self._metrics.over_limit_actions.labels(action=str(OverLimitAction.KILL_NEWEST), outcome="killed").inc()
+        others = ", ".join(str(p) for p in violation.pids if p != pid) or "none"
+        message = (
+            f"killed GPU process {pid}, the newest of container {c.container}'s processes on "
+            f"{violation.gpu_uuid} (enforcement.overLimitAction kill-newest); the others keep running ({others}): "
+            f"{violation.message}"
+        )
+        log.warning("%s/%s: %s", c.namespace, c.pod, message)
+        self._event(c.namespace, c.pod, c.pod_uid, "GPUProcessKilled", message, container=c.container,
+                    labels={"gpufrac.io/over-limit": "kill-newest"})
+
+    def _evict_over_limit(self, violation: EnforcementViolation) -> None:
+        c = violation.container
+        if c.pod_uid in self._evicted:
+            return
+        outcome, said = self._evict(c.namespace, c.pod)
+        if outcome is None:
+            return
+        if outcome is EvictionOutcome.BLOCKED:
+            self._metrics.over_limit_actions.labels(action="evict", outcome="blocked").inc()
+            log.warning("evicting %s/%s for its GPU memory total was refused: %s", c.namespace, c.pod, said)
+            return  # tried again next pass
+        self._evicted.add(c.pod_uid)
+        if outcome is EvictionOutcome.EVICTED:
+            self._metrics.over_limit_actions.labels(action="evict", outcome="evicted").inc()
+            self._event(c.namespace, c.pod, c.pod_uid, "GPUMemoryLimitEvicted",
+                        f"evicted (enforcement.overLimitAction evict): {violation.message}", container=c.container,
+                        labels={"gpufrac.io/over-limit": "evict"})
+
+    # ---- reclaim above request ----
+
+    def reclaim(self, snapshot: Snapshot, findings: Findings, memory: Mapping[str, GpuMemory],
+                pods: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+        """Decide (pure) and carry out; returns each GPU's shortfall, for the metric."""
+        shares = reclaim.shares(findings.attributed, snapshot.containers.values(), snapshot.gpus, memory)
+        plans, self._episodes = reclaim.decide(
+            shares, pod_facts(pods), self._episodes, self._clock(), self.config.reclaim
+        )
+        for plan in plans:
+            self._carry_out(plan)
+        return {share.gpu_uuid: share.shortfall_bytes for share in shares}
+
+    def _carry_out(self, plan: ReclaimPlan) -> None:
+        if not plan.candidates:
+            self._metrics.reclaims.labels(outcome="no-candidate").inc()
+            self._short(plan, "no pod uses more than its request there, so nothing can be reclaimed")
+            return
+        if plan.policy is ReclaimPolicy.OFF:
+            for candidate in reclaim.to_evict(plan):
+                self._metrics.reclaims.labels(outcome="would-evict").inc()
+                self._candidate_event(candidate, plan, "GPUReclaimWouldEvict", "would-evict",
+                                      "reclaim.policy is off: would evict this pod")
+            return
+        freed, blocked = self._evict_until_freed(plan)
+        if freed < plan.shortfall_bytes:
+            why = f"evictions refused for {', '.join(blocked)}" if blocked else "the evictions failed"
+            self._short(plan, f"{why}; the agent tries again after reclaim.gracePeriodSeconds")
+
+    def _evict_until_freed(self, plan: ReclaimPlan) -> tuple[int, list[str]]:
+        """Evict candidates in the plan's order until the shortfall is freed: the bytes freed, and the pods whose
+        eviction was refused."""
+        freed = sum(c.used_bytes for c in plan.candidates if c.terminating)  # evicted before, still going
+        blocked: list[str] = []
+        for candidate in plan.candidates:
+            if freed >= plan.shortfall_bytes:
+                break
+            if candidate.terminating:
+                continue
+            outcome, said = self._evict(candidate.namespace, candidate.pod)
+            if outcome is None:
+                self._metrics.reclaims.labels(outcome="failed").inc()
+            elif outcome is EvictionOutcome.BLOCKED:
+                self._metrics.reclaims.labels(outcome="blocked").inc()
+                blocked.append(f"{candidate.namespace}/{candidate.pod}")
+                self._candidate_event(candidate, plan, "GPUReclaimBlocked", "blocked", "could not evict this pod",
+                                      f"; the eviction was refused ({said}): the next candidate is tried, and this "
+                                      "pod again after reclaim.gracePeriodSeconds")
+            else:  # evicted, or gone already: either way its memory is being freed
+                freed += candidate.used_bytes
+                if outcome is EvictionOutcome.EVICTED:
+                    self._evicted_for(candidate, plan)
+        return freed, blocked
+
+    def _evicted_for(self, candidate: Candidate, plan: ReclaimPlan) -> None:
+        self._metrics.reclaims.labels(outcome="evicted").inc()
+        self._metrics.reclaimed_bytes.inc(candidate.used_bytes)
+        self._candidate_event(candidate, plan, "GPUMemoryReclaimed", "evicted", "evicted this pod")
+        self._tell_owed(
+            plan, "GPUMemoryReclaimedFor",
+            lambda t: f"evicted {candidate.namespace}/{candidate.pod} ({_mib(candidate.used_bytes)} on "
+            f"{plan.gpu_uuid}, {_mib(candidate.above_request_bytes)} above its requests) so that this pod's request "
+            f"fits: {_mib(t.owed_bytes)} of its {_mib(t.request_bytes)} request not yet used, {_mib(plan.free_bytes)} "
+            "free",
+            event_type="Normal", labels={RECLAIM_LABEL: "reclaimed-for"},
+        )
+
+    def _candidate_event(self, candidate: Candidate, plan: ReclaimPlan, reason: str, label: str, what: str,
+                         after: str = "") -> None:
+        message = (
+            f"{what} to reclaim GPU memory on {plan.gpu_uuid} for {_owed_text(plan.owed)}: it uses "
+            f"{_mib(candidate.used_bytes)} there, {_mib(candidate.above_request_bytes)} above its requests; "
+            f"{_mib(plan.shortfall_bytes + plan.free_bytes)} is owed below requests and {_mib(plan.free_bytes)} "
+            f"is free{after}"
+        )
+        log.warning("%s/%s: %s", candidate.namespace, candidate.pod, message)
+        self._event(candidate.namespace, candidate.pod, candidate.pod_uid, reason, message,
+                    labels={RECLAIM_LABEL: label})
+
+    def _short(self, plan: ReclaimPlan, why: str) -> None:
+        log.warning("GPU %s: requests do not fit (%s short): %s", plan.gpu_uuid, _mib(plan.shortfall_bytes), why)
+        self._tell_owed(
+            plan, "GPUMemoryGuaranteeShort",
+            lambda t: f"this pod's request may not fit on {plan.gpu_uuid}: {_mib(t.owed_bytes)} of its "
+            f"{_mib(t.request_bytes)} request not yet used and only {_mib(plan.free_bytes)} free "
+            f"({_mib(plan.shortfall_bytes)} short over all requests there): {why}",
+            labels={RECLAIM_LABEL: "short"},
+        )
+
+    def _tell_owed(self, plan: ReclaimPlan, reason: str, text: Callable[[Tenant], str], **extra: Any) -> None:
+        """An Event on each container the plan is for (those below their requests)."""
+        for tenant in plan.owed:
+            c = tenant.container
+            self._event(c.namespace, c.pod, c.pod_uid, reason, text(tenant), container=c.container, **extra)
+
+    # ---- the Kubernetes edge ----
+
+    def _evict(self, namespace: str, name: str) -> tuple[EvictionOutcome | None, str]:
+        """The Eviction API's answer; (None, why) when the call failed otherwise."""
+        try:
+            return self._kube.request_eviction(namespace, name)
+        except KubeError as err:
+            log.warning("evicting %s/%s: %s", namespace, name, err)
+            return None, str(err)
+
+    def _event(self, namespace: str, pod: str, pod_uid: str, reason: str, message: str, **extra: Any) -> None:
+        try:
+            self._kube.create_event(namespace, pod_event(self._node, namespace, pod, pod_uid, reason, message,
+                                                         **extra))
+        except Exception as err:  # an Event is worth a warning, not a failed pass
+            log.warning("recording %s on %s/%s: %s", reason, namespace, pod, err)

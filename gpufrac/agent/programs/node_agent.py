@@ -1,0 +1,230 @@
+"""`gpufrac agent`: its flags, and the process around the Agent (signals, HTTP server). The one entry point is
+`gpufrac agent` (gpufrac/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpufrac.agent.decide.capabilities import KAI_CONDITION_TYPES, ready_condition_types
+from gpufrac.agent.decide.errors import AgentError, ConfigError
+from gpufrac.agent.decide.events import EventSink
+from gpufrac.agent.decide.overlimit import OverLimitAction
+from gpufrac.agent.decide.reclaim import ReclaimPolicy, ReclaimSettings
+from gpufrac.agent.edges.metrics import AgentMetrics
+from gpufrac.agent.edges.nri.config import NriConfig
+from gpufrac.agent.edges.nri.devices import DEFAULT_CDI_DIRS, CdiSpecs
+from gpufrac.agent.programs.agent_config import AgentConfig, DaemonOwner
+from gpufrac.agent.programs.daemon_options import add_daemon_arguments, restart_policy
+from gpufrac.agent.programs.guarantee import GuaranteeConfig
+from gpufrac.agent.programs.node_loop import Agent
+from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.contract import MIB
+from gpufrac.core.jsonlog import add_log_arguments, setup_logging
+from gpufrac.probes.server import BindError, ProbeServer, registry_text
+
+if TYPE_CHECKING:
+    from gpufrac.agent.edges.csi.server import CsiPlugin
+    from gpufrac.agent.programs.nri_service import NriService
+
+DEFAULT_METRICS_BIND = ":9475"  # not 9400: DCGM exporter's port
+
+log = logging.getLogger("gpufrac.agent")
+
+
+def _modes(text: str) -> tuple[ComputeMode, ...]:
+    try:
+        return tuple(ComputeMode(m.strip()) for m in text.split(",") if m.strip())
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(
+            f"{text}: expected a comma list of {', '.join(ComputeMode)}"
+        ) from err
+
+
+_DEFAULTS = AgentConfig(node="")  # every default is written once: in AgentConfig, DaemonSettings, RestartPolicy
+_RECLAIM = _DEFAULTS.guarantee.reclaim
+_NRI = NriConfig()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--node", default=os.environ.get("NODE_NAME"),
+                        help="this node's name (default: $NODE_NAME, from the downward API)")
+    parser.add_argument("--kubeconfig", default=None,
+                        help="kubeconfig file (default: the in-cluster service account, then $KUBECONFIG)")
+    parser.add_argument("--modes", type=_modes, default=",".join(_DEFAULTS.modes), metavar="MODE,…",
+                        help=f"compute modes to serve, a comma list of {', '.join(ComputeMode)}")
+    add_daemon_arguments(parser)
+    parser.add_argument("--memory-limit-file", type=Path, default=_DEFAULTS.memory_limit_file, metavar="PATH",
+                        help="the agent container's cgroup memory limit, checked against the MPS budget")
+    parser.add_argument("--metrics-bind", default=DEFAULT_METRICS_BIND, metavar="HOST:PORT",
+                        help="serves /metrics, /healthz and /readyz; no host: every address of the pod's IP family")
+    parser.add_argument("--interval", type=float, default=_DEFAULTS.interval, metavar="SECONDS",
+                        help="time between audits")
+    parser.add_argument("--evict-on-violation", action=argparse.BooleanOptionalAction,
+                        default=_DEFAULTS.evict_on_violation,
+                        help="evict a pod whose GPU processes break its limits (once per pod)")
+    parser.add_argument("--over-limit-action", type=OverLimitAction, choices=list(OverLimitAction),
+                        default=_DEFAULTS.guarantee.over_limit_action,
+                        help="besides a Warning Event and the metric, what happens to a container whose GPU processes "
+                             "together use more than its limit: event (nothing), evict (its pod), kill-newest (its "
+                             "newest GPU process; the others keep running)")
+    parser.add_argument("--reclaim-policy", type=ReclaimPolicy, choices=list(ReclaimPolicy), default=_RECLAIM.policy,
+                        help="when the memory owed to containers below their requests does not fit in a GPU's free "
+                             "memory: evict pods above their requests (lowest priority, then youngest) through the "
+                             "Eviction API, or off (an Event and a metric say what would have been evicted)")
+    parser.add_argument("--reclaim-grace-period", type=float, default=_RECLAIM.grace_seconds, metavar="SECONDS",
+                        help="how long a GPU's shortfall must last before reclaim acts, and the wait between actions")
+    parser.add_argument("--reclaim-hysteresis-mib", type=int, default=_RECLAIM.hysteresis_bytes // MIB,
+                        metavar="MIB", help="free memory beyond what is owed that ends a GPU's contention (no flapping "
+                                            "at the threshold)")
+    parser.add_argument("--ready-condition-type", action="append", metavar="TYPE",
+                        help="node condition published with gpufrac.io/Ready's status, besides it (repeatable; "
+                             f"default {' and '.join(KAI_CONDITION_TYPES)}, the names KAI's NvFractions mode gates "
+                             "fractional placement on; '' for none)")
+    parser.add_argument("--mps-daemons", type=DaemonOwner, choices=list(DaemonOwner), default=_DEFAULTS.mps_daemons,
+                        help="agent: run the MPS daemons as the agent's children (they stop with it); external: "
+                             "`gpufrac mps` runs them in their own containers (the chart's <release>-mps DaemonSet) "
+                             "and the agent finds and watches them, so its restarts and upgrades leave them running")
+    parser.add_argument("--csi", action=argparse.BooleanOptionalAction, default=False,
+                        help="serve the CSI node plugin that mounts each mode's MPS directories into fractional pods")
+    parser.add_argument("--csi-driver", default=_DEFAULTS.csi_driver, help="the CSI driver's name (CSIDriver object)")
+    parser.add_argument("--kubelet-dir", type=Path, default=Path("/var/lib/kubelet"), metavar="PATH",
+                        help="the kubelet's root directory, mounted at the same path: plugins/<driver>/csi.sock is "
+                             "served there and plugins_registry/<driver>-reg.sock announces it")
+    parser.add_argument("--nri", action=argparse.BooleanOptionalAction, default=False,
+                        help="run the NRI plugin: at each container creation the runtime (containerd 2.x, CRI-O) "
+                             "asks it, and it hands fractional containers their GPU devices (CDI or device nodes) "
+                             "and gives every other container none")
+    parser.add_argument("--nri-socket", type=Path, default=_NRI.socket_path, metavar="PATH",
+                        help="the runtime's NRI socket (containerd: [plugins.'io.containerd.nri.v1.nri'] "
+                             "socket_path)")
+    parser.add_argument("--nri-lock-file", type=Path, default=_NRI.lock_file, metavar="PATH",
+                        help="a host file the plugin locks, so two agents on one node never register at once")
+    parser.add_argument("--nri-index", default=_NRI.index, metavar="NN",
+                        help="the plugin's two-digit index: plugins are called in index order")
+    parser.add_argument("--nri-void-env-grants", action=argparse.BooleanOptionalAction, default=_NRI.void_env_grants,
+                        help="give containers that are no GPU fraction NVIDIA_VISIBLE_DEVICES=void (and no MIG or "
+                             "IMEX grant), so their env cannot take a GPU; --no-nri-void-env-grants leaves it alone")
+    parser.add_argument("--nri-trusted-namespace", action="append", metavar="NAMESPACE",
+                        help="a namespace whose pods keep their NVIDIA_VISIBLE_DEVICES (the GPU stack's own: device "
+                             "plugin, DCGM exporter); repeatable; default kube-system; the agent's own namespace "
+                             "($POD_NAMESPACE) always")
+    parser.add_argument("--cdi-spec-dir", type=Path, action="append", metavar="PATH",
+                        help="a directory of CDI specs, as the runtime's cdi_spec_dirs (repeatable; default "
+                             f"{', '.join(map(str, DEFAULT_CDI_DIRS))})")
+    parser.add_argument("--image", default="", metavar="REF",
+                        help="the image the agent runs in (the chart sets it): with the version, the build it "
+                             "compares with the MPS pods' (gpufrac_mps_version_skew)")
+    add_log_arguments(parser)
+
+
+def config_from_args(args: argparse.Namespace) -> AgentConfig:
+    if not args.node:
+        raise ConfigError("--node is required (or set NODE_NAME)")
+    if args.interval <= 0:
+        raise ConfigError(f"--interval {args.interval}: must be positive")
+    if args.reclaim_grace_period < 0 or args.reclaim_hysteresis_mib < 0:
+        raise ConfigError("--reclaim-grace-period and --reclaim-hysteresis-mib must be at least 0")
+    return AgentConfig(
+        node=args.node,
+        modes=args.modes,
+        mps_binary=args.mps_binary,
+        mps_root=args.mps_root,
+        mps_log_root=args.mps_log_root,
+        mps_config_dir=args.mps_config_dir,
+        proc_root=args.proc_root,
+        memory_limit_file=args.memory_limit_file,
+        interval=args.interval,
+        evict_on_violation=args.evict_on_violation,
+        restart_policy=restart_policy(args),
+        quit_timeout=args.quit_timeout,
+        extra_condition_types=ready_condition_types(args.ready_condition_type),
+        csi_driver=args.csi_driver,
+        mps_daemons=args.mps_daemons,
+        guarantee=GuaranteeConfig(
+            args.over_limit_action,
+            ReclaimSettings(args.reclaim_policy, args.reclaim_grace_period, args.reclaim_hysteresis_mib * MIB),
+        ),
+        image=args.image,
+    )
+
+
+def csi_plugin(args: argparse.Namespace, agent: Agent) -> CsiPlugin | None:
+    if not args.csi:
+        return None
+    from gpufrac.agent.edges.csi.server import CsiConfig, CsiPlugin, plugin_paths
+
+    endpoint, registration = plugin_paths(args.kubelet_dir, args.csi_driver)
+    return CsiPlugin(CsiConfig(args.csi_driver, endpoint, registration), agent.node_dirs, agent.find_pod,
+                     agent.pods.synced.is_set)
+
+
+def nri_service(args: argparse.Namespace, agent: Agent, kube: EventSink, metrics: AgentMetrics) -> NriService | None:
+    if not args.nri:
+        return None
+    if not re.fullmatch(r"[0-9]{2}", args.nri_index):
+        raise ConfigError(f"--nri-index {args.nri_index}: expected two digits, such as 10")
+    from gpufrac.agent.programs.nri_service import NriService
+
+    trusted = set(_NRI.trusted_namespaces if args.nri_trusted_namespace is None else args.nri_trusted_namespace)
+    if os.environ.get("POD_NAMESPACE"):  # the agent's and the MPS daemons' pods hold every GPU through their env
+        trusted.add(os.environ["POD_NAMESPACE"])
+    config = NriConfig(args.nri_socket, index=args.nri_index, lock_file=args.nri_lock_file,
+                       void_env_grants=args.nri_void_env_grants, trusted_namespaces=frozenset(trusted))
+    return NriService(config, agent, kube, metrics, cdi=CdiSpecs(args.cdi_spec_dir or DEFAULT_CDI_DIRS))
+
+
+def probe_server(bind: str, metrics: AgentMetrics, agent: Agent) -> ProbeServer:
+    try:
+        return ProbeServer(bind, registry_text(metrics.registry), {"/healthz": agent.healthz, "/readyz": agent.readyz})
+    except BindError as err:
+        raise ConfigError(f"--metrics-bind {err}") from err
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level, fmt=args.log_format)
+    from gpufrac.agent.edges.kube import KubeClient
+    from gpufrac.agent.edges.nvml import NvmlSource
+
+    try:
+        config = config_from_args(args)
+        metrics = AgentMetrics(node=config.node)
+        kube = KubeClient.from_config(args.kubeconfig)
+        agent = Agent(config, kube, NvmlSource(), metrics)
+        server = probe_server(args.metrics_bind, metrics, agent)
+        plugin = csi_plugin(args, agent)
+        if plugin is not None:
+            plugin.start()
+        nri = nri_service(args, agent, kube, metrics)
+        if nri is not None:
+            nri.start()
+    except AgentError as err:
+        log.error("%s", err)
+        return 2
+    except Exception as err:  # a kubeconfig that cannot be loaded, for instance
+        log.error("cannot start the agent: %s", err)
+        return 2
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("%s: stopping (MPS daemons get `quit`)", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server.start()
+    log.info("gpufrac agent on node %s; metrics on %s", config.node, args.metrics_bind)
+    try:
+        return agent.run(stop)
+    finally:
+        if nri is not None:
+            nri.stop()
+        if plugin is not None:
+            plugin.stop()
+        server.stop()

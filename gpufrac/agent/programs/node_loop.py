@@ -1,0 +1,224 @@
+"""The agent's loop: wires the pure decisions to the edges. One `tick()` is one reconciliation: the GPUs (NVML), the
+MPS daemons (programs/daemons.py), the node's labels and condition, then an audit pass (programs/audit_pass.py).
+It also answers the CSI node plugin and the probes."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from gpufrac.agent.decide import capabilities
+from gpufrac.agent.decide.csi_publish import NodeDirs, PodRef
+from gpufrac.agent.decide.errors import NvmlError
+from gpufrac.agent.decide.model import DaemonStatus, EnforcementViolation, EvictionOutcome, Inventory, NodeCondition
+from gpufrac.agent.decide.mps_config import memory_problem
+from gpufrac.agent.edges.metrics import AgentMetrics
+from gpufrac.agent.edges.node import NodePublisher, NodeSink
+from gpufrac.agent.edges.podwatch import PodCache, PodSource
+from gpufrac.agent.edges.procfs import read_memory_limit
+from gpufrac.agent.programs.agent_config import AgentConfig
+from gpufrac.agent.programs.audit_pass import AuditKube, AuditPass, GpuSource
+from gpufrac.agent.programs.daemons import Daemon, MpsDaemons
+from gpufrac.agent.programs.guarantee import Guarantee
+from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.buildinfo import build
+from gpufrac.core.contract import Enforcement, mps_pipe_dir, mps_shm_dir
+
+log = logging.getLogger(__name__)
+
+
+class KubeSink(NodeSink, AuditKube, PodSource, Protocol):
+    def request_eviction(self, namespace: str, name: str) -> tuple[EvictionOutcome, str]: ...
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        kube: KubeSink,
+        gpus: GpuSource,
+        metrics: AgentMetrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.config = config
+        self.kube = kube
+        self.gpus = gpus
+        self.metrics = metrics
+        self._clock = clock
+        self.pods = PodCache(
+            kube, config.node, watch_timeout=config.watch_timeout, on_reconnect=metrics.watch_reconnects.inc
+        )
+        self.publisher = NodePublisher(kube, config.node, extra_condition_types=config.extra_condition_types)
+        self.daemons = MpsDaemons(config, kube, metrics, clock=clock, sleep=sleep)
+        guarantee = Guarantee(kube, gpus, metrics, config.node, config.proc_root, config.guarantee, clock=clock)
+        self.audit = AuditPass(config, kube, gpus, metrics, self.pods, guarantee)
+        self.inventory: Inventory | None = None
+        self.nvml_error: str | None = None
+        self._last_tick: float | None = None
+        self._started = self._clock()
+        # Per mode, why a container cannot get it now (None: it can), as of the last tick: what the NRI plugin
+        # decides with (it answers the runtime within its 2 s deadline, so it does not scan /proc itself).
+        self.not_served: dict[ComputeMode, str | None] = {}
+        self.ticked = threading.Event()  # set after the first tick: the NRI plugin registers only then
+        # Why GPUs do not reach containers through the NRI plugin (None: they do, or it is off); set by the plugin.
+        self.delivery_problem: Callable[[], str | None] = lambda: None
+
+    @property
+    def supervisors(self) -> dict[ComputeMode, Daemon]:
+        return self.daemons.supervisors
+
+    @property
+    def violations(self) -> list[EnforcementViolation]:
+        """What the last audit pass found."""
+        return self.audit.violations
+
+    # ---- lifecycle ----
+
+    def start(self) -> None:
+        self.daemons.prepare_shm()
+        self.pods.start()
+
+    def run(self, stop: threading.Event) -> int:
+        self.start()
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception:
+                log.exception("agent loop iteration failed")
+            stop.wait(self.config.interval)
+        self.shutdown()
+        return 0
+
+    def shutdown(self) -> None:
+        """Stop watching, `quit` every daemon (in parallel), then mark the node unwatched."""
+        self.pods.stop()
+        self.daemons.stop()
+        self.daemons.report()
+        self.publisher.try_publish(self._labels(self._enforcement(self.daemon_statuses())),
+                                   capabilities.stopped_condition())
+
+    # ---- one reconciliation ----
+
+    def tick(self) -> None:
+        self._refresh_inventory()
+        if self.inventory is not None:
+            self.daemons.ensure(self.inventory)
+        self.daemons.report()
+        statuses = self.daemon_statuses()  # one reading: a daemon may come up between two
+        enforced = self._enforcement(statuses)
+        own_build = build(self.config.image)
+        skew = capabilities.version_skew(own_build, statuses)
+        self._report_enforcement(enforced, statuses, skew)
+        self.not_served = self._not_served(enforced, statuses)
+        skew_message = capabilities.skew_message(own_build, skew) if skew else None
+        self.publisher.try_publish(self._labels(enforced), self._condition(enforced, statuses, skew_message))
+        if self.inventory is not None and self.pods.synced.is_set():
+            self.audit.run(self.inventory)
+        self._last_tick = self._clock()
+        self.ticked.set()
+
+    def _report_enforcement(self, enforced: Mapping[ComputeMode, Enforcement],
+                            statuses: Mapping[ComputeMode, DaemonStatus], skew: Collection[ComputeMode]) -> None:
+        for mode in ComputeMode:
+            for value in Enforcement:
+                self.metrics.enforcement.labels(mode=str(mode), enforcement=str(value)).set(
+                    1 if enforced[mode] is value else 0
+                )
+        for mode in statuses:
+            self.metrics.version_skew.labels(mode=str(mode)).set(1 if mode in skew else 0)
+
+    def _condition(self, enforced: Mapping[ComputeMode, Enforcement], statuses: Mapping[ComputeMode, DaemonStatus],
+                   skew: str | None) -> NodeCondition:
+        return capabilities.node_condition(
+            self.inventory,
+            self.config.modes,
+            dict(enforced),
+            dict(statuses),
+            nvml_error=self.nvml_error,
+            memory_problem=self._memory_problem(),
+            delivery_problem=self.delivery_problem(),
+            skew=skew,
+        )
+
+    def _labels(self, enforced: dict[ComputeMode, Enforcement]) -> dict[str, str]:
+        """What the node can enforce, and the usable memory per GPU model (measured by the last audit)."""
+        return {**capabilities.node_labels(self.inventory, enforced), **self.audit.guarantee.labels}
+
+    def _refresh_inventory(self) -> None:
+        try:
+            self.inventory = self.gpus.inventory()
+            self.nvml_error = None
+            self.metrics.nvml_up.set(1)
+        except NvmlError as err:
+            log.warning("%s", err)
+            self.inventory = None
+            self.nvml_error = str(err)
+            self.metrics.nvml_up.set(0)
+            self.metrics.set_usage(())  # the last snapshot's usage is no longer known: no stale series
+
+    def daemon_statuses(self) -> dict[ComputeMode, DaemonStatus]:
+        return self.daemons.statuses()
+
+    def _enforcement(self, statuses: Mapping[ComputeMode, DaemonStatus]) -> dict[ComputeMode, Enforcement]:
+        if self.inventory is None:
+            return dict.fromkeys(ComputeMode, Enforcement.NONE)
+        return capabilities.enforcement(self.inventory, self.config.modes, statuses)
+
+    def _memory_problem(self) -> str | None:
+        if self.inventory is None:
+            return None
+        return memory_problem(read_memory_limit(self.config.memory_limit_file), len(self.inventory.gpus),
+                              self.daemons.own())
+
+    # ---- what the CSI node plugin asks ----
+
+    def node_dirs(self) -> NodeDirs:
+        """This node's MPS directories and, per mode, why a pod cannot get them now (None: it can)."""
+        statuses = self.daemon_statuses()  # one reading for both: a daemon may come up between two
+        return NodeDirs(
+            node=self.config.node,
+            driver=self.config.csi_driver,
+            pipe_dirs={mode: Path(mps_pipe_dir(str(self.config.mps_root), mode)) for mode in ComputeMode},
+            shm_dir=Path(mps_shm_dir(str(self.config.mps_root))),
+            not_served=self._not_served(self._enforcement(statuses), statuses),
+        )
+
+    def _not_served(self, enforced: Mapping[ComputeMode, Enforcement],
+                    statuses: Mapping[ComputeMode, DaemonStatus]) -> dict[ComputeMode, str | None]:
+        return {mode: capabilities.unserved_reason(mode, self.inventory, self.config.modes, enforced, statuses)
+                for mode in ComputeMode}
+
+    def find_pod(self, ref: PodRef) -> dict[str, Any] | None:
+        """The pod a volume is for: from the watch cache, else from the API server (the kubelet can be faster than
+        the watch, and pods without the fractional label are not cached at all). Raises KubeError."""
+        return self.pods.get(ref.uid) or self.kube.get_pod(ref.namespace, ref.name)
+
+    # ---- probes ----
+
+    def healthz(self) -> tuple[bool, str]:
+        reference = self._last_tick if self._last_tick is not None else self._started
+        stale = self._clock() - reference > max(3 * self.config.interval, 60.0)
+        return (False, "the agent loop has not run recently") if stale else (True, "ok")
+
+    def readyz(self) -> tuple[bool, str]:
+        problems = []
+        if self.inventory is None:
+            problems.append(f"NVML unavailable: {self.nvml_error or 'not queried yet'}")
+        if not self.pods.synced.is_set():
+            problems.append("pod list not synced yet")
+        for mode, status in self.daemon_statuses().items():
+            if not status.up:
+                problems.append(
+                    f"{mode} MPS daemon {status.state}{f': {status.failure}' if status.failure else ''}"
+                )
+        if problems:
+            return False, "; ".join(problems)
+        return True, "ok"

@@ -1,0 +1,120 @@
+"""The NRI plugin inside the agent: node facts from the agent's last tick, decisions to metrics and Events.
+
+Two threads: the plugin's connection (registered once the agent has ticked, so it knows what the node enforces)
+and the Events' sender, so a slow API server never delays an answer to the runtime.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from pathlib import Path
+
+from gpufrac.agent.decide.events import EventSink, refusal_event
+from gpufrac.agent.decide.nri_decision import ContainerInfo, Injection, NodeFacts, Outcome, PodInfo, Refusal
+from gpufrac.agent.edges.metrics import AgentMetrics
+from gpufrac.agent.edges.nri.config import NriConfig
+from gpufrac.agent.edges.nri.devices import CdiSpecs, gpu_device_nodes
+from gpufrac.agent.edges.nri.plugin import NriPlugin, PluginState
+from gpufrac.agent.programs.node_loop import Agent
+
+log = logging.getLogger(__name__)
+
+EVENT_QUEUE = 256  # refusals waiting for the API server; more are logged, not queued
+
+
+class NriService:
+    def __init__(self, config: NriConfig, agent: Agent, events: EventSink, metrics: AgentMetrics, *,
+                 cdi: CdiSpecs | None = None, dev_root: Path = Path("/dev")) -> None:
+        self.agent = agent
+        self._events = events
+        self._metrics = metrics
+        self._cdi = cdi or CdiSpecs()
+        self._dev_root = dev_root
+        self._queue: queue.Queue[dict[str, object] | None] = queue.Queue(EVENT_QUEUE)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.plugin = NriPlugin(config, self.facts, self)
+        for outcome in Outcome:
+            metrics.nri_containers.labels(outcome=str(outcome))
+        self.state_changed(self.plugin.state)
+        agent.delivery_problem = self.problem
+
+    def facts(self) -> NodeFacts:
+        inventory = self.agent.inventory
+        gpus = inventory.gpus if inventory is not None else ()
+        return NodeFacts(gpus, self._cdi.names(), gpu_device_nodes(gpus, self._dev_root), dict(self.agent.not_served))
+
+    # ---- the plugin's DecisionSink ----
+
+    def decided(self, pod: PodInfo, container: ContainerInfo, result: Injection | Refusal) -> None:
+        self._metrics.nri_containers.labels(outcome=str(result.outcome)).inc()
+        if isinstance(result, Injection):
+            if result.outcome is not Outcome.UNTOUCHED:
+                log.info("NRI: %s/%s container %s: %s", pod.namespace, pod.name, container.name, result.note)
+            return
+        log.warning("NRI refused %s/%s container %s: %s", pod.namespace, pod.name, container.name, result.message)
+        event = refusal_event(self.agent.config.node, pod.namespace, pod.name, pod.uid, container.name,
+                              str(result.reason), result.message)
+        try:
+            self._queue.put_nowait(event)
+        except queue.Full:
+            log.warning("too many refusal Events waiting for the API server; this one is only logged")
+
+    def state_changed(self, state: PluginState) -> None:
+        for each in PluginState:
+            self._metrics.nri_state.labels(state=str(each)).set(1 if each is state else 0)
+        if state is PluginState.REGISTERED:
+            self._metrics.nri_registrations.inc()
+
+    def problem(self) -> str | None:
+        """Why GPUs do not reach containers through the plugin now (the node condition's message), None if they do."""
+        state = self.plugin.state
+        if state is PluginState.NO_SOCKET:
+            return (f"the container runtime has no NRI socket at {self.plugin.config.socket_path} (containerd 1.x, "
+                    "or NRI disabled): the agent's NRI plugin hands out no devices, so fractional containers get "
+                    "their GPU through NVIDIA_VISIBLE_DEVICES only, which any pod on the node can also set; enable NRI "
+                    "(containerd 2.x) or see docs/install.md")
+        if state is PluginState.WAITING_LOCK:
+            return (f"another gpufrac NRI plugin holds {self.plugin.config.lock_file} on this node; this agent "
+                    "registers once it stops")
+        return None
+
+    # ---- threads ----
+
+    def start(self) -> None:
+        self._threads = [
+            threading.Thread(target=self._run_plugin, name="nri-plugin", daemon=True),
+            threading.Thread(target=self._send_events, name="nri-events", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self.plugin.stop()
+        try:
+            self._queue.put(None, timeout=timeout)  # behind the Events still waiting
+        except queue.Full:
+            log.warning("refusal Events still waiting for the API server at stop are dropped")
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def _run_plugin(self) -> None:
+        while not self._stop.is_set() and not self.agent.ticked.wait(0.2):
+            pass
+        if not self._stop.is_set():
+            self.plugin.run(self._stop)
+
+    def _send_events(self) -> None:
+        while True:
+            event = self._queue.get()
+            if event is None:
+                return
+            metadata = event["metadata"]
+            assert isinstance(metadata, dict)
+            try:
+                self._events.create_event(str(metadata["namespace"]), event)
+            except Exception as err:  # an Event is worth a warning, not a lost plugin
+                log.warning("recording the refusal Event %s: %s", metadata["name"], err)

@@ -1,0 +1,196 @@
+"""The ValidatingAdmissionPolicies (and their Bindings) generated from the rule table, and the table as docs.
+
+Pure. `gpufrac policies` writes them: as plain YAML for a given configuration (`--format yaml`), or as the chart's
+template (`--format helm`, the file charts/gpufrac/templates/policies/validatingadmissionpolicies.yaml, which a test
+compares with this output), whose settings come from the chart's values.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from gpufrac.core.contract import Delivery
+from gpufrac.webhook.decide.policy import Policy
+from gpufrac.webhook.decide.rules import RULES, VARIABLES, Rule, Scope
+
+CHART_TEMPLATE = "templates/policies/validatingadmissionpolicies.yaml"
+NAME_PREFIX = "gpufrac"
+API_VERSION = "admissionregistration.k8s.io/v1"
+
+
+@dataclass(frozen=True)
+class PolicyShape:
+    """One ValidatingAdmissionPolicy: which requests, and the rules it carries."""
+
+    suffix: str
+    operations: tuple[str, ...]
+    resource: str
+    scopes: tuple[Scope, ...]
+
+
+SHAPES = (
+    PolicyShape("pods", ("CREATE", "UPDATE"), "pods", (Scope.POD, Scope.CREATE, Scope.UPDATE)),
+    PolicyShape("pods-status", ("UPDATE",), "pods/status", (Scope.STATUS,)),
+    PolicyShape("pods-binding", ("CREATE",), "pods/binding", (Scope.BINDING,)),
+)
+# The rule denied only when no rule before it is (`validation.validate_pod` asks for the webhook's own output only
+# then: otherwise the canonical values differ only as a consequence of what is already denied).
+_ONLY_WHEN_CLEAN = "webhookOutput"
+
+
+def _settings(policy: Policy) -> dict[str, str]:
+    """The CEL of each setting, for one webhook configuration."""
+    users, groups = sorted(policy.scheduler_users), sorted(policy.scheduler_groups)
+    return {"schedulerUsers": json.dumps(users), "schedulerGroups": json.dumps(groups),
+            "allowMultiple": json.dumps(policy.allow_multiple_fraction_containers),
+            "mpsRoot": json.dumps(policy.mps_root), "csiDriver": json.dumps(policy.csi_driver),
+            "csiDelivery": json.dumps(policy.delivery is Delivery.CSI)}
+
+
+# The same settings, from the chart's values (one line each of the template).
+_HELM_SETTINGS = {
+    "schedulerUsers": "{{ .Values.webhook.schedulerUsers | sortAlpha | toJson | quote }}",
+    "schedulerGroups": "{{ .Values.webhook.schedulerGroups | sortAlpha | toJson | quote }}",
+    "allowMultiple": "{{ .Values.webhook.allowMultipleFractionContainers | toJson | quote }}",
+    "mpsRoot": "{{ .Values.mps.root | toJson | quote }}",
+    "csiDriver": "{{ .Values.csi.driverName | toJson | quote }}",
+    "csiDelivery": "{{ eq .Values.mps.delivery \"csi\" | toJson | quote }}",
+}
+_SCHEDULER_NAMES = ("size(variables.schedulerUsers) + size(variables.schedulerGroups) == 0 ? "
+                    "'no identity (none configured)' : (variables.schedulerUsers + "
+                    "variables.schedulerGroups.map(g, 'group ' + g)).join(', ')")
+
+
+def _used(declared: list[tuple[str, str]], rules: list[Rule]) -> set[str]:
+    """The variables the rules need, directly or through other variables."""
+    expressions = dict(declared)
+    used = {r.name for r in rules}
+    pending = list(used)
+    while pending:
+        for name in re.findall(r"variables\.([A-Za-z]\w*)", expressions[pending.pop()]):
+            if name not in used:
+                used.add(name)
+                pending.append(name)
+    return used
+
+
+# Asked first: a denied request shows the message of its first failing validation, and for a change to a pod that
+# is who may change what (the validating webhook lists it with the rest; on CREATE the mutating webhook denies
+# first, with the value rules, so those stay first there).
+_FIRST = ("immutable",)
+
+
+def rules_of(shape: PolicyShape) -> list[Rule]:
+    rules = [r for r in RULES if r.cel is not None and r.scope in shape.scopes]
+    return sorted(rules, key=lambda r: r.name not in _FIRST)
+
+
+def _validations(rules: list[Rule]) -> list[dict[str, Any]]:
+    out = []
+    for position, rule in enumerate(rules):
+        expression = f"size(variables.{rule.name}) == 0"
+        if rule.name == _ONLY_WHEN_CLEAN:
+            before = " || ".join(f"size(variables.{r.name}) > 0" for r in rules[:position])
+            expression = f"{before} || {expression}" if before else expression
+        out.append({"expression": expression, "messageExpression": f"variables.{rule.name}.join('; ')",
+                    "reason": "Forbidden"})
+    return out
+
+
+def _policy(shape: PolicyShape, settings: dict[str, str], meta: dict[str, Any],
+            extra: dict[str, Any]) -> dict[str, Any]:
+    rules = rules_of(shape)
+    declared = [*settings.items(), ("schedulerNames", _SCHEDULER_NAMES), *VARIABLES,
+                *((r.name, r.cel or "") for r in rules)]
+    variables = [{"name": n, "expression": e} for n, e in declared if n in _used(declared, rules)]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": meta,
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                **extra.get("matchConstraints", {}),
+                "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": list(shape.operations),
+                                   "resources": [shape.resource], "scope": "Namespaced"}],
+            },
+            **({"matchConditions": extra["matchConditions"]} if "matchConditions" in extra else {}),
+            "variables": variables,
+            "validations": _validations(rules),
+        },
+    }
+
+
+def _binding(meta: dict[str, Any], actions: list[str] | str) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": "ValidatingAdmissionPolicyBinding", "metadata": meta,
+            "spec": {"policyName": meta["name"], "validationActions": actions}}
+
+
+def policy_objects(policy: Policy, actions: Iterable[str] = ("Deny",),
+                   excluded_namespaces: Iterable[str] = ("kube-system",)) -> list[dict[str, Any]]:
+    """The policies and bindings for one webhook configuration, ready for `kubectl apply`."""
+    extra = {"matchConstraints": {"namespaceSelector": {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": list(excluded_namespaces)}]}}}
+    out = []
+    for shape in SHAPES:
+        meta = {"name": f"{NAME_PREFIX}-{shape.suffix}", "labels": {"app.kubernetes.io/part-of": "gpufrac"}}
+        out += [_policy(shape, _settings(policy), meta, extra), _binding(meta, list(actions))]
+    return out
+
+
+def _dump(obj: dict[str, Any]) -> str:
+    return yaml.safe_dump(obj, sort_keys=False, width=1 << 16, allow_unicode=True)
+
+
+def render_yaml(objects: list[dict[str, Any]]) -> str:
+    return "---\n".join(_dump(o) for o in objects)
+
+
+_HEADER = """\
+{{- /*
+Generated by `gpufrac policies --format helm` from gpufrac/webhook/decide/rules/: do not edit; regenerate
+(tests/chart/test_policies.py fails when this file differs from the generator's output).
+*/ -}}
+{{- if include "gpufrac.policiesEnabled" . }}
+"""
+
+
+def render_helm() -> str:
+    """The chart's template: every policy and binding, settings and names from the chart's values."""
+    placeholder = {n: f"@@{n}@@" for n in _HELM_SETTINGS}
+    extra = {"matchConstraints": {"namespaceSelector": "@@namespaceSelector@@"},
+             "matchConditions": "@@matchConditions@@"}
+    parts = []
+    for shape in SHAPES:
+        name = f"@@name-{shape.suffix}@@"
+        meta = {"name": name, "labels": "@@labels@@"}
+        text = _dump(_policy(shape, placeholder, meta, extra)) + "---\n" + _dump(_binding(meta, "@@actions@@"))
+        text = text.replace("labels: '@@labels@@'",
+                            'labels:\n    {{- include "gpufrac.componentLabels" (list . "webhook") | nindent 4 }}')
+        for setting, template in _HELM_SETTINGS.items():
+            text = text.replace(f"'@@{setting}@@'", template)
+        text = text.replace(f"'{name}'", f'{{{{ include "gpufrac.policyName" (list . "{shape.suffix}") }}}}')
+        text = text.replace("'@@actions@@'", "{{ toJson .Values.policies.validationActions }}")
+        text = text.replace("namespaceSelector: '@@namespaceSelector@@'",
+                            'namespaceSelector:\n      {{- include "gpufrac.namespaceSelector" . | nindent 6 }}')
+        text = text.replace("matchConditions: '@@matchConditions@@'",
+                            'matchConditions:\n    {{- include "gpufrac.matchConditions" (list . false) | nindent 4 }}')
+        parts.append(text)
+    return _HEADER + "---\n" + "---\n".join(parts) + "{{- end }}\n"
+
+
+def rule_table_markdown() -> str:
+    """docs/architecture.md's table of which rule runs where."""
+    lines = ["| rule | requests | webhook | ValidatingAdmissionPolicy | why not (all) in CEL |",
+             "|---|---|---|---|---|"]
+    for rule in RULES:
+        where = ", ".join(f"`{f.__name__}`" for f in rule.webhook)
+        policy = f"`{rule.name}`" if rule.cel is not None else "no"
+        lines.append(f"| {rule.summary} | {rule.scope.value} | {where} | {policy} | {rule.webhook_only or '—'} |")
+    return "\n".join(lines) + "\n"

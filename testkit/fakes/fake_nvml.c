@@ -1,0 +1,600 @@
+/*
+ * A fake libnvidia-ml.so.1 for gpufrac's tests: the real pynvml loads it through its normal path
+ * (dlopen("libnvidia-ml.so.1")), so everything above the C ABI is the real code.
+ *
+ * State comes from the JSON file named by GPUFRAC_FAKE_NVML, re-read on every call so a test can change it:
+ *
+ *   {"driver_version": "615.20", "cuda_driver_version": 13040,
+ *    "gpus": [{"uuid": "GPU-...", "name": "NVIDIA H200", "memory_total_mib": 143771,
+ *              "compute_mode": 0,                             // optional, NVML_COMPUTEMODE_*
+ *              "reserved_memory_mib": 600,                    // optional: what the driver keeps (v2 `reserved`)
+ *              "processes": [{"pid": 4242, "used_memory_mib": 2048, "sm_util": 35}]}],
+ *    "error": 15}                                   // every call fails with that NVML code, or
+ *    "error": {"function": "nvmlDeviceGetComputeRunningProcesses_v3", "code": 15}   // only that one
+ *
+ * With $GPUFRAC_FAKE_GPU_PROCESSES set, the live processes described by <dir>/<pid>.json (written by the fake
+ * libcuda.so.1, testkit/fakes/fake_cuda.c: {"pid": .., "used_memory_mib": .., "sm_util": ..}) are GPU 0's too.
+ *
+ * A missing file -> NVML_ERROR_DRIVER_NOT_LOADED, an unparsable one -> NVML_ERROR_UNKNOWN; never a crash.
+ * Only the calls the gpufrac agent (through pynvml) and gpucheck/gpu_check.py make are implemented. The CUDA 13.4
+ * memory-limit calls (nvmlDeviceSetMemoryLimits_v1 / GetMemoryLimits_v1) keep what was set in this process (and
+ * share it with the fake libcuda.so.1 through $GPUFRAC_FAKE_GPU_PROCESSES/memory-limits).
+ */
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#define NVML_SUCCESS 0
+#define NVML_ERROR_UNINITIALIZED 1
+#define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_FOUND 6
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define NVML_ERROR_DRIVER_NOT_LOADED 9
+#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
+#define NVML_ERROR_UNKNOWN 999
+
+#define MAX_GPUS 16
+#define MAX_PROCS 64
+#define MAX_FILE (256 * 1024)
+
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_v2_t;
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
+typedef struct { const char *nameSpace; unsigned long long softLimit, hardLimit; } nvmlSetMemoryLimits_v1_t;
+typedef struct {
+    const char *nameSpace;
+    unsigned long long softLimit, hardLimit, currentUsed;
+} nvmlGetMemoryLimits_v1_t;
+
+typedef struct { unsigned int index; } fake_device; /* what an nvmlDevice_t points at */
+
+typedef struct { unsigned int pid; long long used_mib; int sm_util; } fake_proc;
+typedef struct {
+    char uuid[96], name[96];
+    long long memory_total_mib;
+    long long reserved_mib;
+    int compute_mode;
+    int nprocs;
+    fake_proc procs[MAX_PROCS];
+} fake_gpu;
+typedef struct {
+    char driver_version[80];
+    int cuda_driver_version;
+    int error_code;            /* 0: none */
+    char error_function[128];  /* empty: every function */
+    int ngpus;
+    fake_gpu gpus[MAX_GPUS];
+} fake_state;
+
+static fake_device devices[MAX_GPUS];
+static int initialized;
+
+/* ---- a small JSON reader: just enough for the schema above, strict about syntax ---- */
+
+typedef struct { const char *p, *end; int ok; } reader;
+
+static void skip_ws(reader *r) {
+    while (r->p < r->end && isspace((unsigned char)*r->p)) r->p++;
+}
+
+static int expect(reader *r, char c) {
+    skip_ws(r);
+    if (r->p < r->end && *r->p == c) { r->p++; return 1; }
+    r->ok = 0;
+    return 0;
+}
+
+static int peek(reader *r, char c) {
+    skip_ws(r);
+    return r->p < r->end && *r->p == c;
+}
+
+/* Reads a string into out (truncated to cap-1; escapes kept simple: \" \\ \/ and letters copied). */
+static void read_string(reader *r, char *out, size_t cap) {
+    size_t n = 0;
+    if (!expect(r, '"')) return;
+    while (r->p < r->end && *r->p != '"') {
+        char c = *r->p++;
+        if (c == '\\') {
+            if (r->p >= r->end) { r->ok = 0; return; }
+            c = *r->p++;
+            if (c == 'u') { /* skip 4 hex digits, store '?' */
+                if (r->end - r->p < 4) { r->ok = 0; return; }
+                r->p += 4;
+                c = '?';
+            } else if (c == 'n') c = '\n';
+            else if (c == 't') c = '\t';
+        }
+        if (out && n + 1 < cap) out[n++] = c;
+    }
+    if (out && cap) out[n] = '\0';
+    if (!expect(r, '"')) return;
+}
+
+static double read_number(reader *r) {
+    char *stop;
+    double v;
+    skip_ws(r);
+    if (r->p >= r->end) { r->ok = 0; return 0; }
+    v = strtod(r->p, &stop);
+    if (stop == r->p || stop > r->end) { r->ok = 0; return 0; }
+    r->p = stop;
+    return v;
+}
+
+static void skip_value(reader *r, int depth);
+
+static void skip_literal(reader *r, const char *word) {
+    size_t n = strlen(word);
+    if ((size_t)(r->end - r->p) >= n && strncmp(r->p, word, n) == 0) r->p += n;
+    else r->ok = 0;
+}
+
+static void skip_value(reader *r, int depth) {
+    skip_ws(r);
+    if (depth > 32 || r->p >= r->end) { r->ok = 0; return; }
+    switch (*r->p) {
+    case '"': read_string(r, NULL, 0); return;
+    case '{':
+        r->p++;
+        if (peek(r, '}')) { r->p++; return; }
+        while (r->ok) {
+            read_string(r, NULL, 0);
+            expect(r, ':');
+            skip_value(r, depth + 1);
+            if (peek(r, ',')) { r->p++; continue; }
+            expect(r, '}');
+            return;
+        }
+        return;
+    case '[':
+        r->p++;
+        if (peek(r, ']')) { r->p++; return; }
+        while (r->ok) {
+            skip_value(r, depth + 1);
+            if (peek(r, ',')) { r->p++; continue; }
+            expect(r, ']');
+            return;
+        }
+        return;
+    case 't': skip_literal(r, "true"); return;
+    case 'f': skip_literal(r, "false"); return;
+    case 'n': skip_literal(r, "null"); return;
+    default: read_number(r); return;
+    }
+}
+
+/* Iterates the members of an object: call with *first=1; returns 1 with the key read, 0 at the end. */
+static int next_member(reader *r, int *first, char *key, size_t cap) {
+    if (!r->ok) return 0;
+    if (*first) {
+        *first = 0;
+        if (!expect(r, '{')) return 0;
+        if (peek(r, '}')) { r->p++; return 0; }
+    } else {
+        if (peek(r, ',')) r->p++;
+        else { expect(r, '}'); return 0; }
+    }
+    read_string(r, key, cap);
+    expect(r, ':');
+    return r->ok;
+}
+
+/* Same for arrays: returns 1 when positioned at the next element. */
+static int next_element(reader *r, int *first) {
+    if (!r->ok) return 0;
+    if (*first) {
+        *first = 0;
+        if (!expect(r, '[')) return 0;
+        if (peek(r, ']')) { r->p++; return 0; }
+        return 1;
+    }
+    if (peek(r, ',')) { r->p++; return 1; }
+    expect(r, ']');
+    return 0;
+}
+
+static void read_process(reader *r, fake_proc *proc) {
+    char key[64];
+    int first = 1;
+    proc->sm_util = -1;
+    while (next_member(r, &first, key, sizeof key)) {
+        if (!strcmp(key, "pid")) proc->pid = (unsigned int)read_number(r);
+        else if (!strcmp(key, "used_memory_mib")) proc->used_mib = (long long)read_number(r);
+        else if (!strcmp(key, "sm_util")) proc->sm_util = (int)read_number(r);
+        else skip_value(r, 1);
+    }
+}
+
+static void read_gpu(reader *r, fake_gpu *gpu) {
+    char key[64];
+    int first = 1;
+    while (next_member(r, &first, key, sizeof key)) {
+        if (!strcmp(key, "uuid")) read_string(r, gpu->uuid, sizeof gpu->uuid);
+        else if (!strcmp(key, "name")) read_string(r, gpu->name, sizeof gpu->name);
+        else if (!strcmp(key, "memory_total_mib")) gpu->memory_total_mib = (long long)read_number(r);
+        else if (!strcmp(key, "compute_mode")) gpu->compute_mode = (int)read_number(r);
+        else if (!strcmp(key, "reserved_memory_mib")) gpu->reserved_mib = (long long)read_number(r);
+        else if (!strcmp(key, "processes")) {
+            int efirst = 1;
+            while (next_element(r, &efirst)) {
+                if (gpu->nprocs >= MAX_PROCS) { r->ok = 0; return; }
+                read_process(r, &gpu->procs[gpu->nprocs++]);
+            }
+        } else skip_value(r, 1);
+    }
+}
+
+static void read_error(reader *r, fake_state *st) {
+    char key[64];
+    int first = 1;
+    if (!peek(r, '{')) { st->error_code = (int)read_number(r); return; }
+    while (next_member(r, &first, key, sizeof key)) {
+        if (!strcmp(key, "function")) read_string(r, st->error_function, sizeof st->error_function);
+        else if (!strcmp(key, "code")) st->error_code = (int)read_number(r);
+        else skip_value(r, 1);
+    }
+}
+
+/* GPU 0's processes from the fake libcuda's files (see the top): live PIDs only. */
+static void read_process_dir(fake_state *st) {
+    static char buf[4096];
+    const char *dir = getenv("GPUFRAC_FAKE_GPU_PROCESSES");
+    char path[1024];
+    struct dirent *entry;
+    DIR *d;
+    if (!dir || !*dir || st->ngpus == 0 || !(d = opendir(dir))) return;
+    while ((entry = readdir(d))) {
+        size_t n = strlen(entry->d_name);
+        fake_proc proc;
+        reader r;
+        FILE *f;
+        if (entry->d_name[0] == '.' || n < 6 || strcmp(entry->d_name + n - 5, ".json")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, entry->d_name);
+        if (!(f = fopen(path, "rb"))) continue;
+        n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        r.p = buf; r.end = buf + n; r.ok = 1;
+        memset(&proc, 0, sizeof proc);
+        read_process(&r, &proc);
+        if (!r.ok || proc.pid == 0 || (kill((pid_t)proc.pid, 0) != 0 && errno == ESRCH)) continue;
+        if (st->gpus[0].nprocs < MAX_PROCS) st->gpus[0].procs[st->gpus[0].nprocs++] = proc;
+    }
+    closedir(d);
+}
+
+/* Loads the state file; returns an NVML code. */
+static int load_state(fake_state *st) {
+    static char buf[MAX_FILE];
+    const char *path = getenv("GPUFRAC_FAKE_NVML");
+    FILE *f;
+    size_t n;
+    reader r;
+    char key[64];
+    int first = 1;
+
+    memset(st, 0, sizeof *st);
+    if (!path || !*path) return NVML_ERROR_DRIVER_NOT_LOADED;
+    f = fopen(path, "rb");
+    if (!f) return NVML_ERROR_DRIVER_NOT_LOADED;
+    n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    if (n == sizeof buf) return NVML_ERROR_UNKNOWN;
+    r.p = buf; r.end = buf + n; r.ok = 1;
+    while (next_member(&r, &first, key, sizeof key)) {
+        if (!strcmp(key, "driver_version")) read_string(&r, st->driver_version, sizeof st->driver_version);
+        else if (!strcmp(key, "cuda_driver_version")) st->cuda_driver_version = (int)read_number(&r);
+        else if (!strcmp(key, "error")) read_error(&r, st);
+        else if (!strcmp(key, "gpus")) {
+            int efirst = 1;
+            while (next_element(&r, &efirst)) {
+                if (st->ngpus >= MAX_GPUS) { r.ok = 0; break; }
+                read_gpu(&r, &st->gpus[st->ngpus++]);
+            }
+        } else skip_value(&r, 0);
+    }
+    skip_ws(&r);
+    if (!r.ok || r.p != r.end) return NVML_ERROR_UNKNOWN;
+    read_process_dir(st);
+    return NVML_SUCCESS;
+}
+
+/* Every entry point starts here: load the state, apply injected errors, check initialization. */
+static int enter(fake_state *st, const char *function, int needs_init) {
+    int rc = load_state(st);
+    if (rc != NVML_SUCCESS) return rc;
+    if (st->error_code && (!st->error_function[0] || !strcmp(st->error_function, function)))
+        return st->error_code;
+    if (needs_init && !initialized) return NVML_ERROR_UNINITIALIZED;
+    return NVML_SUCCESS;
+}
+
+static fake_gpu *gpu_of(fake_state *st, const fake_device *device) {
+    if (!device || device < devices || device >= devices + MAX_GPUS) return NULL;
+    if ((int)device->index >= st->ngpus) return NULL;
+    return &st->gpus[device->index];
+}
+
+static int copy_out(char *out, unsigned int length, const char *value) {
+    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(value) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(out, value);
+    return NVML_SUCCESS;
+}
+
+static const unsigned long long MIB = 1024ULL * 1024ULL;
+
+/* ---- the NVML ABI ---- */
+
+int nvmlInitWithFlags(unsigned int flags) {
+    fake_state st;
+    int rc = enter(&st, "nvmlInitWithFlags", 0);
+    (void)flags;
+    if (rc != NVML_SUCCESS) return rc;
+    initialized = 1;
+    return NVML_SUCCESS;
+}
+
+int nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+int nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+int nvmlShutdown(void) {
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    initialized = 0;
+    return NVML_SUCCESS;
+}
+
+const char *nvmlErrorString(int result) {
+    switch (result) {
+    case 0: return "Success";
+    case 1: return "Uninitialized";
+    case 2: return "Invalid Argument";
+    case 3: return "Not Supported";
+    case 4: return "Insufficient Permissions";
+    case 6: return "Not Found";
+    case 7: return "Insufficient Size";
+    case 9: return "Driver Not Loaded";
+    case 10: return "Timeout";
+    case 12: return "NVML Shared Library Not Found";
+    case 13: return "Function Not Found";
+    case 15: return "GPU is lost";
+    case 17: return "Operating System error";
+    case 25: return "Argument version mismatch";
+    default: return "Unknown Error";
+    }
+}
+
+int nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    fake_state st;
+    int rc = enter(&st, "nvmlSystemGetDriverVersion", 1);
+    return rc ? rc : copy_out(version, length, st.driver_version);
+}
+
+static int cuda_version(const char *function, int *out) {
+    fake_state st;
+    int rc = enter(&st, function, 1);
+    if (rc) return rc;
+    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+    *out = st.cuda_driver_version;
+    return NVML_SUCCESS;
+}
+
+int nvmlSystemGetCudaDriverVersion(int *v) { return cuda_version("nvmlSystemGetCudaDriverVersion", v); }
+int nvmlSystemGetCudaDriverVersion_v2(int *v) { return cuda_version("nvmlSystemGetCudaDriverVersion_v2", v); }
+
+int nvmlDeviceGetCount_v2(unsigned int *count) {
+    fake_state st;
+    int rc = enter(&st, "nvmlDeviceGetCount_v2", 1);
+    if (rc) return rc;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = (unsigned int)st.ngpus;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetHandleByIndex_v2(unsigned int index, fake_device **device) {
+    fake_state st;
+    int rc = enter(&st, "nvmlDeviceGetHandleByIndex_v2", 1);
+    if (rc) return rc;
+    if (!device || index >= (unsigned int)st.ngpus) return NVML_ERROR_INVALID_ARGUMENT;
+    devices[index].index = index;
+    *device = &devices[index];
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetIndex(fake_device *device, unsigned int *index) {
+    fake_state st;
+    int rc = enter(&st, "nvmlDeviceGetIndex", 1);
+    if (rc) return rc;
+    if (!gpu_of(&st, device) || !index) return NVML_ERROR_INVALID_ARGUMENT;
+    *index = device->index;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetUUID(fake_device *device, char *uuid, unsigned int length) {
+    fake_state st;
+    fake_gpu *gpu;
+    int rc = enter(&st, "nvmlDeviceGetUUID", 1);
+    if (rc) return rc;
+    if (!(gpu = gpu_of(&st, device))) return NVML_ERROR_INVALID_ARGUMENT;
+    return copy_out(uuid, length, gpu->uuid);
+}
+
+int nvmlDeviceGetName(fake_device *device, char *name, unsigned int length) {
+    fake_state st;
+    fake_gpu *gpu;
+    int rc = enter(&st, "nvmlDeviceGetName", 1);
+    if (rc) return rc;
+    if (!(gpu = gpu_of(&st, device))) return NVML_ERROR_INVALID_ARGUMENT;
+    return copy_out(name, length, gpu->name);
+}
+
+static unsigned long long used_bytes(const fake_gpu *gpu) {
+    unsigned long long used = 0;
+    int i;
+    for (i = 0; i < gpu->nprocs; i++) used += (unsigned long long)gpu->procs[i].used_mib * MIB;
+    return used;
+}
+
+/* As the real NVML: v1's `used` is the sum of reserved and allocated memory; v2 reports `reserved` apart, and
+ * `used` is what is allocated; in both, free = total - reserved - allocated. */
+int nvmlDeviceGetMemoryInfo(fake_device *device, nvmlMemory_t *memory) {
+    fake_state st;
+    fake_gpu *gpu;
+    unsigned long long taken;
+    int rc = enter(&st, "nvmlDeviceGetMemoryInfo", 1);
+    if (rc) return rc;
+    if (!(gpu = gpu_of(&st, device)) || !memory) return NVML_ERROR_INVALID_ARGUMENT;
+    memory->total = (unsigned long long)gpu->memory_total_mib * MIB;
+    taken = (unsigned long long)gpu->reserved_mib * MIB + used_bytes(gpu);
+    memory->used = taken;
+    memory->free = memory->total > taken ? memory->total - taken : 0;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetMemoryInfo_v2(fake_device *device, nvmlMemory_v2_t *memory) {
+    fake_state st;
+    fake_gpu *gpu;
+    unsigned long long taken;
+    int rc = enter(&st, "nvmlDeviceGetMemoryInfo_v2", 1);
+    if (rc) return rc;
+    if (!(gpu = gpu_of(&st, device)) || !memory) return NVML_ERROR_INVALID_ARGUMENT;
+    if (memory->version != 0x02000028) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    memory->total = (unsigned long long)gpu->memory_total_mib * MIB;
+    memory->reserved = (unsigned long long)gpu->reserved_mib * MIB;
+    memory->used = used_bytes(gpu);
+    taken = memory->reserved + memory->used;
+    memory->free = memory->total > taken ? memory->total - taken : 0;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetComputeRunningProcesses_v3(fake_device *device, unsigned int *count,
+                                            nvmlProcessInfo_v2_t *infos) {
+    fake_state st;
+    fake_gpu *gpu;
+    int i, rc = enter(&st, "nvmlDeviceGetComputeRunningProcesses_v3", 1);
+    if (rc) return rc;
+    if (!(gpu = gpu_of(&st, device)) || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (*count < (unsigned int)gpu->nprocs || (!infos && gpu->nprocs)) {
+        *count = (unsigned int)gpu->nprocs;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (i = 0; i < gpu->nprocs; i++) {
+        infos[i].pid = gpu->procs[i].pid;
+        infos[i].usedGpuMemory = (unsigned long long)gpu->procs[i].used_mib * MIB;
+        infos[i].gpuInstanceId = 0xFFFFFFFFu;
+        infos[i].computeInstanceId = 0xFFFFFFFFu;
+    }
+    *count = (unsigned int)gpu->nprocs;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetProcessUtilization(fake_device *device, nvmlProcessUtilizationSample_t *samples,
+                                    unsigned int *count, unsigned long long last_seen) {
+    fake_state st;
+    fake_gpu *gpu;
+    struct timeval tv;
+    unsigned long long now;
+    unsigned int n = 0, i;
+    int rc = enter(&st, "nvmlDeviceGetProcessUtilization", 1);
+    if (rc) return rc;
+    if (!(gpu = gpu_of(&st, device)) || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    gettimeofday(&tv, NULL);
+    now = (unsigned long long)tv.tv_sec * 1000000ULL + (unsigned long long)tv.tv_usec;
+    for (i = 0; i < (unsigned int)gpu->nprocs; i++)
+        if (gpu->procs[i].sm_util >= 0) n++;
+    if (n == 0 || last_seen >= now) return NVML_ERROR_NOT_FOUND;
+    if (!samples || *count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    n = 0;
+    for (i = 0; i < (unsigned int)gpu->nprocs; i++) {
+        if (gpu->procs[i].sm_util < 0) continue;
+        samples[n].pid = gpu->procs[i].pid;
+        samples[n].timeStamp = now;
+        samples[n].smUtil = (unsigned int)gpu->procs[i].sm_util;
+        samples[n].memUtil = samples[n].encUtil = samples[n].decUtil = 0;
+        n++;
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetComputeMode(fake_device *device, int *mode) {
+    fake_state st;
+    fake_gpu *gpu;
+    int rc = enter(&st, "nvmlDeviceGetComputeMode", 1);
+    if (rc) return rc;
+    if (!(gpu = gpu_of(&st, device)) || !mode) return NVML_ERROR_INVALID_ARGUMENT;
+    *mode = gpu->compute_mode;
+    return NVML_SUCCESS;
+}
+
+/* CUDA 13.4 memory limits per (device, cgroup path), kept in this process; unset reads as 0 / MAX like NVML. */
+#define MAX_LIMITS 64
+static struct { unsigned int index; char path[512]; unsigned long long soft, hard; } limits[MAX_LIMITS];
+static int nlimits;
+
+/* For the fake libcuda.so.1: "<hard> <soft> <cgroup path>" lines in $GPUFRAC_FAKE_GPU_PROCESSES/memory-limits
+ * (the last line of a path wins), so its clients are held to their cgroup's limit as the driver would. */
+static void share_limit(const nvmlSetMemoryLimits_v1_t *set) {
+    const char *dir = getenv("GPUFRAC_FAKE_GPU_PROCESSES");
+    char path[1024];
+    FILE *f;
+    if (!dir || !*dir) return;
+    snprintf(path, sizeof path, "%s/memory-limits", dir);
+    if (!(f = fopen(path, "a"))) return;
+    fprintf(f, "%llu %llu %s\n", set->hardLimit, set->softLimit, set->nameSpace);
+    fclose(f);
+}
+
+int nvmlDeviceSetMemoryLimits_v1(fake_device *device, nvmlSetMemoryLimits_v1_t *set) {
+    fake_state st;
+    int i, rc = enter(&st, "nvmlDeviceSetMemoryLimits_v1", 1);
+    if (rc) return rc;
+    if (!gpu_of(&st, device) || !set || !set->nameSpace || strlen(set->nameSpace) >= sizeof limits[0].path)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (i = 0; i < nlimits; i++)
+        if (limits[i].index == device->index && !strcmp(limits[i].path, set->nameSpace)) break;
+    if (i == nlimits) {
+        if (nlimits == MAX_LIMITS) return NVML_ERROR_INSUFFICIENT_SIZE;
+        nlimits++;
+        limits[i].index = device->index;
+        strcpy(limits[i].path, set->nameSpace);
+    }
+    limits[i].soft = set->softLimit;
+    limits[i].hard = set->hardLimit;
+    share_limit(set);
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetMemoryLimits_v1(fake_device *device, nvmlGetMemoryLimits_v1_t *get) {
+    fake_state st;
+    int i, rc = enter(&st, "nvmlDeviceGetMemoryLimits_v1", 1);
+    if (rc) return rc;
+    if (!gpu_of(&st, device) || !get || !get->nameSpace) return NVML_ERROR_INVALID_ARGUMENT;
+    get->softLimit = 0;
+    get->hardLimit = ~0ULL;
+    get->currentUsed = 0;
+    for (i = 0; i < nlimits; i++)
+        if (limits[i].index == device->index && !strcmp(limits[i].path, get->nameSpace)) {
+            get->softLimit = limits[i].soft;
+            get->hardLimit = limits[i].hard;
+        }
+    return NVML_SUCCESS;
+}

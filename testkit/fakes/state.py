@@ -1,0 +1,86 @@
+"""State the GPU fakes read: the fake NVML's JSON file, and a fake /proc (`<root>/<pid>/{cgroup,environ}`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+H200_MIB = 143771
+
+
+class FakeGpuState:
+    """The JSON state file the fake libnvidia-ml.so.1 reads on every call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.state: dict[str, Any] = {"driver_version": "615.20", "cuda_driver_version": 13040, "gpus": []}
+        self.write()
+
+    def write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state))
+        os.replace(tmp, self.path)
+
+    def set(self, **fields: Any) -> FakeGpuState:
+        self.state.update(fields)
+        self.write()
+        return self
+
+    def gpu(self, uuid: str, name: str = "NVIDIA H200", memory_total_mib: int = H200_MIB,
+            processes: list[dict[str, int]] | None = None, reserved_memory_mib: int = 0) -> FakeGpuState:
+        self.state["gpus"].append({"uuid": uuid, "name": name, "memory_total_mib": memory_total_mib,
+                                   "reserved_memory_mib": reserved_memory_mib, "processes": processes or []})
+        self.write()
+        return self
+
+    def reserve(self, uuid: str, reserved_memory_mib: int) -> None:
+        """What the driver keeps of that GPU (NVML v2 memory info's `reserved`)."""
+        for gpu in self.state["gpus"]:
+            if gpu["uuid"] == uuid:
+                gpu["reserved_memory_mib"] = reserved_memory_mib
+        self.write()
+
+    def processes(self, uuid: str, processes: list[dict[str, int]]) -> None:
+        for gpu in self.state["gpus"]:
+            if gpu["uuid"] == uuid:
+                gpu["processes"] = processes
+        self.write()
+
+
+CGROUP_FORMS = {
+    "v2-containerd-systemd": "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/"
+                             "cri-containerd-{id}.scope\n",
+    "v2-crio-systemd": "0::/kubepods.slice/kubepods-pod{uid}.slice/crio-{id}.scope\n",
+    "v2-cgroupfs": "0::/kubepods/besteffort/pod{uid}/{id}\n",
+    "v1-cgroupfs": "12:memory:/kubepods/burstable/pod{uid}/{id}\n11:cpuset:/kubepods/burstable/pod{uid}/{id}\n"
+                   "1:name=systemd:/kubepods/burstable/pod{uid}/{id}\n",
+    "v1-docker-systemd": "4:devices:/kubepods.slice/kubepods-pod{uid}.slice/docker-{id}.scope\n",
+}
+
+
+class ProcRoot:
+    """A fake /proc: `<root>/<pid>/cgroup` and `<root>/<pid>/environ`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def add(self, pid: int, container_id: str, env: dict[str, str], *, form: str = "v2-containerd-systemd",
+            pod_uid: str = "uid-1", real: bool = False) -> None:
+        """A process of that container. `real`: `pid` is a live process of this machine, whose /proc/<pid>/stat
+        (its start time) the entry shows, so the agent can tell it from a reused PID and signal it."""
+        d = self.root / str(pid)
+        d.mkdir(exist_ok=True)
+        (d / "cgroup").write_text(CGROUP_FORMS[form].format(uid=pod_uid.replace("-", "_"), id=container_id))
+        (d / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
+        if real:
+            (d / "stat").symlink_to(f"/proc/{pid}/stat")
+
+    def add_program(self, pid: int, argv: list[str], cgroup: str = "0::/system.slice/gpufrac-mps.service\n") -> None:
+        """A process outside any container, known by its command line (an MPS server, say)."""
+        d = self.root / str(pid)
+        d.mkdir(exist_ok=True)
+        (d / "cgroup").write_text(cgroup)
+        (d / "cmdline").write_bytes(b"".join(arg.encode() + b"\0" for arg in argv))

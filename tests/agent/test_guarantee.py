@@ -1,0 +1,308 @@
+"""Container totals, reclaim above request and usable capacity through the agent's loop in one process: real
+pynvml over the fake libnvidia-ml.so.1, a fake /proc (with real processes where one is killed), and an in-memory
+Kubernetes API."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.toolkit.wait import wait_until
+from gpufrac.agent.decide.overlimit import OverLimitAction
+from gpufrac.agent.decide.reclaim import ReclaimPolicy, ReclaimSettings
+from gpufrac.agent.edges.metrics import AgentMetrics
+from gpufrac.agent.edges.nvml import NvmlSource
+from gpufrac.agent.programs.agent_config import AgentConfig
+from gpufrac.agent.programs.guarantee import GuaranteeConfig, pod_facts
+from gpufrac.agent.programs.node_loop import Agent
+from gpufrac.core.contract import MIB
+from testkit.agent import UUID_A, UUID_B, FakeKube, canonical_annotations, cid, env_for, pod, value
+from testkit.fakes.state import ProcRoot
+
+NODE = "gpu-node-1"
+
+
+@pytest.fixture
+def node(tmp_path: Path, fake_gpus, mps_binary, monkeypatch):
+    """GPU A (80000 MiB, GPU 0: also the GPU of the live processes in $GPUFRAC_FAKE_GPU_PROCESSES) and GPU B."""
+    fake_gpus.gpu(UUID_A, memory_total_mib=80000).gpu(UUID_B, memory_total_mib=80000)
+    live = tmp_path / "live"
+    live.mkdir()
+    monkeypatch.setenv("GPUFRAC_FAKE_GPU_PROCESSES", str(live))
+    proc = ProcRoot(tmp_path / "proc")
+    kube = FakeKube()
+    config = AgentConfig(node=NODE, mps_binary=mps_binary, mps_root=tmp_path / "mps", mps_log_root=tmp_path / "log",
+                         mps_config_dir=tmp_path / "cfg", proc_root=proc.root,
+                         memory_limit_file=tmp_path / "memory.max", interval=0.05, quit_timeout=5.0)
+    agents: list[Agent] = []
+    children: list[subprocess.Popen[bytes]] = []
+
+    class Node:
+        def __init__(self) -> None:
+            self.gpus, self.kube, self.proc = fake_gpus, kube, proc
+
+        def agent(self, guarantee: GuaranteeConfig) -> Agent:
+            agent = Agent(replace(config, guarantee=guarantee), kube, NvmlSource(), AgentMetrics(node=NODE))
+            agent.start()
+            agent.pods.synced.wait(10)
+            agents.append(agent)
+            return agent
+
+        def add_pod(self, name: str, n: int, *, request_mib: int, limit_mib: int, gpu: str = UUID_A,
+                    priority: int | None = None, started: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:
+            body = pod(name, uid=f"u-{name}", containers={"app": cid(n)}, annotations=canonical_annotations(
+                "app", request_mib=request_mib, limit_mib=limit_mib, devices=[gpu]))
+            body["status"]["startTime"] = started
+            if priority is not None:
+                body["spec"]["priority"] = priority
+            kube.pods.append(body)
+            return body
+
+        def live_process(self, n: int, pod_uid: str, used_mib: int, limit_mib: int) -> subprocess.Popen[bytes]:
+            """A real process of container n on GPU A, as the fake libcuda would report it."""
+            child = subprocess.Popen(["sleep", "300"])
+            children.append(child)
+            proc.add(child.pid, cid(n), env_for("time-slicing", limit_mib, limit_mib, UUID_A), pod_uid=pod_uid,
+                     real=True)
+            (live / f"{child.pid}.json").write_text(
+                f'{{"pid": {child.pid}, "used_memory_mib": {used_mib}, "sm_util": 10}}')
+            return child
+
+        def events(self, reason: str) -> list[dict[str, Any]]:
+            return [e for e in kube.events.values() if e["reason"] == reason]
+
+    yield Node()
+    for agent in agents:
+        agent.shutdown()
+    for child in children:
+        child.kill()
+        child.wait()
+
+
+# ---- container totals ----
+
+def test_two_processes_under_the_limit_together_over_it_name_both_pids_and_the_total(node):
+    node.add_pod("train", 1, request_mib=20000, limit_mib=20000)
+    first = node.live_process(1, "u-train", 12000, 20000)
+    second = node.live_process(1, "u-train", 11000, 20000)
+    agent = node.agent(GuaranteeConfig())  # overLimitAction: event
+    agent.tick()
+    [event] = node.events("GPUMemoryLimitExceeded")
+    assert event["type"] == "Warning" and event["involvedObject"]["name"] == "train"
+    assert "uses 23000 MiB" in event["message"] and "over its limit of 20000 MiB" in event["message"]
+    assert f"{first.pid} (12000 MiB)" in event["message"] and f"{second.pid} (11000 MiB)" in event["message"]
+    assert value(agent.metrics, "gpufrac_containers_over_limit") == 1
+    agent.tick()
+    assert first.poll() is None and second.poll() is None  # event: nothing else happens
+    assert node.kube.evictions == [] and node.events("GPUProcessKilled") == []
+
+
+def test_kill_newest_kills_the_newest_process_and_the_other_keeps_running(node):
+    node.add_pod("train", 1, request_mib=20000, limit_mib=20000)
+    older = node.live_process(1, "u-train", 12000, 20000)
+    time.sleep(0.1)  # a later start time, in clock ticks
+    newer = node.live_process(1, "u-train", 11000, 20000)
+    agent = node.agent(GuaranteeConfig(OverLimitAction.KILL_NEWEST))
+    agent.tick()
+    wait_until(lambda: newer.poll() is not None, 10, "the newest process killed")
+    assert newer.returncode == -9
+    assert older.poll() is None
+    [event] = node.events("GPUProcessKilled")
+    assert f"killed GPU process {newer.pid}, the newest" in event["message"]
+    assert f"keep running ({older.pid})" in event["message"] and "uses 23000 MiB" in event["message"]
+    assert value(agent.metrics, "gpufrac_over_limit_actions_total", action="kill-newest", outcome="killed") == 1
+    agent.tick()  # NVML no longer lists it: the total fits again
+    assert value(agent.metrics, "gpufrac_containers_over_limit") == 0
+    assert older.poll() is None and len(node.events("GPUProcessKilled")) == 1
+
+
+def test_kill_newest_leaves_a_reused_pid_alone(node, monkeypatch):
+    node.add_pod("train", 1, request_mib=20000, limit_mib=20000)
+    child = node.live_process(1, "u-train", 25000, 20000)
+    agent = node.agent(GuaranteeConfig(OverLimitAction.KILL_NEWEST))
+    # between the read that chose it and the kill, the PID names a process started later
+    starts = iter([100, 200])
+    monkeypatch.setattr("gpufrac.agent.programs.guarantee.read_start_time", lambda root, pid: next(starts))
+    agent.tick()
+    assert child.poll() is None and node.events("GPUProcessKilled") == []
+
+
+def test_evict_evicts_the_pod_once(node):
+    node.add_pod("train", 1, request_mib=20000, limit_mib=20000)
+    node.live_process(1, "u-train", 12000, 20000)
+    node.live_process(1, "u-train", 12000, 20000)
+    agent = node.agent(GuaranteeConfig(OverLimitAction.EVICT))
+    agent.tick()
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "train")]
+    [event] = node.events("GPUMemoryLimitEvicted")
+    assert "uses 24000 MiB" in event["message"]
+    assert value(agent.metrics, "gpufrac_over_limit_actions_total", action="evict", outcome="evicted") == 1
+
+
+# ---- reclaim above request ----
+
+def contended(node) -> None:
+    """A at its request's start (10000 of 30000 MiB used), B grown to 55000 MiB over its 10000 MiB request: 15000
+    free, 20000 owed to A."""
+    node.add_pod("a", 1, request_mib=30000, limit_mib=30000, started="2026-01-01T00:00:00Z")
+    node.add_pod("b", 2, request_mib=10000, limit_mib=60000, started="2026-01-01T01:00:00Z")
+    node.proc.add(4001, cid(1), env_for("time-slicing", 30000, 30000, UUID_A), pod_uid="u-a")
+    node.proc.add(4002, cid(2), env_for("time-slicing", 60000, 10000, UUID_A), pod_uid="u-b")
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000, "sm_util": 5},
+                                 {"pid": 4002, "used_memory_mib": 55000, "sm_util": 50}])
+
+
+def reclaiming(policy: ReclaimPolicy, grace: float = 0.0) -> GuaranteeConfig:
+    return GuaranteeConfig(reclaim=ReclaimSettings(policy, grace_seconds=grace, hysteresis_bytes=256 * MIB))
+
+
+def test_evict_reclaims_from_the_pod_above_its_request_with_events_on_both(node):
+    contended(node)
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "b")]
+    [on_b] = node.events("GPUMemoryReclaimed")
+    assert on_b["involvedObject"]["name"] == "b" and on_b["type"] == "Warning"
+    assert "evicted this pod to reclaim GPU memory on " + UUID_A in on_b["message"]
+    assert "for team-a/a (container app: 20000 MiB of its 30000 MiB request not yet used)" in on_b["message"]
+    assert "it uses 55000 MiB there, 45000 MiB above its requests" in on_b["message"]
+    [on_a] = node.events("GPUMemoryReclaimedFor")
+    assert on_a["involvedObject"]["name"] == "a" and on_a["type"] == "Normal"
+    assert "evicted team-a/b (55000 MiB on" in on_a["message"]
+    m = agent.metrics
+    assert value(m, "gpufrac_reclaims_total", outcome="evicted") == 1
+    assert value(m, "gpufrac_reclaimed_bytes_total") == 55000 * MIB
+    gpu = {"UUID": UUID_A, "Hostname": NODE, "modelName": "NVIDIA H200"}
+    assert value(m, "gpufrac_gpu_memory_guarantee_shortfall_bytes", **gpu) == 5000 * MIB
+    node.kube.pods[1]["metadata"]["deletionTimestamp"] = "2026-01-01T02:00:00Z"  # the eviction's effect
+    agent.pods.relist()
+    agent.tick()
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "b")]  # going already: not evicted again
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000, "sm_util": 5}])  # B is gone
+    node.kube.pods.pop()
+    agent.pods.relist()
+    agent.tick()
+    assert value(m, "gpufrac_gpu_memory_guarantee_shortfall_bytes", **gpu) == 0
+    assert node.kube.evictions == [("team-a", "b")]
+
+
+def test_off_only_says_what_would_have_been_reclaimed(node):
+    contended(node)
+    agent = node.agent(reclaiming(ReclaimPolicy.OFF))
+    agent.tick()
+    agent.tick()
+    assert node.kube.evictions == []
+    [event] = node.events("GPUReclaimWouldEvict")
+    assert event["involvedObject"]["name"] == "b"
+    assert "reclaim.policy is off: would evict this pod" in event["message"] and "team-a/a" in event["message"]
+    assert value(agent.metrics, "gpufrac_reclaims_total", outcome="would-evict") == 1  # once per episode
+    assert value(agent.metrics, "gpufrac_reclaims_total", outcome="evicted") == 0
+
+
+def test_a_blocking_disruption_budget_is_honoured_and_retried(node):
+    contended(node)
+    node.kube.blocked.add("b")
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    assert node.kube.evictions == []
+    [blocked] = node.events("GPUReclaimBlocked")
+    assert blocked["involvedObject"]["name"] == "b"
+    assert "would violate the pod's disruption budget" in blocked["message"]
+    [short] = node.events("GPUMemoryGuaranteeShort")
+    assert short["involvedObject"]["name"] == "a" and "evictions refused for team-a/b" in short["message"]
+    assert value(agent.metrics, "gpufrac_reclaims_total", outcome="blocked") == 1
+    node.kube.blocked.clear()  # the budget allows a disruption again
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "b")]
+
+
+def test_a_higher_priority_pod_is_reclaimed_after_a_lower_one(node):
+    contended(node)
+    node.kube.pods[1]["spec"]["priority"] = 1000
+    node.add_pod("c", 3, request_mib=1000, limit_mib=20000, started="2025-01-01T00:00:00Z")  # older, priority 0
+    node.proc.add(4003, cid(3), env_for("time-slicing", 20000, 1000, UUID_A), pod_uid="u-c")
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000}, {"pid": 4002, "used_memory_mib": 45000},
+                                 {"pid": 4003, "used_memory_mib": 10000}])
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "c")]  # c's 10000 MiB cover the 5000 short: b stays
+
+
+def test_pod_facts():
+    body = pod("p", uid="u-p", containers={"app": cid(1)}, annotations={})
+    body["spec"]["priority"] = -3
+    body["metadata"]["creationTimestamp"] = "2026-01-02T00:00:00Z"
+    assert pod_facts([body])["u-p"].priority == -3
+    assert pod_facts([body])["u-p"].started == 1767312000.0
+    body["status"]["startTime"] = "2026-01-03T00:00:00Z"
+    assert pod_facts([body])["u-p"].started == 1767398400.0
+
+
+# ---- usable capacity ----
+
+def test_usable_memory_label_and_metric_from_the_fake_reserve(node):
+    node.gpus.reserve(UUID_A, 612)
+    node.gpus.reserve(UUID_B, 600)
+    agent = node.agent(GuaranteeConfig())
+    agent.tick()
+    agent.tick()  # labels are published from the previous pass's measure
+    label = "gpufrac.io/gpu-memory-usable-mib.NVIDIA-H200"
+    assert node.kube.labels[label] == str(80000 - 612)  # the least of the model's GPUs
+    m = agent.metrics
+    a = {"UUID": UUID_A, "Hostname": NODE, "modelName": "NVIDIA H200"}
+    assert value(m, "gpufrac_gpu_memory_usable_bytes", **a) == (80000 - 612) * MIB
+    assert value(m, "gpufrac_gpu_memory_reserved_bytes", **a) == 612 * MIB
+    assert value(m, "gpufrac_gpu_memory_usable_bytes", UUID=UUID_B, Hostname=NODE, modelName="NVIDIA H200") == (
+        80000 - 600) * MIB
+    # an MPS server's context on GPU B is memory no fraction gets either; it is remembered when the server exits
+    node.proc.add_program(777, ["/usr/bin/nvidia-cuda-mps-server"])
+    node.gpus.processes(UUID_B, [{"pid": 777, "used_memory_mib": 300}])
+    agent.tick()
+    agent.tick()
+    assert value(m, "gpufrac_gpu_memory_usable_bytes", UUID=UUID_B, Hostname=NODE, modelName="NVIDIA H200") == (
+        80000 - 600 - 300) * MIB
+    assert node.kube.labels[label] == str(80000 - 900)
+    node.gpus.processes(UUID_B, [])
+    agent.tick()
+    agent.tick()
+    assert node.kube.labels[label] == str(80000 - 900)
+
+
+def test_memory_info_through_pynvml(node):
+    import pynvml
+
+    node.gpus.reserve(UUID_A, 512)
+    node.gpus.processes(UUID_A, [{"pid": 1, "used_memory_mib": 1000}])
+    source = NvmlSource()
+    memory = source.memory()[UUID_A]
+    assert (memory.total_bytes, memory.reserved_bytes, memory.used_bytes, memory.free_bytes) == (
+        80000 * MIB, 512 * MIB, 1000 * MIB, (80000 - 512 - 1000) * MIB)
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    v1 = pynvml.nvmlDeviceGetMemoryInfo(handle)  # as NVML documents v1: used is reserved + allocated
+    assert (v1.used, v1.free) == (1512 * MIB, (80000 - 1512) * MIB)
+    with pytest.raises(pynvml.NVMLError_ArgumentVersionMismatch):
+        pynvml.nvmlDeviceGetMemoryInfo(handle, version=0x01000028)
+    source.close()
+
+
+def test_usable_labels_per_model():
+    from gpufrac.agent.decide.capacity import Usable, model_slug, usable_labels
+    from testkit.agent import gpu_info
+
+    assert model_slug("NVIDIA H200") == "NVIDIA-H200"
+    assert model_slug("NVIDIA A100-SXM4-80GB") == "NVIDIA-A100-SXM4-80GB"
+    assert model_slug(" (weird) name/with:chars ") == "weird-name-with-chars"
+    assert model_slug("") == "unknown"
+    long = model_slug("X" * 100)
+    assert len("gpu-memory-usable-mib." + long) == 63  # a label name's limit
+    h200 = [Usable(gpu_info(i, f"GPU-{i}"), 80000 * MIB, r * MIB, c * MIB) for i, (r, c) in enumerate([(600, 0),
+                                                                                                        (500, 200)])]
+    assert [u.usable_bytes for u in h200] == [79400 * MIB, 79300 * MIB]
+    assert usable_labels(h200) == {"gpufrac.io/gpu-memory-usable-mib.NVIDIA-H200": "79300"}

@@ -1,0 +1,182 @@
+"""The agent with its NRI plugin, in one process: real pynvml over the fake libnvidia-ml.so.1, the fake MPS daemons,
+CDI specs and device nodes in a temporary directory, an in-memory Kubernetes API, and the runtime stand-in on a
+unix socket. The plugin code is the agent's own (NriService, NriPlugin, the wire session, the decision)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.toolkit.wait import wait_until
+from gpufrac.agent.edges.metrics import AgentMetrics
+from gpufrac.agent.edges.nri.config import NriConfig
+from gpufrac.agent.edges.nri.devices import CdiSpecs
+from gpufrac.agent.edges.nri.stubs import api_pb2
+from gpufrac.agent.edges.nvml import NvmlSource
+from gpufrac.agent.edges.supervisor import RestartPolicy
+from gpufrac.agent.programs.node_loop import Agent
+from gpufrac.agent.programs.nri_service import NriService
+from gpufrac.core.annotations import ComputeMode
+from testkit.agent import UUID_A, UUID_B, canonical_annotations, container, injected_env, two_pod_node, value
+from testkit.nri_runtime import FakeRuntime, nri_container, pod_sandbox
+
+
+def write_cdi_spec(directory: Path) -> None:
+    """NVIDIA's toolkit's shape: kind nvidia.com/gpu, devices by index and by UUID."""
+    directory.mkdir(parents=True, exist_ok=True)
+    devices = [{"name": name, "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{index}"}]}}
+               for index, uuid in enumerate((UUID_A, UUID_B)) for name in (str(index), uuid)]
+    (directory / "nvidia.json").write_text(json.dumps({
+        "cdiVersion": "0.6.0", "kind": "nvidia.com/gpu", "devices": devices,
+        "containerEdits": {"deviceNodes": [{"path": "/dev/nvidiactl"}]}}))
+
+
+class World:
+    def __init__(self, tmp: Path, kube: Any, agent: Agent, service: NriService, runtime: FakeRuntime | None) -> None:
+        self.tmp, self.kube, self.agent, self.service, self.runtime = tmp, kube, agent, service, runtime
+
+
+@pytest.fixture
+def world(tmp_path: Path, fake_gpus: Any, mps_binary: str) -> Iterator[World]:
+    fake_gpus.gpu(UUID_A, memory_total_mib=80000).gpu(UUID_B, memory_total_mib=80000)
+    _, kube, config = two_pod_node(tmp_path, mps_binary, RestartPolicy(0.01, 0.05, 3, 300.0))
+    write_cdi_spec(tmp_path / "cdi")
+    runtime = FakeRuntime(tmp_path / "nri.sock")
+    metrics = AgentMetrics(node=config.node)
+    agent = Agent(config, kube, NvmlSource(), metrics)
+    agent.start()
+    service = NriService(NriConfig(runtime.path, lock_file=tmp_path / "nri.lock"), agent, kube, metrics,
+                         cdi=CdiSpecs([tmp_path / "cdi"]), dev_root=tmp_path / "dev")
+    service.start()
+    yield World(tmp_path, kube, agent, service, runtime)
+    service.stop()
+    runtime.close()
+    agent.shutdown()
+
+
+def serve_both_modes(agent: Agent) -> None:
+    agent.tick()
+    assert wait_until(lambda: all(s.up for s in agent.daemon_statuses().values()) and len(agent.daemon_statuses()) == 2)
+    agent.tick()
+
+
+def registered(world: World, serve: Callable[[Agent], None]) -> FakeRuntime:
+    """The agent ticked (so its plugin registers), the runtime stand-in accepted it and synchronized nothing."""
+    serve(world.agent)
+    runtime = world.runtime
+    assert runtime is not None
+    runtime.accept()
+    runtime.handshake()
+    return runtime
+
+
+def fraction(world: World, uid: str, mode: str, devices: str) -> tuple[Any, dict[str, str]]:
+    """A bound fractional pod and its container's env, with the pipe directories of the agent's --mps-root."""
+    annotations = canonical_annotations("app", request_mib=1024, limit_mib=2048, devices=devices.split(","), mode=mode)
+    env = injected_env(container("app", mode=ComputeMode(mode), request_mib=1024, limit_mib=2048,
+                                 devices=tuple(devices.split(","))), str(world.agent.config.mps_root))
+    return pod_sandbox(f"pod-{uid}", uid, annotations), env
+
+
+def test_the_agents_plugin_hands_out_gpus_and_refuses_with_an_event(world: World) -> None:
+    serve_both_modes(world.agent)
+    runtime = world.runtime
+    assert runtime is not None
+    assert runtime.accept().plugin_name == "gpufrac"  # only after the first tick
+    train, train_env = fraction(world, "u-train", "time-slicing", UUID_A)
+    runtime.handshake([train], [nri_container("c-train", "app", train, train_env, api_pb2.CONTAINER_RUNNING)])
+    assert value(world.agent.metrics, "gpufrac_nri_plugin_state", state="registered") == 1
+
+    infer, infer_env = fraction(world, "u-infer", "sm-sharing", "1")
+    answer = runtime.create(infer, nri_container("c-infer", "app", infer, infer_env))
+    assert answer.status.code == 0, answer.status.message
+    adjust = api_pb2.CreateContainerResponse.FromString(answer.payload).adjust
+    assert [d.name for d in adjust.CDI_devices] == [f"nvidia.com/gpu={UUID_B}"]
+
+    clash, clash_env = fraction(world, "u-clash", "sm-sharing", UUID_A)
+    refused = runtime.create(clash, nri_container("c-clash", "app", clash, clash_env))
+    assert refused.status.code == 9
+    assert f"GPU {UUID_A} serves time-slicing to container app of pod team-a/pod-u-train" in refused.status.message
+    assert wait_until(lambda: any(e["reason"] == "GPUServesOtherMode" for e in world.kube.events.values()))
+    event = next(e for e in world.kube.events.values() if e["reason"] == "GPUServesOtherMode")
+    assert event["type"] == "Warning" and event["message"] == refused.status.message
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "team-a",
+                                       "name": "pod-u-clash", "uid": "u-clash", "fieldPath": "spec.containers{app}"}
+    # the kubelet retries: the same refusal finds its Event, adds none
+    runtime.create(clash, nri_container("c-clash2", "app", clash, clash_env))
+    assert wait_until(lambda: world.kube.create_event_calls == 2)
+    assert sum(e["reason"] == "GPUServesOtherMode" for e in world.kube.events.values()) == 1
+
+    plain = pod_sandbox("plain", "u-plain", {})
+    voided = runtime.create(plain, nri_container("c-plain", "cuda", plain, {"NVIDIA_VISIBLE_DEVICES": "all"}))
+    env = api_pb2.CreateContainerResponse.FromString(voided.payload).adjust.env
+    assert [(e.key, e.value) for e in env] == [("NVIDIA_VISIBLE_DEVICES", "void")]
+
+    metrics = world.agent.metrics
+    assert value(metrics, "gpufrac_nri_containers_total", outcome="injected") == 1
+    assert value(metrics, "gpufrac_nri_containers_total", outcome="refused") == 2
+    assert value(metrics, "gpufrac_nri_containers_total", outcome="voided") == 1
+
+
+def test_device_nodes_where_the_node_has_no_cdi_spec(world: World) -> None:
+    for spec in (world.tmp / "cdi").iterdir():
+        spec.unlink()
+    dev = world.tmp / "dev"
+    dev.mkdir()
+    try:
+        for name, minor in (("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)):
+            os.mknod(dev / name, stat.S_IFCHR | 0o666, os.makedev(195, minor))
+    except PermissionError:
+        pytest.skip("making character devices needs root")
+    runtime = registered(world, serve_both_modes)
+    pod, env = fraction(world, "u1", "time-slicing", UUID_B)
+    answer = runtime.create(pod, nri_container("c1", "app", pod, env))
+    devices = api_pb2.CreateContainerResponse.FromString(answer.payload).adjust.linux.devices
+    assert [(d.path, d.type, d.major, d.minor) for d in devices] == [
+        ("/dev/nvidia1", "c", 195, 1), ("/dev/nvidiactl", "c", 195, 255)]
+
+
+def test_a_mode_the_node_does_not_enforce_is_refused(world: World, fake_gpus: Any) -> None:
+    fake_gpus.set(driver_version="550.54.15", cuda_driver_version=12040)  # no CUDA 13.4 limits: no time-slicing
+    runtime = registered(world, serve_sm_sharing_only)
+    pod, env = fraction(world, "u1", "time-slicing", UUID_B)
+    refused = runtime.create(pod, nri_container("c1", "app", pod, env))
+    assert refused.status.code == 9
+    assert "time-slicing GPU fraction, which this node does not enforce now: driver 550.54.15" in (
+        refused.status.message)
+
+
+def serve_sm_sharing_only(agent: Agent) -> None:
+    agent.tick()
+    assert wait_until(lambda: agent.daemon_statuses().get(ComputeMode.SM_SHARING) is not None
+                      and agent.daemon_statuses()[ComputeMode.SM_SHARING].up)
+    agent.tick()
+
+
+def test_without_an_nri_socket_the_agent_says_so(tmp_path: Path, fake_gpus: Any, mps_binary: str) -> None:
+    fake_gpus.gpu(UUID_A, memory_total_mib=80000)
+    _, kube, config = two_pod_node(tmp_path, mps_binary, RestartPolicy(0.01, 0.05, 3, 300.0))
+    metrics = AgentMetrics(node=config.node)
+    agent = Agent(replace(config), kube, NvmlSource(), metrics)
+    agent.start()
+    service = NriService(NriConfig(tmp_path / "absent" / "nri.sock", lock_file=None, retry_interval=0.05), agent,
+                         kube, metrics, cdi=CdiSpecs([]))
+    service.start()
+    try:
+        serve_both_modes(agent)
+        assert wait_until(lambda: value(metrics, "gpufrac_nri_plugin_state", state="no-socket") == 1)
+        agent.tick()
+        condition = kube.last_condition()
+        assert (condition["status"], condition["reason"]) == ("True", "NriUnavailable")
+        assert "no NRI socket at" in condition["message"] and "NVIDIA_VISIBLE_DEVICES only" in condition["message"]
+        assert condition["message"].startswith("GPU memory fractions are enforced")
+    finally:
+        service.stop()
+        agent.shutdown()

@@ -1,0 +1,210 @@
+"""The NRI plugin's decision (gpufrac.agent.decide.nri_decision), table-driven: what each container gets at creation."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from gpufrac.agent.decide.nri_decision import (
+    ContainerInfo,
+    DeviceNode,
+    Injection,
+    NodeFacts,
+    Outcome,
+    PodInfo,
+    Policy,
+    Refusal,
+    RefusalReason,
+    ServingContainer,
+    decide,
+    gpu_identity,
+    serving_container,
+)
+from gpufrac.core.annotations import ComputeMode
+from testkit.agent import UUID_A, UUID_B, canonical_annotations, container, gpu_info, injected_env
+
+GPUS = (gpu_info(0, UUID_A), gpu_info(1, UUID_B))
+CDI = frozenset({
+    "nvidia.com/gpu=0", "nvidia.com/gpu=1", f"nvidia.com/gpu={UUID_A}", f"nvidia.com/gpu={UUID_B}",
+    "nvidia.com/gpu=all", f"k8s.device-plugin.nvidia.com/gpu={UUID_A}", f"k8s.device-plugin.nvidia.com/gpu={UUID_B}",
+})
+NODES = {
+    "/dev/nvidia0": DeviceNode("/dev/nvidia0", 195, 0),
+    "/dev/nvidia1": DeviceNode("/dev/nvidia1", 195, 1),
+    "/dev/nvidiactl": DeviceNode("/dev/nvidiactl", 195, 255),
+    "/dev/nvidia-uvm": DeviceNode("/dev/nvidia-uvm", 510, 0),
+}
+SERVED = dict.fromkeys(ComputeMode)
+CDI_NODE = NodeFacts(GPUS, CDI, NODES, SERVED)
+PLAIN_NODE = NodeFacts(GPUS, frozenset(), NODES, SERVED)
+
+
+def fractional(devices: str = UUID_B, mode: str = "time-slicing", *, name: str = "app", uid: str = "u1",
+               pod: str = "infer", env: dict[str, str] | None = None, extra: dict[str, str] | None = None,
+               ) -> tuple[PodInfo, ContainerInfo]:
+    """A pod the webhook admitted and the scheduler bound, and its fractional container with the env the kubelet
+    resolved from the webhook's fieldRefs."""
+    entries = devices.split(",")
+    annotations = canonical_annotations(name, request_mib=2048, limit_mib=4096, devices=entries, mode=mode)
+    running = container(name, mode=ComputeMode(mode), request_mib=2048, limit_mib=4096, devices=tuple(entries))
+    return (PodInfo("team-a", pod, uid, {**annotations, **(extra or {})}),
+            ContainerInfo("c-" + name, name, injected_env(running) if env is None else env))
+
+
+def plain(env: dict[str, str], annotations: dict[str, str] | None = None, name: str = "app") -> tuple[PodInfo,
+                                                                                                   ContainerInfo]:
+    return PodInfo("team-a", "plain", "u9", annotations or {}), ContainerInfo("c9", name, env)
+
+
+CASES = [
+    # (id, pod and container, node, expected CDI devices, expected device nodes)
+    ("uuid-to-device-plugin-cdi", fractional(UUID_B), CDI_NODE, (f"k8s.device-plugin.nvidia.com/gpu={UUID_B}",), ()),
+    ("index-to-cdi-by-uuid", fractional("1"), CDI_NODE, (f"k8s.device-plugin.nvidia.com/gpu={UUID_B}",), ()),
+    ("cdi-name-as-written", fractional("nvidia.com/gpu=1"), CDI_NODE, ("nvidia.com/gpu=1",), ()),
+    ("two-gpus", fractional(f"{UUID_A},{UUID_B}"), CDI_NODE,
+     (f"k8s.device-plugin.nvidia.com/gpu={UUID_A}", f"k8s.device-plugin.nvidia.com/gpu={UUID_B}"), ()),
+    ("device-nodes-without-cdi", fractional(UUID_B), PLAIN_NODE, (),
+     ("/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm")),
+    ("index-device-node", fractional("0"), PLAIN_NODE, (), ("/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm")),
+]
+
+
+@pytest.mark.parametrize(("pod_container", "node", "cdi", "nodes"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_a_fraction_gets_exactly_its_devices(pod_container: tuple[PodInfo, ContainerInfo], node: NodeFacts,
+                                             cdi: tuple[str, ...], nodes: tuple[str, ...]) -> None:
+    pod, ctr = pod_container
+    result = decide(pod, ctr, node)
+    assert isinstance(result, Injection), result
+    assert result.outcome is Outcome.INJECTED
+    assert result.cdi_devices == cdi
+    assert tuple(n.path for n in result.device_nodes) == nodes
+    assert result.set_env == {} and result.remove_env == ()  # its limit env is the webhook's, checked, not rewritten
+    assert result.serving is not None and result.serving.container_id == ctr.id
+
+
+def test_the_device_node_carries_the_hosts_numbers() -> None:
+    result = decide(*fractional("1"), PLAIN_NODE)
+    assert isinstance(result, Injection)
+    assert result.device_nodes[0] == DeviceNode("/dev/nvidia1", 195, 1)
+
+
+NO_GPU_CASES = [
+    ("nothing-asked", plain({"PATH": "/bin"}), Outcome.UNTOUCHED, {}, ()),
+    ("all-voided", plain({"NVIDIA_VISIBLE_DEVICES": "all"}), Outcome.VOIDED, {"NVIDIA_VISIBLE_DEVICES": "void"}, ()),
+    ("uuid-voided", plain({"NVIDIA_VISIBLE_DEVICES": UUID_A}), Outcome.VOIDED, {"NVIDIA_VISIBLE_DEVICES": "void"}, ()),
+    ("void-kept", plain({"NVIDIA_VISIBLE_DEVICES": "void"}), Outcome.UNTOUCHED, {}, ()),
+    ("none-kept", plain({"NVIDIA_VISIBLE_DEVICES": "none"}), Outcome.UNTOUCHED, {}, ()),
+    ("mig-grant-removed", plain({"NVIDIA_MIG_CONFIG_DEVICES": "all"}), Outcome.VOIDED, {},
+     ("NVIDIA_MIG_CONFIG_DEVICES",)),
+    # the second, non-fractional container of a fractional pod
+    ("sidecar-of-a-fraction", (fractional()[0], ContainerInfo("c2", "sidecar", {"NVIDIA_VISIBLE_DEVICES": "all"})),
+     Outcome.VOIDED, {"NVIDIA_VISIBLE_DEVICES": "void"}, ()),
+    ("sidecar-with-webhooks-void",
+     (fractional()[0], ContainerInfo("c2", "sidecar", {"NVIDIA_VISIBLE_DEVICES": "void"})),
+     Outcome.UNTOUCHED, {}, ()),
+]
+
+
+@pytest.mark.parametrize(("pod_container", "outcome", "set_env", "remove_env"), [c[1:] for c in NO_GPU_CASES],
+                         ids=[c[0] for c in NO_GPU_CASES])
+def test_any_other_container_gets_no_gpu(pod_container: tuple[PodInfo, ContainerInfo], outcome: Outcome,
+                                         set_env: dict[str, str], remove_env: tuple[str, ...]) -> None:
+    result = decide(*pod_container, CDI_NODE)
+    assert isinstance(result, Injection), result
+    assert (result.outcome, dict(result.set_env), result.remove_env) == (outcome, set_env, remove_env)
+    assert result.cdi_devices == () and result.device_nodes == () and result.serving is None
+
+
+def _serving(mode: ComputeMode, gpu: str = UUID_B, uid: str = "u-other") -> ServingContainer:
+    return ServingContainer("c-other", "team-b", "train", uid, "main", mode, (gpu,))
+
+
+REFUSALS = [
+    ("forged-gpus-devices", plain({"NVIDIA_VISIBLE_DEVICES": UUID_B},
+                                  {"nvidia.com/container.app.gpus.devices": UUID_B}), CDI_NODE,
+     RefusalReason.NOT_ADMITTED, "nvidia.com/container.app.gpus.devices"),
+    ("shorthand-without-webhook", plain({}, {"gpu-fraction": "0.5"}), CDI_NODE,
+     RefusalReason.NOT_ADMITTED, "gpu-fraction"),
+    ("forged-key-beside-an-admitted-fraction",
+     (fractional(extra={"nvidia.com/container.side.gpus.devices": UUID_A})[0], ContainerInfo("c2", "side", {})),
+     CDI_NODE, RefusalReason.NOT_ADMITTED, "gpufrac.io/container.side.*"),
+    ("unparsable-canonical", (PodInfo("team-a", "p", "u", {"gpufrac.io/container.app.gpu-memory.limit-mib": "4Gi",
+                                                           "gpufrac.io/container.app.compute-mode": "time-slicing"}),
+                              ContainerInfo("c", "app", {})), CDI_NODE, RefusalReason.UNREADABLE, "4Gi"),
+    ("not-bound", (PodInfo("team-a", "p", "u", canonical_annotations("app", request_mib=1, limit_mib=1, devices=[])),
+                   ContainerInfo("c", "app", {})), CDI_NODE, RefusalReason.NOT_BOUND, "gpus.devices is missing"),
+    ("mode-not-enforced", fractional(mode="sm-sharing"),
+     replace(CDI_NODE, not_served={ComputeMode.SM_SHARING: "its MPS control daemon is backoff"}),
+     RefusalReason.MODE_NOT_ENFORCED, "sm-sharing GPU fraction, which this node does not enforce now: its MPS"),
+    ("unknown-uuid", fractional("GPU-ffffffff-0000-0000-0000-00000000000f"), CDI_NODE, RefusalReason.UNKNOWN_DEVICE,
+     "names GPU-ffffffff-0000-0000-0000-00000000000f, which this node does not have"),
+    ("unknown-cdi-name", fractional("k8s.device-plugin.nvidia.com/gpu=GPU-ffff"), CDI_NODE,
+     RefusalReason.UNKNOWN_DEVICE, "k8s.device-plugin.nvidia.com/gpu=GPU-ffff"),
+    ("no-device-node", fractional("1"), replace(PLAIN_NODE, device_nodes={}), RefusalReason.UNKNOWN_DEVICE, "names 1"),
+    ("other-mode-on-the-gpu", fractional(mode="sm-sharing"),
+     replace(CDI_NODE, serving=(_serving(ComputeMode.TIME_SLICING),)),
+     RefusalReason.MODE_CONFLICT, f"GPU {UUID_B} serves time-slicing to container main of pod team-b/train"),
+    ("other-mode-same-gpu-by-index", fractional("nvidia.com/gpu=1", mode="sm-sharing"),
+     replace(CDI_NODE, serving=(_serving(ComputeMode.TIME_SLICING),)), RefusalReason.MODE_CONFLICT,
+     "serves time-slicing"),
+    ("limit-env-wrong", fractional(env={**injected_env(container(devices=(UUID_B,), request_mib=2048, limit_mib=4096)),
+                                        "NVIDIA_GPU_MEMORY_LIMIT": "80000"}), CDI_NODE,
+     RefusalReason.LIMIT_ENV_MISMATCH, "NVIDIA_GPU_MEMORY_LIMIT=80000 (expected 4096)"),
+    ("limit-env-missing", fractional(env={"NVIDIA_VISIBLE_DEVICES": UUID_B}), CDI_NODE,
+     RefusalReason.LIMIT_ENV_MISMATCH, "CUDA_MPS_PIPE_DIRECTORY missing"),
+    ("visible-devices-other-gpu", fractional(env={**injected_env(container(devices=(UUID_B,), request_mib=2048,
+                                                                           limit_mib=4096)),
+                                                  "NVIDIA_VISIBLE_DEVICES": UUID_A}), CDI_NODE,
+     RefusalReason.LIMIT_ENV_MISMATCH, f"NVIDIA_VISIBLE_DEVICES={UUID_A}"),
+]
+
+
+@pytest.mark.parametrize(("pod_container", "node", "reason", "says"), [c[1:] for c in REFUSALS],
+                         ids=[c[0] for c in REFUSALS])
+def test_refusals_name_the_reason(pod_container: tuple[PodInfo, ContainerInfo], node: NodeFacts,
+                                  reason: RefusalReason, says: str) -> None:
+    result = decide(*pod_container, node)
+    assert isinstance(result, Refusal), result
+    assert result.reason is reason
+    assert says in result.message
+    assert f"pod team-a/{pod_container[0].name}" in result.message
+
+
+def test_the_same_mode_shares_a_gpu_and_the_own_pod_does_not_conflict() -> None:
+    same = replace(CDI_NODE, serving=(_serving(ComputeMode.TIME_SLICING),))
+    assert isinstance(decide(*fractional(), same), Injection)
+    own_pod = replace(CDI_NODE, serving=(_serving(ComputeMode.SM_SHARING, uid="u1"),))
+    assert isinstance(decide(*fractional(uid="u1"), own_pod), Injection)
+    other_gpu = replace(CDI_NODE, serving=(_serving(ComputeMode.SM_SHARING, gpu=UUID_A),))
+    assert isinstance(decide(*fractional(), other_gpu), Injection)
+
+
+def test_a_fraction_without_nvml_still_resolves_cdi_names_and_holds_them_by_id() -> None:
+    node = replace(CDI_NODE, gpus=())
+    result = decide(*fractional(UUID_B), node)
+    assert isinstance(result, Injection)
+    assert result.cdi_devices == (f"k8s.device-plugin.nvidia.com/gpu={UUID_B}",)
+    assert result.serving is not None and result.serving.gpus == (UUID_B,)
+
+
+def test_gpu_identity_is_one_string_whatever_the_spelling() -> None:
+    spellings = ["1", UUID_B, "nvidia.com/gpu=1", f"k8s.device-plugin.nvidia.com/gpu={UUID_B}"]
+    assert {gpu_identity(s, GPUS) for s in spellings} == {UUID_B}
+
+
+def test_serving_container_reads_what_a_running_fraction_holds() -> None:
+    pod, ctr = fractional("nvidia.com/gpu=1", mode="sm-sharing")
+    held = serving_container(pod, ctr, GPUS)
+    assert held == ServingContainer(ctr.id, "team-a", "infer", "u1", "app", ComputeMode.SM_SHARING, (UUID_B,))
+    assert serving_container(*plain({}), GPUS) is None
+
+
+def test_trusted_namespaces_and_the_policy_leave_env_grants_alone() -> None:
+    pod, ctr = plain({"NVIDIA_VISIBLE_DEVICES": "all"})
+    gpu_stack = Policy(trusted_namespaces=frozenset({"gpu-operator"}))
+    assert decide(replace(pod, namespace="gpu-operator"), ctr, CDI_NODE, gpu_stack) == Injection(Outcome.UNTOUCHED)
+    assert decide(pod, ctr, CDI_NODE, gpu_stack).outcome is Outcome.VOIDED
+    assert decide(pod, ctr, CDI_NODE, Policy(void_env_grants=False)) == Injection(Outcome.UNTOUCHED)
+    # a fraction in a trusted namespace is still a fraction
+    assert decide(*fractional(), CDI_NODE, Policy(trusted_namespaces=frozenset({"team-a"}))).outcome is Outcome.INJECTED

@@ -1,0 +1,125 @@
+"""The NRI plugin's runner (gpufrac.agent.edges.nri.plugin): registration, reconnecting at once, one instance per
+node, and which GPU serves which mode, kept from Synchronize and the container events. Against the runtime stand-in."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpufrac.agent.decide.nri_decision import NodeFacts, Refusal, RefusalReason
+from gpufrac.agent.edges.nri.config import NriConfig
+from gpufrac.agent.edges.nri.plugin import PluginState
+from gpufrac.agent.edges.nri.stubs import api_pb2
+from gpufrac.core.annotations import ComputeMode
+from testkit.agent import UUID_A, UUID_B, canonical_annotations, container, gpu_info, injected_env
+from testkit.nri_plugin import RecordingSink, halt_plugin, start_plugin
+from testkit.nri_runtime import FakeRuntime, nri_container, pod_sandbox
+
+FACTS = NodeFacts((gpu_info(0, UUID_A), gpu_info(1, UUID_B)), frozenset({f"nvidia.com/gpu={UUID_B}"}), {},
+                  dict.fromkeys(ComputeMode))
+
+
+
+def wait_for(condition, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Iterator[FakeRuntime]:
+    fake = FakeRuntime(tmp_path / "nri.sock")
+    yield fake
+    fake.close()
+
+
+
+
+def fraction_pod(uid: str, mode: str) -> tuple[object, object]:
+    annotations = canonical_annotations("app", request_mib=1024, limit_mib=2048, devices=[UUID_B], mode=mode)
+    pod = pod_sandbox(f"pod-{uid}", uid, annotations)
+    env = injected_env(container("app", mode=ComputeMode(mode), request_mib=1024, limit_mib=2048, devices=(UUID_B,)))
+    return pod, env
+
+
+def test_it_reconnects_at_once_and_resynchronizes(runtime: FakeRuntime, tmp_path: Path) -> None:
+    sink = RecordingSink()
+    config = NriConfig(runtime.path, lock_file=tmp_path / "lock", retry_interval=5.0)
+    plugin, stop, thread = start_plugin(config, sink, FACTS)
+    assert runtime.accept().plugin_name == "gpufrac"
+    running_pod, env = fraction_pod("u-ts", "time-slicing")
+    running = nri_container("c-ts", "app", running_pod, env, api_pb2.CONTAINER_RUNNING)
+    runtime.handshake([running_pod], [running])
+    assert wait_for(lambda: plugin.state is PluginState.REGISTERED)
+    assert [s.container_id for s in plugin.serving()] == ["c-ts"]  # from Synchronize
+
+    runtime.drop()  # containerd restarts
+    started = time.monotonic()
+    runtime.accept(timeout=2.0)  # the plugin is back well before the 5 s retry interval: at once
+    assert time.monotonic() - started < 1.0
+    runtime.handshake()  # the runtime now lists no containers: nothing serves
+    assert wait_for(lambda: plugin.serving() == ())
+    assert plugin.sessions >= 1
+    halt_plugin(plugin, stop, thread)
+    assert sink.states[-1] is PluginState.STOPPED
+
+
+def test_a_gpu_serving_one_mode_refuses_the_other_until_it_is_gone(runtime: FakeRuntime, tmp_path: Path) -> None:
+    sink = RecordingSink()
+    plugin, stop, thread = start_plugin(NriConfig(runtime.path, lock_file=None), sink, FACTS)
+    runtime.accept()
+    runtime.handshake()
+    ts_pod, ts_env = fraction_pod("u-ts", "time-slicing")
+    sm_pod, sm_env = fraction_pod("u-sm", "sm-sharing")
+    ts = nri_container("c-ts", "app", ts_pod, ts_env)
+    assert runtime.create(ts_pod, ts).status.code == 0
+    refused = runtime.create(sm_pod, nri_container("c-sm", "app", sm_pod, sm_env))
+    assert refused.status.code == 9
+    assert f"GPU {UUID_B} serves time-slicing to container app of pod team-a/pod-u-ts" in refused.status.message
+    # a second time-slicing pod shares the GPU
+    ts2_pod, ts2_env = fraction_pod("u-ts2", "time-slicing")
+    assert runtime.create(ts2_pod, nri_container("c-ts2", "app", ts2_pod, ts2_env)).status.code == 0
+    for gone in ("c-ts", "c-ts2"):
+        runtime.call("StopContainer", api_pb2.StopContainerRequest(container=api_pb2.Container(id=gone)))
+    assert runtime.create(sm_pod, nri_container("c-sm2", "app", sm_pod, sm_env)).status.code == 0
+    outcomes = [(cid, r.reason if isinstance(r, Refusal) else r.outcome) for cid, r in sink.decisions]
+    assert outcomes == [("c-ts", "injected"), ("c-sm", RefusalReason.MODE_CONFLICT), ("c-ts2", "injected"),
+                        ("c-sm2", "injected")]
+    halt_plugin(plugin, stop, thread)
+
+
+def test_a_second_instance_waits_for_the_first(runtime: FakeRuntime, tmp_path: Path) -> None:
+    config = NriConfig(runtime.path, lock_file=tmp_path / "nri" / "plugin.lock")
+    first_sink, second_sink = RecordingSink(), RecordingSink()
+    first = start_plugin(config, first_sink, FACTS)
+    runtime.accept()
+    runtime.handshake()
+    second = start_plugin(config, second_sink, FACTS)
+    assert wait_for(lambda: second[0].state is PluginState.WAITING_LOCK)
+    halt_plugin(*first)  # the first one goes: the second one takes over and registers
+    runtime.accept()
+    runtime.handshake()
+    assert wait_for(lambda: second[0].state is PluginState.REGISTERED)
+    halt_plugin(*second)
+
+
+def test_no_socket_is_reported_and_waited_for(tmp_path: Path) -> None:
+    sink = RecordingSink()
+    path = tmp_path / "nri.sock"
+    plugin, stop, thread = start_plugin(NriConfig(path, lock_file=None, retry_interval=0.05), sink, FACTS)
+    assert wait_for(lambda: plugin.state is PluginState.NO_SOCKET)
+    runtime = FakeRuntime(path)  # NRI turned on: the plugin registers
+    try:
+        runtime.accept()
+        runtime.handshake()
+        assert wait_for(lambda: plugin.state is PluginState.REGISTERED)
+    finally:
+        halt_plugin(plugin, stop, thread)
+        runtime.close()
+    assert sink.states[:2] == [PluginState.NO_SOCKET, PluginState.CONNECTING]

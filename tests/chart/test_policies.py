@@ -1,0 +1,99 @@
+"""The chart's ValidatingAdmissionPolicies are what `gpufrac policies` generates from the rule table, and the chart's
+`policies.*` values shape them (rendered by the real helm; skipped without it)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+
+from gpufrac.cli import main
+from gpufrac.webhook.decide import policies
+from gpufrac.webhook.decide.policy import Policy
+from gpufrac.webhook.decide.rules import RULES
+from testkit.chart import CHART, NS, needs_helm, render, template
+
+
+def test_the_charts_policies_are_the_generators_output() -> None:
+    chart_copy = (CHART / policies.CHART_TEMPLATE).read_text()
+    assert chart_copy == policies.render_helm(), (
+        f"charts/gpufrac/{policies.CHART_TEMPLATE} differs from the rule table: regenerate it with "
+        f"`gpufrac policies --format helm > charts/gpufrac/{policies.CHART_TEMPLATE}`")
+
+
+def test_the_command_writes_the_chart_template_and_plain_objects(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["policies", "--format", "helm"]) == 0
+    assert capsys.readouterr().out == policies.render_helm()
+    assert main(["policies", "--scheduler-user", "sched", "--action", "Warn", "--action", "Audit"]) == 0
+    objects = list(yaml.safe_load_all(capsys.readouterr().out))
+    kinds = [o["kind"] for o in objects]
+    assert kinds == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * len(policies.SHAPES)
+    pods = objects[0]
+    users = next(v for v in pods["spec"]["variables"] if v["name"] == "schedulerUsers")
+    assert json.loads(users["expression"]) == ["sched"]
+    assert objects[1]["spec"] == {"policyName": pods["metadata"]["name"], "validationActions": ["Warn", "Audit"]}
+
+
+def test_each_rule_with_cel_is_one_validation_of_one_policy() -> None:
+    objects = policies.policy_objects(Policy())
+    validations = [v for o in objects if o["kind"] == "ValidatingAdmissionPolicy" for v in o["spec"]["validations"]]
+    names = [v["messageExpression"].split(".")[1] for v in validations]
+    assert sorted(names) == sorted(r.name for r in RULES if r.cel is not None)
+    status = next(o for o in objects if o["metadata"]["name"] == "gpufrac-pods-status")
+    assert {v["name"] for v in status["spec"]["variables"]} == {"anns", "labels", "status"}
+
+
+def _validating_resources(objs: list[dict[str, Any]]) -> list[str]:
+    cfg = next(o for o in objs if o["kind"] == "ValidatingWebhookConfiguration")
+    return sorted(cfg["webhooks"][0]["rules"][0]["resources"])
+
+
+@needs_helm
+def test_policies_on_by_default_and_the_webhook_leaves_pods_status_to_them() -> None:
+    objs = render("--kube-version", "1.36.0", "--set", "webhook.schedulerUsers={b-user,a-user}")
+    vaps = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"]
+    bindings = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert [o["metadata"]["name"] for o in vaps] == ["gpufrac-pods", "gpufrac-pods-status", "gpufrac-pods-binding"]
+    assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
+    pods = vaps[0]["spec"]
+    assert pods["matchConstraints"]["namespaceSelector"]["matchExpressions"][0]["values"] == ["kube-system", NS]
+    assert pods["matchConditions"][0]["name"] == "has-fraction-keys"
+    users = next(v for v in pods["variables"] if v["name"] == "schedulerUsers")
+    assert json.loads(users["expression"]) == ["a-user", "b-user"]  # sorted, as the webhook's message lists them
+    assert _validating_resources(objs) == ["pods", "pods/binding", "pods/ephemeralcontainers"]
+
+
+@needs_helm
+def test_policies_off_and_the_webhook_reviews_pods_status_again() -> None:
+    objs = render("--set", "policies.enabled=false")
+    assert not [o for o in objs if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert _validating_resources(objs) == ["pods", "pods/binding", "pods/ephemeralcontainers", "pods/status"]
+
+
+@needs_helm
+def test_validation_actions_dry_run_and_a_refused_mix() -> None:
+    objs = render("--set", "policies.validationActions={Warn,Audit}")
+    bindings = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert bindings and all(b["spec"]["validationActions"] == ["Warn", "Audit"] for b in bindings)
+    bad = template("--set", "policies.validationActions={Deny,Warn}", check=False)
+    assert bad.returncode != 0 and "Deny and Warn cannot be used together" in bad.stderr
+    bad = template("--set", "policies.validationActions={Block}", check=False)
+    assert bad.returncode != 0 and "validationActions" in bad.stderr
+
+
+def _validating_conditions(objs: list[dict[str, Any]]) -> list[str]:
+    cfg = next(o for o in objs if o["kind"] == "ValidatingWebhookConfiguration")
+    return [c["name"] for c in cfg["webhooks"][0]["matchConditions"]]
+
+
+@needs_helm
+def test_the_validating_webhook_skips_create_only_where_the_policies_enforce_everything() -> None:
+    skip = "not-a-create-the-policies-check"
+    assert skip in _validating_conditions(render())
+    for values in (["--set", "policies.enabled=false"], ["--set", "policies.validationActions={Warn}"],
+                   ["--set", "mps.delivery=hostPath"]):
+        assert skip not in _validating_conditions(render(*values)), values
+    workloads = next(o for o in render() if o["kind"] == "ValidatingWebhookConfiguration")["webhooks"][1]
+    assert skip not in [c["name"] for c in workloads["matchConditions"]]
