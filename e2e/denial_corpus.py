@@ -32,7 +32,6 @@ DRY = "--dry-run=server"
 SETUPS = ("bound", "portion", "plain", "applied", "server-side")
 APPLIED_MANIFEST = {"gpu-fraction": "0.5", "gpu-fraction.limit": "0.6"}
 
-_EPHEMERAL = "pods/ephemeralcontainers: the policies do not judge that subresource (not generated yet)"
 _NORMALIZED = "a hostPath written other than plainly needs the node's path normalization (CEL has none)"
 
 Send = Callable[["Users", str], KubectlResult]
@@ -55,9 +54,10 @@ class Case:
     fragments: tuple[str, ...]
     setup: str = ""  # one of SETUPS, or "" for a CREATE
     webhook_only: str = ""
-    # A boundary of a fractional pod's CREATE: with the webhook down the pod comes unmutated, and the policies refuse
-    # it for that (its canonical annotations and label are missing), so their own message is compared where the
-    # mutating webhook ran (both engines on).
+    # A fractional pod's CREATE whose values the mutating webhook accepts (a boundary, a key only the scheduler
+    # writes): with the webhook down the pod comes unmutated, and the policies refuse it for that too (its canonical
+    # annotations and label, or the env and mounts gpufrac injects, are missing), so their own message is compared
+    # where the mutating webhook ran (both engines on), as the validating webhook only ever sees a mutated pod.
     unmutated: bool = False
     # Without the mutating webhook the API server's own validation refuses it first (a mount of a volume that only
     # the mutation adds), before any validating admission.
@@ -170,6 +170,10 @@ DENIALS: list[Case] = [
     _deny("test_unknown_compute_mode", {NV + "gpu-memory.request": "8Gi", NV + "gpu-compute.mode": "turbo"},
           NV + "gpu-compute.mode", "turbo"),
     _deny("test_mode_on_a_container_without_request", {NV + "gpu-compute.mode": "sm-sharing"}, NV + "gpu-compute.mode"),
+    *(_deny(f"test_portion_limit_of_a_container_other_than_the_first_needs_its_name[{key}]",
+            {"gpu-fraction": "0.5", key: "0.8", "nvidia.com/container.worker.gpu-compute.mode": "time-slicing"},
+            key, "0.8", containers=_APP_WORKER)
+      for key in ["gpu-fraction.limit", "kai.scheduler/container.worker.gpu-memory.portion.limit"]),
     _deny("test_two_containers_with_different_modes",
           {NV + "gpu-memory.request": "8Gi", NV + "gpu-compute.mode": "sm-sharing",
            "nvidia.com/container.worker.gpu-memory.request": "8Gi",
@@ -220,10 +224,11 @@ def _remove_everything(users: Users, name: str) -> KubectlResult:
     return users.alice("patch", DRY, "pod", name, "--type=json", "-p", json.dumps(ops))
 
 
-def _escape_create(case_id: str, annotations: dict[str, str], labels: dict[str, str], *fragments: str) -> Case:
+def _escape_create(case_id: str, annotations: dict[str, str], labels: dict[str, str], *fragments: str,
+                   unmutated: bool = False) -> Case:
     manifest = pod("corpus", annotations, [{"name": "app", "image": IMAGE}, {"name": "side", "image": "busybox:1.37"}])
     manifest["metadata"]["labels"] = labels
-    return Case(case_id, _create(manifest), fragments)
+    return Case(case_id, _create(manifest), fragments, unmutated=unmutated)
 
 
 def _with(annotations: dict[str, str], containers: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
@@ -262,14 +267,14 @@ def _debug(param: str, env: str, fragment: str) -> Case:
            "env": [{"name": env.partition("=")[0], "value": env.partition("=")[2]}]}
     return Case(f"test_kubectl_debug_with_gpu_env_is_denied[{param}]",
                 _merge_patch("alice", {"spec": {"ephemeralContainers": [dbg]}}, "ephemeralcontainers", "strategic"),
-                (fragment,), setup="portion", webhook_only=_EPHEMERAL)
+                (fragment,), setup="portion")
 
 
 def _raw_ephemeral(param: str, spec: dict[str, Any], fragment: str) -> Case:
     dbg = {"name": "dbg", "image": "busybox:1.37", "targetContainerName": "app", **spec}
     return Case(f"test_raw_ephemeralcontainers_patch_is_denied[{param}]",
                 _merge_patch("alice", {"spec": {"ephemeralContainers": [dbg]}}, "ephemeralcontainers", "strategic"),
-                (fragment,), setup="bound", webhook_only=_EPHEMERAL)
+                (fragment,), setup="bound")
 
 
 _FIELDREF = {"fieldRef": {"fieldPath": f"metadata.annotations['{DEVICES}']"}}
@@ -327,7 +332,7 @@ ESCAPES: list[Case] = [
     _escape_create("test_user_creates_a_pod_with_what_only_gpufrac_or_the_scheduler_writes[label-on-plain]",
                    {}, {LABEL: "true"}, f"label {LABEL}"),
     _escape_create("test_user_creates_a_pod_with_what_only_gpufrac_or_the_scheduler_writes[devices-absolute]",
-                   {NV + "gpu-memory.request": "8Gi", DEVICES: "GPU-a"}, {}, DEVICES),
+                   {NV + "gpu-memory.request": "8Gi", DEVICES: "GPU-a"}, {}, DEVICES, unmutated=True),
     _escape_create("test_user_creates_a_pod_with_what_only_gpufrac_or_the_scheduler_writes[devices-for-sidecar]",
                    {"gpu-fraction": "0.5", "nvidia.com/container.side.gpus.devices": "GPU-a"}, {},
                    "nvidia.com/container.side.gpus.devices"),
@@ -394,7 +399,7 @@ ESCAPES: list[Case] = [
          _merge_patch("alice", {"spec": {"ephemeralContainers": [
              {"name": "dbg", "image": "busybox:1.37", "targetContainerName": "app",
               "volumeMounts": [{"name": TS_VOLUME, "mountPath": "/mps"}]}]}}, "ephemeralcontainers", "strategic"),
-         ("mounts the time-slicing MPS directory",), setup="portion", webhook_only=_EPHEMERAL),
+         ("mounts the time-slicing MPS directory",), setup="portion"),
     *(_raw_ephemeral(i, spec, fragment) for i, spec, fragment in [
         ("fieldref-devices", {"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": _FIELDREF}]},
          "NVIDIA_VISIBLE_DEVICES"),

@@ -36,13 +36,40 @@ def test_the_command_writes_the_chart_template_and_plain_objects(capsys: pytest.
     assert objects[1]["spec"] == {"policyName": pods["metadata"]["name"], "validationActions": ["Warn", "Audit"]}
 
 
-def test_each_rule_with_cel_is_one_validation_of_one_policy() -> None:
+def test_each_rule_with_cel_is_one_variable_of_one_policy_whose_one_validation_reports_them_all() -> None:
     objects = policies.policy_objects(Policy())
-    validations = [v for o in objects if o["kind"] == "ValidatingAdmissionPolicy" for v in o["spec"]["validations"]]
-    names = [v["messageExpression"].split(".")[1] for v in validations]
-    assert sorted(names) == sorted(r.name for r in RULES if r.cel is not None)
+    vaps = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
+    carried = [v["name"] for o in vaps for v in o["spec"]["variables"] if v["name"] in {r.name for r in RULES}]
+    assert sorted(carried) == sorted(r.name for r in RULES if r.cel is not None)
+    for vap in vaps:
+        # One validation: the API server reports only the first failing one, the webhook every rule a pod breaks.
+        assert vap["spec"]["validations"] == [{"expression": "size(variables.denials) == 0",
+                                               "messageExpression": "variables.denials.join('; ')",
+                                               "reason": "Forbidden"}]
     status = next(o for o in objects if o["metadata"]["name"] == "gpufrac-pods-status")
-    assert {v["name"] for v in status["spec"]["variables"]} == {"anns", "labels", "status"}
+    assert {v["name"] for v in status["spec"]["variables"]} == {"anns", "labels", "status", "denials"}
+
+
+def test_the_denials_follow_the_webhooks_composition() -> None:
+    pods = policies.policy_objects(Policy())[0]
+    variables = {v["name"]: v["expression"] for v in pods["spec"]["variables"]}
+    values = variables["valueDenials"].split(" + ")
+    assert values == [f"variables.{r.name}" for r in RULES if r.cel is not None and policies.is_value_rule(r)]
+    assert "variables.immutable" not in values and "variables.boundaries" not in values
+    assert variables["authorshipDenials"] == "variables.devicesOnCreate + variables.immutable"
+    denials = variables["denials"]
+    # On CREATE the mutating webhook answers first, with the value rules alone.
+    assert denials.startswith("oldObject == null && size(variables.valueDenials) > 0 ? variables.valueDenials : ")
+    # The webhook's own output only when nothing else is denied; then who may write what, then the rest.
+    tail = denials.partition(" : ")[2]
+    clean = "(size(variables.valueDenials) + size(variables.authorshipDenials) == 0 ? variables.webhookOutput : [])"
+    assert tail.split(" + variables.") == ["variables.valueDenials + " + clean, "authorshipDenials",
+                                           "kaiOlderSharingMode", "injection", "boundaries"]
+
+
+def test_the_pods_policy_judges_kubectl_debug_too() -> None:
+    pods = policies.policy_objects(Policy())[0]
+    assert pods["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["pods", "pods/ephemeralcontainers"]
 
 
 def _validating_resources(objs: list[dict[str, Any]]) -> list[str]:

@@ -126,6 +126,15 @@ def test_mode_on_a_container_without_request(alice):
     _deny(alice, {NV + "gpu-compute.mode": "sm-sharing"}, NV + "gpu-compute.mode")
 
 
+@pytest.mark.parametrize("limit_key", ["gpu-fraction.limit", "kai.scheduler/container.worker.gpu-memory.portion.limit"])
+def test_portion_limit_of_a_container_other_than_the_first_needs_its_name(alice, limit_key):
+    """KAI reads a portion limit as the first container's unless gpu-fraction-container-name says otherwise."""
+    containers = [{"name": "app", "image": IMAGE}, {"name": "worker", "image": IMAGE}]
+    msg = _deny(alice, {"gpu-fraction": "0.5", limit_key: "0.8", "nvidia.com/container.worker.gpu-compute.mode":
+                        "time-slicing"}, limit_key, "0.8", containers=containers)
+    assert "first container's (app)" in msg and "set gpu-fraction-container-name to worker" in msg
+
+
 def test_two_containers_with_different_modes(alice):
     containers = [{"name": "app", "image": IMAGE}, {"name": "worker", "image": IMAGE}]
     msg = _deny(

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from gpufrac.core.contract import Delivery
+from gpufrac.webhook.decide import fractions as fr
 from gpufrac.webhook.decide.policy import Policy
 from gpufrac.webhook.decide.rules import RULES, VARIABLES, Rule, Scope
 
@@ -30,18 +31,24 @@ class PolicyShape:
 
     suffix: str
     operations: tuple[str, ...]
-    resource: str
+    resources: tuple[str, ...]
     scopes: tuple[Scope, ...]
 
 
 SHAPES = (
-    PolicyShape("pods", ("CREATE", "UPDATE"), "pods", (Scope.POD, Scope.CREATE, Scope.UPDATE)),
-    PolicyShape("pods-status", ("UPDATE",), "pods/status", (Scope.STATUS,)),
-    PolicyShape("pods-binding", ("CREATE",), "pods/binding", (Scope.BINDING,)),
+    # `kubectl debug` writes pods/ephemeralcontainers (UPDATE only): the validating webhook judges it as a pod UPDATE.
+    PolicyShape("pods", ("CREATE", "UPDATE"), ("pods", "pods/ephemeralcontainers"),
+                (Scope.POD, Scope.CREATE, Scope.UPDATE)),
+    PolicyShape("pods-status", ("UPDATE",), ("pods/status",), (Scope.STATUS,)),
+    PolicyShape("pods-binding", ("CREATE",), ("pods/binding",), (Scope.BINDING,)),
 )
-# The rule denied only when no rule before it is (`validation.validate_pod` asks for the webhook's own output only
-# then: otherwise the canonical values differ only as a consequence of what is already denied).
+# How `validation.validate_pod` composes its answer, which the policies' one validation repeats: the value rules
+# (`fractions.resolve`, which on CREATE the mutating webhook denies alone, before anything else), the webhook's own
+# output only when nothing else is denied (otherwise the canonical values differ only as a consequence of what is
+# already denied), who may write what, then the rest.
 _ONLY_WHEN_CLEAN = "webhookOutput"
+_AUTHORSHIP = ("devicesOnCreate", "immutable")
+DENIALS = "denials"  # the variable holding every message, in the webhook's order
 
 
 def _settings(policy: Policy) -> dict[str, str]:
@@ -67,10 +74,10 @@ _SCHEDULER_NAMES = ("size(variables.schedulerUsers) + size(variables.schedulerGr
                     "variables.schedulerGroups.map(g, 'group ' + g)).join(', ')")
 
 
-def _used(declared: list[tuple[str, str]], rules: list[Rule]) -> set[str]:
-    """The variables the rules need, directly or through other variables."""
+def _used(declared: list[tuple[str, str]], roots: list[str]) -> set[str]:
+    """The variables the roots need, directly or through other variables."""
     expressions = dict(declared)
-    used = {r.name for r in rules}
+    used = set(roots)
     pending = list(used)
     while pending:
         for name in re.findall(r"variables\.([A-Za-z]\w*)", expressions[pending.pop()]):
@@ -80,35 +87,46 @@ def _used(declared: list[tuple[str, str]], rules: list[Rule]) -> set[str]:
     return used
 
 
-# Asked first: a denied request shows the message of its first failing validation, and for a change to a pod that
-# is who may change what (the validating webhook lists it with the rest; on CREATE the mutating webhook denies
-# first, with the value rules, so those stay first there).
-_FIRST = ("immutable",)
-
-
 def rules_of(shape: PolicyShape) -> list[Rule]:
-    rules = [r for r in RULES if r.cel is not None and r.scope in shape.scopes]
-    return sorted(rules, key=lambda r: r.name not in _FIRST)
+    return [r for r in RULES if r.cel is not None and r.scope in shape.scopes]
 
 
-def _validations(rules: list[Rule]) -> list[dict[str, Any]]:
-    out = []
-    for position, rule in enumerate(rules):
-        expression = f"size(variables.{rule.name}) == 0"
-        if rule.name == _ONLY_WHEN_CLEAN:
-            before = " || ".join(f"size(variables.{r.name}) > 0" for r in rules[:position])
-            expression = f"{before} || {expression}" if before else expression
-        out.append({"expression": expression, "messageExpression": f"variables.{rule.name}.join('; ')",
-                    "reason": "Forbidden"})
-    return out
+def is_value_rule(rule: Rule) -> bool:
+    """A rule `fractions.resolve` evaluates (the mutating webhook's denials on CREATE)."""
+    return all(f.__module__.startswith(fr.__name__ + ".") for f in rule.webhook)
+
+
+def _joined(rules: list[Rule]) -> str:
+    return " + ".join(f"variables.{r.name}" for r in rules) or "[]"
+
+
+def _denials(rules: list[Rule]) -> list[tuple[str, str]]:
+    """The variables that gather every rule's messages as the webhook lists them (`validation.validate_pod`): one
+    validation then reports them all, where one validation per rule would report only the first that fails."""
+    values = [r for r in rules if is_value_rule(r)]
+    authorship = [r for r in rules if r.name in _AUTHORSHIP]
+    output = [r for r in rules if r.name == _ONLY_WHEN_CLEAN]
+    rest = [r for r in rules if r not in values and r not in authorship and r not in output]
+    if not values and not authorship and not output:
+        return [(DENIALS, _joined(rest))]
+    clean = "size(variables.valueDenials) + size(variables.authorshipDenials) == 0"
+    after = f"variables.valueDenials + ({clean} ? {_joined(output)} : []) + variables.authorshipDenials"
+    if rest:
+        after += " + " + _joined(rest)
+    return [("valueDenials", _joined(values)), ("authorshipDenials", _joined(authorship)),
+            (DENIALS, f"oldObject == null && size(variables.valueDenials) > 0 ? variables.valueDenials : {after}")]
+
+
+_VALIDATION = {"expression": f"size(variables.{DENIALS}) == 0", "messageExpression": f"variables.{DENIALS}.join('; ')",
+               "reason": "Forbidden"}
 
 
 def _policy(shape: PolicyShape, settings: dict[str, str], meta: dict[str, Any],
             extra: dict[str, Any]) -> dict[str, Any]:
     rules = rules_of(shape)
     declared = [*settings.items(), ("schedulerNames", _SCHEDULER_NAMES), *VARIABLES,
-                *((r.name, r.cel or "") for r in rules)]
-    variables = [{"name": n, "expression": e} for n, e in declared if n in _used(declared, rules)]
+                *((r.name, r.cel or "") for r in rules), *_denials(rules)]
+    variables = [{"name": n, "expression": e} for n, e in declared if n in _used(declared, [DENIALS])]
     return {
         "apiVersion": API_VERSION,
         "kind": "ValidatingAdmissionPolicy",
@@ -118,11 +136,11 @@ def _policy(shape: PolicyShape, settings: dict[str, str], meta: dict[str, Any],
             "matchConstraints": {
                 **extra.get("matchConstraints", {}),
                 "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": list(shape.operations),
-                                   "resources": [shape.resource], "scope": "Namespaced"}],
+                                   "resources": list(shape.resources), "scope": "Namespaced"}],
             },
             **({"matchConditions": extra["matchConditions"]} if "matchConditions" in extra else {}),
             "variables": variables,
-            "validations": _validations(rules),
+            "validations": [dict(_VALIDATION)],
         },
     }
 

@@ -34,6 +34,7 @@ from gpufrac.webhook.decide.rules.values import (
 from gpufrac.webhook.decide.rules.variables import (
     TRANSLATED_OK,
     at_container,
+    field_value,
     has_field,
     has_memory,
     has_portion_limit,
@@ -117,6 +118,20 @@ def cel_keys_name_the_target() -> str:
     problem = f"({has_ann(ann.CONTAINER_NAME)} ? {explicit} : {implied})"
     message = annotation_message("k", "variables.anns[k]", problem)
     return when("variables.offTarget", f"variables.keys.filter(k, {c} != variables.target).map(k, {message})")
+
+
+def cel_portion_limit_names_the_first_container() -> str:
+    """`fractions.rule_portion_limit_names_the_first_container`: without gpu-fraction-container-name, a portion limit
+    on a container the keys name, other than the first."""
+    t = "variables.target"
+    problem = cat(lit("applies to container "), t, lit(f", which the {ann.NVIDIA_PREFIX}"), t,
+                  lit(".* annotations name, but KAI reads a portion limit as the first container's ("),
+                  "variables.regular[0]", lit(f") unless {ann.CONTAINER_NAME} says otherwise: set "
+                                              f"{ann.CONTAINER_NAME} to "), t)
+    key = f"({has_ann(ann.FRACTION_LIMIT)} ? {lit(ann.FRACTION_LIMIT)} : {field_key(t, PORTION)})"
+    return when(f"!{has_ann(ann.CONTAINER_NAME)} && {t} != '' && size(variables.regular) > 0 && "
+                f"{t} != variables.regular[0] && {t} in variables.entries && {has_field(t, PORTION)}",
+                one(annotation_message(key, field_value(t, PORTION), problem)))
 
 
 def cel_translation_agrees() -> str:
