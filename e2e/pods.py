@@ -80,16 +80,19 @@ def wait_running(node: RealCluster, name: str, timeout: float = 120) -> dict:
 
 
 def why_not_running(node: RealCluster, name: str) -> str:
+    return not_running_reasons(get_pod(node, name), get_json(node, "get", "node", NODE_NAME))
+
+
+def not_running_reasons(pod: dict, found: dict) -> str:
     """The pod's phase, its unmet conditions and waiting containers, and the node's taints and pressures: what a
     timeout needs to say (a node under DiskPressure only shows as pods that stay Pending)."""
-    status = get_pod(node, name)["status"]
+    status = pod["status"]
     said = [f"phase {status.get('phase')}"]
     said += [f"{c['type']}={c['status']} ({c.get('reason', '')}: {c.get('message', '')})"
              for c in status.get("conditions", []) if c["status"] != "True"]
     said += [f"container {c['name']} waiting: {c['state']['waiting'].get('reason')} "
              f"{c['state']['waiting'].get('message', '')}".rstrip()
              for c in status.get("containerStatuses", []) if "waiting" in c.get("state", {})]
-    found = get_json(node, "get", "node", NODE_NAME)
     said += [f"node taint {t['key']}:{t['effect']}" for t in found["spec"].get("taints", [])]
     said += [f"node {c['type']}: {c.get('message', '')}" for c in found["status"].get("conditions", [])
              if c["type"].endswith("Pressure") and c["status"] == "True"]

@@ -15,7 +15,9 @@ def stubs_from(proto: Path, out: Path, stub: str) -> tuple[ModuleType, ModuleTyp
     `out`; `out` joins sys.path so that the services module finds its messages."""
     if not (out / f"{stub}_pb2_grpc.py").exists():
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"{stub}.proto").write_bytes(proto.read_bytes())
+        copy = out / f"{stub}.proto"
+        if copy.resolve() != proto.resolve():  # a caller may have fetched it there already
+            copy.write_bytes(proto.read_bytes())
         subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{out}", f"--python_out={out}",
                         f"--grpc_python_out={out}", str(out / f"{stub}.proto")], check=True)
     if str(out) not in sys.path:

@@ -26,6 +26,29 @@ NAMESPACE = "k8s.io"
 SHIM_SOCKET_DIR = "/run/containerd/s"
 
 
+def daemon_config(root: Path, socket: Path, debug_level: str = "") -> str:
+    """The first lines of a containerd 2 config (version 3): its own directories and sockets under `root`, and the
+    snapshotters and tracing this machine cannot use turned off."""
+    level = f"\n  level = '{debug_level}'" if debug_level else ""
+    return f"""version = 3
+root = '{root / 'lib'}'
+state = '{root / 'run'}'
+disabled_plugins = ['io.containerd.snapshotter.v1.btrfs', 'io.containerd.snapshotter.v1.zfs',
+                    'io.containerd.snapshotter.v1.aufs', 'io.containerd.snapshotter.v1.devmapper',
+                    'io.containerd.snapshotter.v1.erofs', 'io.containerd.tracing.processor.v1.otlp',
+                    'io.containerd.internal.v1.tracing']
+
+[grpc]
+  address = '{socket}'
+
+[ttrpc]
+  address = '{root / 'run' / 'containerd.sock.ttrpc'}'
+
+[debug]
+  address = '{root / 'run' / 'debug.sock'}'{level}
+"""
+
+
 class Containerd:
     def __init__(self, root: Path, pause_image: str, network: NodeNetwork, *, nri: bool = True,
                  nri_required_plugins: Sequence[str] = (), nri_tolerate_annotation: str = "") -> None:
@@ -73,23 +96,7 @@ class Containerd:
         for sub in ("lib", "run", "opt", "cdi", "cni/net.d", "cni/ipam"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         runtime = "plugins.'io.containerd.cri.v1.runtime'"
-        self.config_file.write_text(f"""version = 3
-root = '{self.root / 'lib'}'
-state = '{self.root / 'run'}'
-disabled_plugins = ['io.containerd.snapshotter.v1.btrfs', 'io.containerd.snapshotter.v1.zfs',
-                    'io.containerd.snapshotter.v1.aufs', 'io.containerd.snapshotter.v1.devmapper',
-                    'io.containerd.snapshotter.v1.erofs', 'io.containerd.tracing.processor.v1.otlp',
-                    'io.containerd.internal.v1.tracing']
-
-[grpc]
-  address = '{self.socket}'
-
-[ttrpc]
-  address = '{self.root / 'run' / 'containerd.sock.ttrpc'}'
-
-[debug]
-  address = '{self.root / 'run' / 'debug.sock'}'
-
+        self.config_file.write_text(f"""{daemon_config(self.root, self.socket)}
 [plugins.'io.containerd.internal.v1.opt']
   path = '{self.root / 'opt'}'
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e.toolkit.containerd import daemon_config
 from e2e.toolkit.tools import find_binary
 from e2e.toolkit.wait import wait_until
 from gpufrac.agent.edges.nri.config import NriConfig
@@ -30,24 +31,8 @@ class Containerd:
         self.config = root / "config.toml"
         self.log = root / "containerd.log"
         self.config.parent.mkdir(parents=True, exist_ok=True)
-        self.config.write_text(f"""version = 3
-root = '{root / 'lib'}'
-state = '{root / 'run'}'
-disabled_plugins = ['io.containerd.snapshotter.v1.btrfs', 'io.containerd.snapshotter.v1.zfs',
-                    'io.containerd.snapshotter.v1.aufs', 'io.containerd.snapshotter.v1.devmapper',
-                    'io.containerd.snapshotter.v1.erofs', 'io.containerd.tracing.processor.v1.otlp',
-                    'io.containerd.internal.v1.tracing']
-
-[grpc]
-  address = '{root / 'run' / 'containerd.sock'}'
-
-[ttrpc]
-  address = '{root / 'run' / 'containerd.sock.ttrpc'}'
-
-[debug]
-  address = '{root / 'run' / 'debug.sock'}'
-  level = 'debug'
-
+        # NRI on, and containerd's debug log to read what it did.
+        self.config.write_text(f"""{daemon_config(root, root / 'run' / 'containerd.sock', debug_level='debug')}
 [plugins.'io.containerd.nri.v1.nri']
   disable = false
   socket_path = '{self.nri_socket}'
