@@ -48,7 +48,7 @@ def kai_finds_nothing_to_do(final: dict[str, Any]) -> None:
 def created(obj: dict[str, Any], policy: Policy = POLICY) -> dict[str, Any]:
     """The pod as stored after both webhooks admitted its CREATE."""
     outcome = allowed(obj, policy)
-    final = jsonpatch.apply_patch(obj, outcome.patch)
+    final: dict[str, Any] = jsonpatch.apply_patch(obj, outcome.patch)
     validated = admission.validate(review(final), policy)
     assert validated.allowed, validated.message
     return final

@@ -4,6 +4,7 @@ hand out (the GPU fakes live in testkit/fakes)."""
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,7 @@ class FakeKube:
         return next((p for p in self.pods if p["metadata"]["namespace"] == namespace
                      and p["metadata"]["name"] == name), None)
 
-    def watch_pods(self, node: str, resource_version: str, timeout_seconds: int):
+    def watch_pods(self, node: str, resource_version: str, timeout_seconds: int) -> Iterator[dict[str, Any]]:
         import threading
         threading.Event().wait(0.05)  # an idle watch that ends (server timeout)
         return iter(())

@@ -54,7 +54,8 @@ def webhook(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     expected = ["mutate.gpufrac.io"] if kind == "MutatingWebhookConfiguration" else \
         ["validate.gpufrac.io", "validate-workloads.gpufrac.io"]
     assert names == expected
-    return cfg["webhooks"][names.index(name)]
+    found: dict[str, Any] = cfg["webhooks"][names.index(name)]
+    return found
 
 
 def mutating(objs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -73,6 +74,7 @@ def workloads(objs: list[dict[str, Any]]) -> dict[str, Any]:
 def container(workload: dict[str, Any]) -> dict[str, Any]:
     spec = workload["spec"]["template"]["spec"] if workload["kind"] != "CronJob" \
         else workload["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    c: dict[str, Any]
     (c,) = spec["containers"]
     return c
 

@@ -10,9 +10,11 @@ vendored under proto/ (hack/grpc-stubs.sh vendor); nothing generated is committe
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import grpc
 
@@ -45,17 +47,17 @@ class CdiDevicePlugin:
 
     # -- the DevicePlugin service ----------------------------------------------------------------------------
 
-    def GetDevicePluginOptions(self, request, context):
+    def GetDevicePluginOptions(self, request: Any, context: grpc.ServicerContext) -> Any:
         return self.pb.DevicePluginOptions()
 
-    def ListAndWatch(self, request, context):
+    def ListAndWatch(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         yield self.pb.ListAndWatchResponse(devices=[self.pb.Device(ID=self.device_id, health="Healthy")])
         self._stopped.wait()
 
-    def GetPreferredAllocation(self, request, context):
+    def GetPreferredAllocation(self, request: Any, context: grpc.ServicerContext) -> Any:
         return self.pb.PreferredAllocationResponse()
 
-    def Allocate(self, request, context):
+    def Allocate(self, request: Any, context: grpc.ServicerContext) -> Any:
         responses = []
         for req in request.container_requests:
             self.allocations.append(list(req.devices_ids))
@@ -63,7 +65,7 @@ class CdiDevicePlugin:
                 cdi_devices=[self.pb.CDIDevice(name=name) for name in self.cdi_devices]))
         return self.pb.AllocateResponse(container_responses=responses)
 
-    def PreStartContainer(self, request, context):
+    def PreStartContainer(self, request: Any, context: grpc.ServicerContext) -> Any:
         return self.pb.PreStartContainerResponse()
 
     # -- lifecycle -------------------------------------------------------------------------------------------

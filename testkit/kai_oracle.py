@@ -13,6 +13,8 @@ Independent of gpufrac's code (its own canonical form for `<N>Mi`, its own conta
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import Any
 
 NVIDIA = "nvidia.com/container."
 SUFFIXES = (".gpu-memory.request", ".gpu-memory.limit", ".gpus.devices", ".gpu-compute.mode",
@@ -72,7 +74,7 @@ def _write(annotations: dict[str, str], source: str, target: str, value: str) ->
         raise KaiDeniedError(f"{source} annotation conflicts with {target} annotation")
 
 
-def kai_mutate(annotations: dict[str, str], containers: list[str], init: list[str] = ()) -> dict[str, str]:
+def kai_mutate(annotations: dict[str, str], containers: list[str], init: Sequence[str] = ()) -> dict[str, str]:
     """The annotations after KAI's nvfractions Mutate; raises KaiDeniedError where KAI denies the pod."""
     result = dict(annotations)
     if not containers or not requests_gpu_fraction(result):
@@ -100,11 +102,11 @@ def kai_mutate(annotations: dict[str, str], containers: list[str], init: list[st
 SHARED_GPU_CONFIGMAP = "runai/shared-gpu-configmap"
 
 
-def _configmap_env(name: str, configmap: str) -> dict:
+def _configmap_env(name: str, configmap: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"configMapKeyRef": {"key": name, "name": configmap}}}
 
 
-def kai_v017_mutate(obj: dict, random: str = "x7k2q9m") -> dict:
+def kai_v017_mutate(obj: dict[str, Any], random: str = "x7k2q9m") -> dict[str, Any]:
     """The pod after KAI v0.17's admission in its GPU-sharing mode; `random` stands for its 7 random characters."""
     import copy
 

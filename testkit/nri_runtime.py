@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ class FakeRuntime:
         assert answer.stream_id == stream and answer.kind == MessageType.RESPONSE
         return request_pb2.Response.FromString(answer.data)
 
-    def handshake(self, pods: list[Any] = (), containers: list[Any] = ()) -> int:  # type: ignore[assignment]
+    def handshake(self, pods: Sequence[Any] = (), containers: Sequence[Any] = ()) -> int:
         """Configure then Synchronize, as containerd does after registration; returns the subscribed event mask."""
         configured = self.call("Configure", api_pb2.ConfigureRequest(
             runtime_name="containerd", runtime_version="v2.4.2", registration_timeout=5000, request_timeout=2000,
@@ -83,7 +84,7 @@ class FakeRuntime:
         events = api_pb2.ConfigureResponse.FromString(configured.payload).events
         synced = self.call("Synchronize", api_pb2.SynchronizeRequest(pods=pods, containers=containers))
         assert synced.status.code == 0, synced.status.message
-        return events
+        return int(events)
 
     def create(self, pod: Any, container: Any) -> Any:
         return self.call("CreateContainer", api_pb2.CreateContainerRequest(pod=pod, container=container))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from hypothesis import HealthCheck, settings
@@ -110,10 +111,11 @@ SHORTHAND_VALUES = {
     ann.FRACTION: decimal_value, ann.FRACTION_LIMIT: decimal_value, ann.MEMORY: integer_value,
     ann.MEMORY_LIMIT: quantity_value, ann.NUM_DEVICES: integer_value,
 }
-FIELD_VALUES = {Field.MEMORY_REQUEST: quantity_value, Field.MEMORY_LIMIT: quantity_value,
-                Field.COMPUTE_MODE: lambda: st.one_of(st.sampled_from(MODES), junk_value()),
-                Field.DEVICES: devices_value,
-                Field.COMPUTE_PORTION: lambda: st.one_of(decimal_value(), st.sampled_from(["1", "0.5", "5e-1"]))}
+FIELD_VALUES: dict[Field, Callable[[], st.SearchStrategy[str]]] = {
+    Field.MEMORY_REQUEST: quantity_value, Field.MEMORY_LIMIT: quantity_value,
+    Field.COMPUTE_MODE: lambda: st.one_of(st.sampled_from(MODES), junk_value()),
+    Field.DEVICES: devices_value,
+    Field.COMPUTE_PORTION: lambda: st.one_of(decimal_value(), st.sampled_from(["1", "0.5", "5e-1"]))}
 BAD_SUFFIXES = ("gpu-memory", "gpus.device", "", "gpu-memory.request.extra", "GPU-MEMORY.REQUEST")
 
 
@@ -175,7 +177,7 @@ def scenario(draw: st.DrawFn, names: list[str]) -> dict[str, str]:
 
 
 @st.composite
-def annotations(draw: st.DrawFn, names: list[str]) -> dict[str, str]:
+def pod_annotations(draw: st.DrawFn, names: list[str]) -> dict[str, str]:
     result = draw(scenario(names))
     for key, value in draw(st.lists(annotation_entry(names), max_size=6)):
         result[key] = value
@@ -234,7 +236,7 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.integers(0, 8)) == 0:
         pod_spec[draw(st.sampled_from(["hostPID", "hostIPC"]))] = True
     metadata: dict[str, Any] = {"name": "p", "namespace": "team-a",
-                                "annotations": draw(annotations(names + init_names))}
+                                "annotations": draw(pod_annotations(names + init_names))}
     if draw(st.integers(0, 4)) == 0:
         metadata["labels"] = {FRACTIONAL_LABEL: draw(st.sampled_from(["true", "false", ""]))}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
@@ -242,10 +244,12 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
 
 # --- corruption --------------------------------------------------------------------------------------------------
 
-WRONG_TYPES = (None, [], {}, "", 0, -1, 1.5, True, "x", [1], ["a"], {"a": 1}, {"name": 1}, [{"x": None}], 1e308)
+WRONG_TYPES: tuple[Any, ...] = (None, [], {}, "", 0, -1, 1.5, True, "x", [1], ["a"], {"a": 1}, {"name": 1},
+                                [{"x": None}], 1e308)
 
 
-def _paths(value: Any, path: tuple[Any, ...] = (), depth: int = 0, out: list | None = None) -> list:
+def _paths(value: Any, path: tuple[Any, ...] = (), depth: int = 0,
+           out: list[tuple[Any, ...]] | None = None) -> list[tuple[Any, ...]]:
     out = [] if out is None else out
     if depth > 7 or len(out) > 400:
         return out
