@@ -180,6 +180,11 @@ def webhooks_deleted(node: RealCluster) -> Iterator[None]:
         assert res.rc == 0, res.stderr
 
 
+def _waiting_reason(node: RealCluster, name: str) -> str | None:
+    statuses = get_pod(node, name)["status"].get("containerStatuses") or []
+    return statuses[0]["state"].get("waiting", {}).get("reason") if statuses else None
+
+
 def test_a_forged_gpus_devices_without_the_webhook_is_refused_at_creation(node: RealCluster, after_each,
                                                                           webhooks_deleted):
     name = unique("nri-forged")
@@ -201,8 +206,9 @@ def test_a_forged_gpus_devices_without_the_webhook_is_refused_at_creation(node: 
                          interval=1)
     print(failure)
     assert "code = FailedPrecondition" in failure, failure
-    statuses = get_pod(node, name)["status"].get("containerStatuses") or []
-    assert statuses and statuses[0]["state"].get("waiting", {}).get("reason") == "CreateContainerError", statuses
+    # The kubelet logs the failure before it writes the pod's status: wait for the status too (it once lagged).
+    wait_until(lambda: _waiting_reason(node, name) == "CreateContainerError", 60,
+               f"pod {name}'s container to wait on CreateContainerError", interval=0.5)
     assert refused_outcomes(node) > before
     delete(node, name)
 
