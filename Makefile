@@ -24,7 +24,8 @@ $(VENV)/.installed-test: $(VENV)/.installed
 # The gRPC stubs (CSI, kubelet plugin registration) and NRI's messages with ttrpc's envelope (the agent's NRI
 # plugin), generated from the protos vendored in proto/ (no Go needed; `bash hack/grpc-stubs.sh vendor` refreshes
 # proto/ from the Go module proxy). Never committed.
-STUBS := gpufrac/agent/edges/csi/generated/__init__.py gpufrac/agent/edges/nri/generated/__init__.py
+STUBS := gpufrac/agent/edges/csi/generated/__init__.py gpufrac/agent/edges/dra/generated/__init__.py \
+	gpufrac/agent/edges/nri/generated/__init__.py
 $(STUBS) &: hack/grpc-stubs.sh $(shell find proto -type f 2>/dev/null) $(VENV)/.installed-test
 	PYTHON=$(PY) bash hack/grpc-stubs.sh generate
 
@@ -39,10 +40,11 @@ run: certs
 	$(PY) -m gpufrac webhook --certs $(CERTS) --bind $(BIND)
 
 # The control plane (kube-apiserver, etcd, helm) and the real node (kubelet, kube-controller-manager,
-# kube-scheduler, kube-proxy, containerd 2 with its shim and ctr, runc), built once from the Go module proxy
-# into $(TOOLS_CACHE).
+# kube-scheduler, kube-proxy, containerd 2 with its shim and ctr, runc), and NVIDIA's node components (container
+# toolkit, device plugin), built once from the Go module proxy into $(TOOLS_CACHE).
 tools:
 	bash e2e/build-tools.sh node
+	bash e2e/build-nvidia.sh
 
 # The gpufrac image from ./Dockerfile (and the local cluster's app and pause images) as OCI archives in
 # .e2e/images, built with buildah on a base made from Debian packages: no registry involved. See e2e/build-image.sh.
@@ -62,21 +64,31 @@ constraints: venv
 	{ sed -n '1,2p' constraints.txt; $(PY) -m pip freeze --exclude-editable | grep -v '^gpufrac'; } > constraints.tmp
 	mv constraints.tmp constraints.txt
 
-# ruff (with C901 at 15; at 10 in gpufrac/), the layering contracts (.importlinter; .importlinter-tests: how tests,
-# testkit, e2e and bench depend on each other), the types (mypy, strict: pyproject.toml), no import circle anywhere
-# in the repo (hack/import_cycles.py: import-linter sees only inside its root packages), and no file above 500
-# lines in gpufrac/ (hack/file_lines.py).
+# ruff (with C901 at 15; at 10 in gpufrac/ and bench/), the layering contracts (.importlinter; .importlinter-tests:
+# how tests, testkit, e2e, bench and gpufrac depend on each other), no import circle anywhere in the repo (the same two
+# configurations: acyclic_siblings at every depth, the layers between the root packages, hack/package_cycles.py for a
+# package's __init__ and its own modules), the types (mypy, strict: pyproject.toml), and no file above 500 lines in
+# gpufrac/ and gpucheck/ (hack/file_lines.py).
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff check --select C901 --config 'lint.mccabe.max-complexity = 10' gpufrac
+	$(VENV)/bin/ruff check --select C901 --config 'lint.mccabe.max-complexity = 10' gpufrac bench
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/lint-imports .importlinter-tests
 	$(VENV)/bin/mypy
-	$(PY) hack/import_cycles.py
-	$(PY) hack/file_lines.py --max 500 gpufrac
+	$(PY) hack/file_lines.py --max 500 gpufrac gpucheck
 
 unit: venv
 	$(PY) -m pytest -q -m 'not e2e'
+
+# Mutation testing of the guarantee: mutmut ([tool.mutmut] in pyproject.toml) over the pure decisions behind reclaim,
+# who is owed, usable memory and the over-limit action, against the tests that cover them; then the hand-made
+# mutations of the loop that carries them out (hack/hand_mutations.py). Fails on any surviving mutant (a timeout is
+# a mutant caught looping for ever); docs/operations.md says what was found. About 1.5 min on 2 cores.
+mutation: venv
+	rm -rf mutants
+	$(VENV)/bin/mutmut run --max-children 2
+	@! $(VENV)/bin/mutmut results | grep -v ': timeout$$' | grep . || { echo "mutmut: surviving mutants above"; exit 1; }
+	$(PY) hack/hand_mutations.py
 
 test: venv tools image lint
 	$(PY) -m pytest -q
@@ -125,19 +137,25 @@ soak: venv
 	$(PY) -m e2e.hardening.soak --seconds $${SOAK_SECONDS:-60}
 	GPUFRAC_LOAD_SECONDS=$${SOAK_SECONDS:-60} $(PY) -m pytest -q -p no:cacheprovider tests/hardening/test_load.py
 
-# The hardware check (gpucheck/gpu_check.py; docs/gpu-check.md). On a GPU node (/dev/nvidiactl) it runs the
-# real checks; elsewhere, or with FAKE=1, the same script runs against the fakes the tests use (the fake NVML and
-# the fake nvidia-cuda-mps-control; no CUDA, so the CUDA checks say SKIPPED) and still ends with the table.
-# GPU_CHECK_FLAGS go to the script (e.g. GPU_CHECK_FLAGS='--only 2,4'). Needs no venv: python3 and its stdlib.
+# The hardware check (the package gpucheck/; docs/gpu-check.md), built into the one file a person copies to a GPU
+# node: $(GPU_CHECK_PYZ), a zipapp (`make gpu-check-pyz`, gpucheck/build.py). `make gpu-check` builds it and runs it:
+# on a GPU node (/dev/nvidiactl) the real checks; elsewhere, or with FAKE=1, against the fakes the tests use (the fake
+# NVML and the fake nvidia-cuda-mps-control; no CUDA, so the CUDA checks say SKIPPED), still ending with the table.
+# GPU_CHECK_FLAGS go to the check (e.g. GPU_CHECK_FLAGS='--only 2,4'). Needs no venv: python3 and its stdlib.
 GPU_CHECK_OUT ?= .e2e/gpu-check/report.json
-.PHONY: gpu-check
+GPU_CHECK_PYZ ?= .e2e/gpu-check/gpu_check.pyz
+.PHONY: gpu-check gpu-check-pyz
+gpu-check-pyz:
+	@$(PYTHON) -m gpucheck.build --out $(GPU_CHECK_PYZ)
+
 gpu-check:
+	@$(PYTHON) -m gpucheck.build --out $(GPU_CHECK_PYZ) > /dev/null
 	@if [ -z "$(FAKE)" ] && [ -e /dev/nvidiactl ]; then \
-		bash gpucheck/gpu_check.sh --out $(GPU_CHECK_OUT) $(GPU_CHECK_FLAGS); \
+		$(PYTHON) $(GPU_CHECK_PYZ) --out $(GPU_CHECK_OUT) $(GPU_CHECK_FLAGS); \
 	else \
 		echo "gpu-check: no GPU here (or FAKE=1): running against the fakes in testkit/fakes"; \
 		nvml_dir=$$($(PYTHON) -m testkit.fakes.build) && \
-		GPUFRAC_FAKE_NVML=testkit/fakes/gpu_check_node.json bash gpucheck/gpu_check.sh \
+		GPUFRAC_FAKE_NVML=testkit/fakes/gpu_check_node.json $(PYTHON) $(GPU_CHECK_PYZ) \
 			--nvml $$nvml_dir/libnvidia-ml.so.1 --mps-control testkit/fakes/nvidia-cuda-mps-control \
 			--out $(GPU_CHECK_OUT) $(GPU_CHECK_FLAGS); \
 	fi

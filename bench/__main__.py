@@ -10,13 +10,13 @@ import time
 import traceback
 from pathlib import Path
 
-from bench import apiserver, direct, handler_profile, inprocess, machine, node_agent, nri_create
+from bench import apiserver, direct, handler_profile, inprocess, machine, node_agent, nri_create, server_change
 from bench.chart import ROOT, chart_webhook
 from bench.report import Report
 from bench.reviews import maximum_size_reviews, seed_reviews
 from gpufrac.webhook.serve.app import MAX_BODY_BYTES
 
-SECTIONS = ("http", "apiserver", "inprocess", "agent", "nri")
+SECTIONS = ("http", "server", "apiserver", "inprocess", "agent", "nri")
 
 MODES = {
     # concurrencies, seconds per run, rounds (a,b per round) ...
@@ -24,16 +24,17 @@ MODES = {
              "maximum_s": 4.0,
              "api_c": (1, 4, 16), "api_s": 6.0, "api_rounds": 2, "quick_inprocess": False,
              "agent_sizes": (1, 50, 200), "agent_ticks": 20, "handler_rounds": 1000, "nri_rounds": 3,
-             "nri_per_round": 40},
+             "nri_per_round": 40, "server_s": 5.0, "server_rounds": 3},
     "quick": {"http_c": (1, 8, 32, 64), "http_s": 2.0, "http_rounds": 2, "review_c": (1, 8), "review_s": 2.0,
               "maximum_s": 2.0,
               "api_c": (1, 4, 16), "api_s": 2.0, "api_rounds": 1, "quick_inprocess": True,
               "agent_sizes": (1, 50, 200), "agent_ticks": 5, "handler_rounds": 200, "nri_rounds": 2,
-              "nri_per_round": 20},
+              "nri_per_round": 20, "server_s": 2.0, "server_rounds": 2},
     "smoke": {"http_c": (1, 8), "http_s": 1.0, "http_rounds": 1, "review_c": (1,), "review_s": 1.0,
               "maximum_s": 1.0,
               "api_c": (1, 4), "api_s": 1.0, "api_rounds": 1, "quick_inprocess": True,
-              "agent_sizes": (1,), "agent_ticks": 2, "handler_rounds": 20, "nri_rounds": 1, "nri_per_round": 4},
+              "agent_sizes": (1,), "agent_ticks": 2, "handler_rounds": 20, "nri_rounds": 1, "nri_per_round": 4,
+              "server_s": 1.0, "server_rounds": 1},
 }
 
 
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gpufrac-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     failed: list[str] = []
+    server_md = ""  # bench/server_change.py's section, after the report's own
 
     def section(name: str, fn):
         """A section that fails is reported as failed (and the exit status is 1); the others still run."""
@@ -86,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
                 pin=args.pin, workdir=workdir / "https", install=not args.no_install, per_review_c=m["review_c"],
                 per_review_s=m["review_s"], maximum=maximum_size_reviews(MAX_BODY_BYTES, policy),
                 maximum_s=m["maximum_s"]))
+        if "server" not in args.skip:  # issue 33: the base commit's server beside this tree's, same load
+            print("[bench] the server before and after issue 33", file=sys.stderr, flush=True)
+            changed = section("server", lambda: server_change.run(
+                chart, reviews, seconds=m["server_s"], rounds=m["server_rounds"], workdir=workdir / "server",
+                install=not args.no_install))
+            server_md = server_change.markdown(changed)
         if "apiserver" not in args.skip:
             report.api = section("apiserver", lambda: apiserver.run(
                 concurrencies=m["api_c"], duration=m["api_s"], rounds=m["api_rounds"], workdir=ROOT / ".e2e" / "bench"))
@@ -100,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     report.machine["load_after"] = machine.load_average()
     report.elapsed = time.monotonic() - started
-    text = report.markdown()
+    text = report.markdown() + (f"\n\n{server_md}" if server_md else "")
     print(text)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

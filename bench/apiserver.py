@@ -263,6 +263,31 @@ def _measure(cell: ApiCell, api, api_client, duration: float, run_tag: str,
           f"p99 {cell.pct(0.99):.1f} ms", file=sys.stderr, flush=True)
 
 
+def _switch_to(server: str, r: int, cp, admission_api, api, names: list[tuple[str, str]], stand_ins: Path,
+               go_binary: Path | None, clients: int) -> direct.Server | None:
+    """Put `server` behind the registered configurations for round `r`: the stand-in it started, if any."""
+    if server == POLICIES:
+        if r > 0:  # gpufrac's server is up again since the last "none"; the start registered them
+            cp.policies = True
+            cp.apply_webhook_configurations()  # waits until a dry-run pod is mutated and policies apply
+            time.sleep(2)  # and the validating configuration, loaded by its own informer
+        return None
+    if server == "gpufrac":
+        cp.policies = False
+        cp.apply_webhook_configurations()  # the validating webhook called on CREATE again
+        _unbind_policies(admission_api, api)
+        time.sleep(2)
+        return None
+    if server == "none":
+        cp.start_webhook()  # gpufrac's again: the configurations are deleted, then re-added, with it
+        _unregister(cp, admission_api, api, names)
+        return None
+    stand_in = _serve_stand_in(cp, stand_ins, server, go_binary)
+    # The API server's kept-alive connections went with the server before: reconnect, uncounted.
+    _load(ApiCell(server, clients), api, 1.0, f"warm-r{r}")
+    return stand_in
+
+
 def run(*, concurrencies: tuple[int, ...], duration: float, rounds: int, workdir: Path) -> ApiResult | str:
     try:
         from e2e.cluster import ControlPlane
@@ -293,27 +318,10 @@ def run(*, concurrencies: tuple[int, ...], duration: float, rounds: int, workdir
         skipped = {} if isinstance(go_binary, Path) else {"do-nothing (Go)": go_binary}
         for r in range(rounds):
             for server in SERVERS:
-                stand_in = None
                 if server in skipped:
                     continue
-                if server == POLICIES:
-                    if r > 0:  # gpufrac's server is up again since the last "none"; the start registered them
-                        cp.policies = True
-                        cp.apply_webhook_configurations()  # waits until a dry-run pod is mutated and policies apply
-                        time.sleep(2)  # and the validating configuration, loaded by its own informer
-                elif server == "gpufrac":
-                    cp.policies = False
-                    cp.apply_webhook_configurations()  # the validating webhook called on CREATE again
-                    _unbind_policies(admission_api, api)
-                    time.sleep(2)
-                elif server != "none":
-                    stand_in = _serve_stand_in(cp, workdir / f"stand-ins-{r}", server,
-                                               go_binary if isinstance(go_binary, Path) else None)
-                    # The API server's kept-alive connections went with the server before: reconnect, uncounted.
-                    _load(ApiCell(server, max(concurrencies)), api, 1.0, f"warm-r{r}")
-                elif server == "none":
-                    cp.start_webhook()  # gpufrac's again: the configurations are deleted, then re-added, with it
-                    _unregister(cp, admission_api, api, names)
+                stand_in = _switch_to(server, r, cp, admission_api, api, names, workdir / f"stand-ins-{r}",
+                                      go_binary if isinstance(go_binary, Path) else None, max(concurrencies))
                 webhook_proc = stand_in.proc if stand_in is not None else cp.procs.get("webhook")
                 cpu = {"kube-apiserver": cp.procs["kube-apiserver"].cpu_seconds}
                 if server != "none" and webhook_proc is not None:

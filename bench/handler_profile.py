@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.chart import chart_webhook
     from bench.reviews import seed_reviews
     from gpufrac.webhook.serve.app import create_app
-    from gpufrac.webhook.serve.server import _log_config
+    from gpufrac.webhook.serve.serverlog import server_log_config as _log_config
 
     sys.stdout = open(os.devnull, "w")  # the log handler writes here, as to a pod's stdout
     real_stdout = sys.__stdout__

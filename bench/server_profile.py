@@ -36,14 +36,11 @@ PARTS = (
     ("decision (gpufrac.webhook rules, patch, response)",
      ("gpufrac/webhook/decide/", "gpufrac/core/")),
     ("JSON decode/encode of the review", ("json/",)),
-    # server.py by function: every request runs inside LingeringThreadWorker.handle (server.py too).
-    ("TLS and socket I/O", ("ssl.py", "socket.py", "selectors.py", "gunicorn/sock", "DeadlineSSLSocket",
-                            "close_after_answer")),
+    ("TLS and socket I/O", ("ssl.py", "socket.py", "selectors.py", "gunicorn/sock", "gpufrac/webhook/serve/tls")),
     ("gpufrac app glue (app.py)", ("gpufrac/webhook/serve/app",)),
     ("Flask / Werkzeug request and response", ("flask/", "werkzeug/")),
     ("gunicorn HTTP parsing and response writing", ("gunicorn/http/",)),
-    ("gunicorn worker loop, thread pool, locks", ("gunicorn/", "concurrent/", "threading.py", "queue.py",
-                                                  "LingeringThreadWorker")),
+    ("gunicorn worker loop, thread pool, locks", ("gunicorn/", "concurrent/", "threading.py", "queue.py")),
 )
 OTHER = "other"
 

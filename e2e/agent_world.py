@@ -40,8 +40,11 @@ class FractionalPod:
 
 
 class AgentWorld:
-    def __init__(self, cp: ControlPlane, workdir: Path, node: str = NODE_NAME) -> None:
+    def __init__(self, cp: ControlPlane, workdir: Path, node: str = NODE_NAME, namespace: str = USER_NAMESPACE) -> None:
         self.cp = cp
+        # Where create_pod puts the next pod: a test moves it to a namespace of its own (tests/e2e/conftest.py).
+        self.namespace = namespace
+        self._namespace_of: dict[str, str] = {}  # pod name -> the namespace it was created in
         self.workdir = workdir
         self.node = node
         workdir.mkdir(parents=True, exist_ok=True)
@@ -192,15 +195,16 @@ class AgentWorld:
         c = "nvidia.com/container.app."
         annotations = {c + "gpu-memory.request": f"{request_mib}Mi", c + "gpu-memory.limit": f"{limit_mib}Mi",
                        c + "gpu-compute.mode": mode}
-        manifest = pod(annotations, name=name, namespace=USER_NAMESPACE, labels=labels or {},
+        manifest = pod(annotations, name=name, namespace=self.namespace, labels=labels or {},
                        spec={"schedulerName": "kai-scheduler"})
         self._kubectl("alice", "create", "-f", "-", input=json.dumps(manifest))
         self.created.append(name)
-        self._kubectl("binder", "patch", "pod", name, "--type=merge", "-p",
+        self._namespace_of[name] = self.namespace
+        self._kubectl("binder", "patch", "pod", "-n", self.namespace, name, "--type=merge", "-p",
                       json.dumps({"metadata": {"annotations": {c + "gpus.devices": gpu_uuid}}}))
         binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
                    "target": {"apiVersion": "v1", "kind": "Node", "name": self.node}}
-        self._kubectl("binder", "create", "--raw", f"/api/v1/namespaces/{USER_NAMESPACE}/pods/{name}/binding",
+        self._kubectl("binder", "create", "--raw", f"/api/v1/namespaces/{self.namespace}/pods/{name}/binding",
                       "-f", "-", input=json.dumps(binding))
         container_id = f"{self._next_cid:064x}"
         self._next_cid += 1
@@ -209,7 +213,11 @@ class AgentWorld:
         return fp
 
     def get_pod(self, name: str) -> dict[str, Any]:
-        return json.loads(self._kubectl("admin", "get", "pod", "-n", USER_NAMESPACE, name, "-o", "json"))
+        return json.loads(self._kubectl("admin", "get", "pod", "-n", self.namespace_of(name), name, "-o", "json"))
+
+    def namespace_of(self, name: str) -> str:
+        """The namespace of a pod this world created (the current one for any other)."""
+        return self._namespace_of.get(name, self.namespace)
 
     def mark_running(self, fp: FractionalPod) -> None:
         """What the kubelet would write: the container running, with its runtime ID."""
@@ -217,7 +225,7 @@ class AgentWorld:
             "name": "app", "image": IMAGE, "imageID": "", "ready": True, "restartCount": 0, "started": True,
             "containerID": f"containerd://{fp.container_id}",
             "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}}
-        out = self._kubectl("admin", "patch", "pod", "-n", USER_NAMESPACE, fp.name, "--subresource=status",
+        out = self._kubectl("admin", "patch", "pod", "-n", self.namespace_of(fp.name), fp.name, "--subresource=status",
                             "--type=merge", "-p", json.dumps(status), "-o", "json")
         fp.uid = json.loads(out)["metadata"]["uid"]
 
@@ -262,7 +270,7 @@ class AgentWorld:
         self.gpus.write()
 
     def events_for(self, name: str) -> list[dict[str, Any]]:
-        out = self._kubectl("admin", "get", "events", "-n", USER_NAMESPACE, "--field-selector",
+        out = self._kubectl("admin", "get", "events", "-n", self.namespace_of(name), "--field-selector",
                             f"involvedObject.name={name}", "-o", "json")
         return json.loads(out)["items"]
 
@@ -276,9 +284,12 @@ class AgentWorld:
         return None
 
     def delete_pods(self, *names: str) -> None:
-        if names:
-            self.cp.kubectl("delete", "pod", "-n", USER_NAMESPACE, "--wait=false", "--grace-period=0",
-                            "--force", *names, user="admin")
+        by_namespace: dict[str, list[str]] = {}
+        for name in names:
+            by_namespace.setdefault(self.namespace_of(name), []).append(name)
+        for namespace, in_it in by_namespace.items():
+            self.cp.kubectl("delete", "pod", "-n", namespace, "--wait=false", "--grace-period=0", "--force", *in_it,
+                            user="admin")
 
 
 def _running(pid: int) -> bool:

@@ -3,6 +3,7 @@
 # images the local cluster needs, as OCI archives that `ctr images import` takes:
 #   gpufrac.oci.tar   the gpufrac image (every component), from ./Dockerfile
 #   app.oci.tar       the tests' stand-in for the seed examples' CUDA base image: busybox (Debian's static one)
+#                     with that image's env, which NVIDIA's runtime reads (NVIDIA_VISIBLE_DEVICES=all, CUDA_VERSION)
 #   pause.oci.tar     the pod sandbox image: catatonit -P (Debian's static init, waits for SIGTERM, reaps)
 # The Dockerfile's base (a slim Python 3.11 on bookworm) cannot be pulled here: it is made once from Debian's
 # packages with mmdebstrap and imported into buildah under the base's own name; Python packages come from PyPI
@@ -95,15 +96,25 @@ prune_layers
 rm -f "$OUT/gpufrac.oci.tar"
 bah push -q "$IMAGE" "oci-archive:$OUT/gpufrac.oci.tar:$IMAGE" >&2
 
-# A static binary in an empty image, named `name`, with `config` for buildah config.
+# A static binary in an empty image, named `name`, with `config` for buildah config. The recipe (the config
+# function's text) is kept as a label: an image an older recipe made is made again.
 static_image() {
   local name=$1 out=$2 binary=$3; shift 3
+  local recipe
+  recipe=$(declare -f "$1" | sha256sum | cut -c1-16)
+  if has_image "$name" && [[ $(bah inspect --type image --format '{{index .OCIv1.Config.Labels "io.gpufrac.recipe"}}' \
+      "$name" 2>/dev/null) != "$recipe" ]]; then
+    log "$name was made by an older recipe: making it again"
+    bah rmi "$name" >/dev/null
+    rm -f "$out"
+  fi
   if ! has_image "$name"; then
     log "making $name from $binary"
     local ctr
     ctr=$(bah from scratch)
     bah copy "$ctr" "$binary" "/bin/$(basename "$binary")" >/dev/null
     "$@" "$ctr"
+    bah config --label "io.gpufrac.recipe=$recipe" "$ctr"
     bah commit -q "$ctr" "$name" >/dev/null
     bah rm "$ctr" >/dev/null
   fi
@@ -118,7 +129,14 @@ app_config() {
   mkdir -p "$mnt/tmp" "$mnt/proc" "$mnt/sys" "$mnt/dev" "$mnt/etc"
   echo "root:x:0:0:root:/:/bin/sh" > "$mnt/etc/passwd"
   bah umount "$ctr" >/dev/null
-  bah config --env PATH=/bin --cmd /bin/sh "$ctr"
+  # The env of NVIDIA's nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04, which NVIDIA's runtime acts on: every GPU
+  # asked for (NVIDIA_VISIBLE_DEVICES=all; CUDA_VERSION alone marks a legacy CUDA image, which gets all GPUs too)
+  # unless someone voids it, and the driver capabilities and CUDA requirement the image declares.
+  bah config --env PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/bin \
+    --env LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64 \
+    --env NVARCH=x86_64 --env CUDA_VERSION=13.0.2 --env 'NVIDIA_REQUIRE_CUDA=cuda>=13.0' \
+    --env NVIDIA_VISIBLE_DEVICES=all --env NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    --cmd /bin/sh "$ctr"
 }
 pause_config() { bah config --entrypoint '["/bin/catatonit", "-P"]' --cmd '' "$1"; }
 

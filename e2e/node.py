@@ -1,6 +1,10 @@
 """A real one-node Kubernetes: the control plane of e2e.cluster plus containerd 2 (NRI and CDI on) and runc, the
 kubelet, kube-controller-manager, kube-scheduler and kube-proxy (built from the module proxy), the CNI bridge
-(a Debian package), and fake GPU device nodes with CDI specs for them (e2e.toolkit.gpu_devices).
+(a Debian package), fake GPUs (device nodes with NVIDIA's numbers, e2e.toolkit.gpu_devices; the fake NVML and a
+fake driver root, testkit.fakes), and NVIDIA's components beside them (built by e2e/build-nvidia.sh): the CDI spec
+`nvidia-ctk cdi generate` writes, containerd's `nvidia` runtime handler configured by `nvidia-ctk runtime
+configure` with a RuntimeClass `nvidia` (e2e.toolkit.nvidia_toolkit), and NVIDIA's device plugin registering
+`nvidia.com/gpu` (e2e.toolkit.nvidia_device_plugin).
 
 Pods run. The node's network lives in a namespace of its own (e2e.toolkit.netns); the apiserver listens on the
 host side of its veth, so pods reach it through the `kubernetes` Service (kube-proxy) and it reaches webhook
@@ -15,6 +19,7 @@ nodes, and the sysctls the kubelet changed.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -25,11 +30,24 @@ from e2e import credentials, machine
 from e2e.cluster import ControlPlane
 from e2e.names import NODE_NAME, NODE_ROOT, REPO_ROOT
 from e2e.state import REAL_NODE
-from e2e.toolkit import apiserver, controllers, debian, gpu_devices, kube_proxy, objects, pki, sysctls
+from e2e.toolkit import (
+    apiserver,
+    controllers,
+    debian,
+    gpu_devices,
+    kube_proxy,
+    nvidia_device_plugin,
+    nvidia_toolkit,
+    objects,
+    pki,
+    sysctls,
+)
 from e2e.toolkit.containerd import Containerd
 from e2e.toolkit.errors import ClusterError
 from e2e.toolkit.netns import NodeNetwork
+from e2e.toolkit.nvidia_toolkit import NvidiaToolkit
 from e2e.toolkit.procs import Proc, free_port
+from e2e.toolkit.server import wait_ready
 from e2e.toolkit.tools import node_binaries
 from e2e.toolkit.wait import WaitTimeoutError, wait_until
 
@@ -41,10 +59,14 @@ ARCHIVES = ("pause.oci.tar", "app.oci.tar", "gpufrac.oci.tar")
 # Machine-wide paths the kubelet and containerd use whatever they are told; removed on the way out when the
 # node created them.
 MACHINE_PATHS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/run/containerd",
-                 "/var/lib/cni", "/run/gpufrac", "/var/log/gpufrac")
+                 "/var/lib/cni", "/run/gpufrac", "/var/log/gpufrac", str(nvidia_device_plugin.HOST_CDI_DIR))
 GPU_UUIDS = tuple(f"GPU-10ca{i}{i}{i}{i}-0000-0000-0000-00000000000{i}" for i in range(4))
+DEVICE_PLUGIN = "nvidia-device-plugin"
+# NVIDIA's device plugin's device list strategy by default: a CDI one, as the GPU Operator runs it since 25.10
+# (its spec names the GPUs as k8s.device-plugin.nvidia.com/gpu=<uuid>, the kind KAI's binder writes on CDI clusters).
+DEFAULT_STRATEGY = "cdi-cri"
 NODE_COMPONENTS = ("etcd", "kube-apiserver", "containerd", "kubelet", "kube-controller-manager",
-                   "kube-scheduler", "kube-proxy")
+                   "kube-scheduler", "kube-proxy", DEVICE_PLUGIN)
 # Users of the node's components, in the token file; the bootstrap RBAC of kube-apiserver binds each one.
 COMPONENT_USERS = {
     "node": (f"system:node:{NODE_NAME}", ["system:nodes", "system:authenticated"]),
@@ -70,10 +92,15 @@ class RealCluster(ControlPlane):
     components = NODE_COMPONENTS
 
     def __init__(self, workdir: Path | str, *, images_dir: Path = IMAGES_DIR, nri: bool = True,
-                 nri_required_plugins: tuple[str, ...] = (), nri_tolerate_annotation: str = "", **kw) -> None:
+                 nri_required_plugins: tuple[str, ...] = (), nri_tolerate_annotation: str = "",
+                 device_list_strategy: str | None = DEFAULT_STRATEGY, toolkit_hardened: bool = False,
+                 **kw) -> None:
         """`nri=False`: containerd with its NRI plugin disabled (a runtime without NRI, as containerd 1.x).
         `nri_required_plugins`: containers are refused while one of these NRI plugins is not connected, except in
-        pods annotated `<nri_tolerate_annotation>: "true"` (NRI's default validator)."""
+        pods annotated `<nri_tolerate_annotation>: "true"` (NRI's default validator).
+        `device_list_strategy`: NVIDIA's device plugin's (envvar, cdi-cri, cdi-annotations; None: no device
+        plugin). `toolkit_hardened`: the toolkit's config.toml does not accept NVIDIA_VISIBLE_DEVICES from
+        unprivileged containers."""
         kw.setdefault("register_webhook", False)
         super().__init__(workdir, **kw)
         self.network = NodeNetwork()
@@ -87,6 +114,9 @@ class RealCluster(ControlPlane):
         self.created_paths: list[str] = []
         self.lock: Proc | None = None
         self.binaries: dict[str, str] = {}
+        self.device_list_strategy = device_list_strategy
+        self.toolkit_hardened = toolkit_hardened
+        self.toolkit: NvidiaToolkit | None = None
 
     @property
     def nri_socket(self) -> Path:
@@ -122,6 +152,7 @@ class RealCluster(ControlPlane):
         if missing:
             raise ImagesMissingError(f"missing images {', '.join(missing)} in {self.images_dir}: run `make image`")
         self.binaries = node_binaries()
+        nvidia_toolkit.nvidia_binaries((*nvidia_toolkit.TOOLKIT_BINARIES, DEVICE_PLUGIN))
         debian.ensure_packages(debian.NODE_PACKAGES, say=self._say)
 
     def _claim_machine(self) -> None:
@@ -157,16 +188,37 @@ class RealCluster(ControlPlane):
         kube_proxy.write_config(proxy_config, self.kubeconfigs["proxy"], self.network, NODE_NAME)
         self._spawn("kube-proxy", kube_proxy.argv(self.binaries["kube-proxy"], proxy_config, self.network))
         self._wait_controllers()
+        self.apply_objects([nvidia_toolkit.runtime_class()])
+        if self.device_list_strategy:
+            self.start_device_plugin(self.device_list_strategy)
+        self.timings["device_plugin_ready_s"] = round(time.monotonic() - t0, 2)
 
     @property
     def gpu_fakes(self) -> Path:
         """The host directory values-local.yaml mounts into the agent as /opt/gpu-fakes."""
         return self.node_root / "gpu-fakes"
 
+    @property
+    def driver_root(self) -> Path:
+        """The fake driver root NVIDIA's components read (the files a 615 driver installs, the fake NVML)."""
+        return self.gpu_fakes / "driver-root"
+
+    @property
+    def nvml_env(self) -> dict[str, str]:
+        """What every NVIDIA process on the node needs to find the fake NVML's state."""
+        return {"GPUFRAC_FAKE_NVML": str(self.gpu_fakes / "nvml.json")}
+
+    @property
+    def cdi_spec(self) -> Path:
+        """The node's CDI spec, as `nvidia-ctk cdi generate` wrote it."""
+        return self.cdi_dir / nvidia_toolkit.SPEC_FILE
+
     def install_gpu_fakes(self) -> None:
         """The node's "driver": the fake libnvidia-ml.so.1 (built from testkit/fakes/fake_nvml.c), its state
-        file with four H200s, the fake nvidia-cuda-mps-control, device nodes /dev/nvidia0..3 (+ the control
-        devices) and the CDI specs naming them (in containerd's cdi_spec_dirs)."""
+        file with four H200s, the fake nvidia-cuda-mps-control, a fake driver root, device nodes /dev/nvidia0..3
+        (+ the control devices); then NVIDIA's toolkit: the CDI spec `nvidia-ctk cdi generate` writes against
+        them (in containerd's cdi_spec_dirs) and the toolkit's config.toml."""
+        from testkit.fakes import driver_root
         from testkit.fakes.build import MPS_CONTROL, fake_nvml_library
         from testkit.fakes.state import FakeGpuState
 
@@ -179,7 +231,16 @@ class RealCluster(ControlPlane):
             state.gpu(uuid)
         os.chmod(self.gpu_fakes / "nvml.json", 0o644)
         gpu_devices.create(len(GPU_UUIDS))
-        gpu_devices.write_cdi_specs(self.cdi_dir, GPU_UUIDS)
+        t0 = time.monotonic()
+        # With its own dev/ (the same numbers as /dev's), as the GPU Operator's driver root /run/nvidia/driver has:
+        # nvidia-container-runtime's jit-cdi mode looks for device nodes under the driver root.
+        driver_root.build(self.driver_root, self.gpu_fakes / "nvml.json")
+        self.toolkit = NvidiaToolkit(self.node_root / "nvidia-toolkit", self.driver_root, self.nvml_env)
+        skip = nvidia_toolkit.hooks_this_host_cannot_run()
+        self.toolkit.generate_cdi_spec(self.cdi_spec, *(f"--disable-hook={hook}" for hook in skip))
+        self.toolkit.write_config([self.cdi_dir], self.binaries["runc"], hardened=self.toolkit_hardened,
+                                  disabled_hooks=skip)
+        self.timings["nvidia_toolkit_s"] = round(time.monotonic() - t0, 2)
 
     def gpu_state(self):
         """The fake NVML's state, for a test to put processes on the GPUs."""
@@ -194,8 +255,13 @@ class RealCluster(ControlPlane):
         self.lock = machine.take_lock(self.workdir, self.detach)
 
     def _start_containerd(self) -> None:
+        assert self.toolkit is not None
         self.containerd.write_config()
-        self._spawn("containerd", self.containerd.argv(), env=self.containerd.env())
+        self.toolkit.configure_containerd(self.containerd.config_file)
+        # Its shims, and the nvidia-container-runtime they start, inherit containerd's env.
+        env = {**self.containerd.env(), **self.nvml_env,
+               nvidia_toolkit.CONFIG_ENV: str(self.toolkit.config_file)}
+        self._spawn("containerd", self.containerd.argv(), env=env)
         self._wait_ready("containerd", self.containerd.ready, timeout=60)
         for name in ARCHIVES:
             self.containerd.import_image(self.images_dir / name)
@@ -216,6 +282,42 @@ class RealCluster(ControlPlane):
         problems = Kubelet.config_problems(self.log("kubelet"))
         if problems:
             raise ClusterError(f"the kubelet ignored parts of its config: {problems[:3]}")
+
+    # ---- NVIDIA's device plugin -------------------------------------------------------------------------------
+
+    def start_device_plugin(self, strategy: str, *, disable_healthchecks: bool = False,
+                            timeout: float = 90) -> None:
+        """(Re)start NVIDIA's device plugin with device list `strategy`, and wait until it registered with the
+        kubelet and the node's allocatable has its GPUs."""
+        self.stop_device_plugin()
+        # Its spec directory's mount point (in MACHINE_PATHS: removed on the way out when the node made it).
+        nvidia_device_plugin.HOST_CDI_DIR.mkdir(parents=True, exist_ok=True)
+        env = nvidia_device_plugin.env(self.nvml_env, os.environ, self.driver_root,
+                                       disable_healthchecks=disable_healthchecks)
+        log = self.log(DEVICE_PLUGIN)
+        offset = log.stat().st_size if log.exists() else 0
+        self._spawn(DEVICE_PLUGIN, nvidia_device_plugin.argv(strategy, self.driver_root, self.cdi_dir), env=env)
+        self.device_list_strategy = strategy
+
+        def ready() -> bool:
+            with log.open("rb") as f:
+                f.seek(offset)
+                registered = b"Registered device plugin for 'nvidia.com/gpu' with Kubelet" in f.read()
+            return registered and self.allocatable().get(nvidia_device_plugin.RESOURCE) == str(len(GPU_UUIDS))
+
+        wait_ready(self.procs[DEVICE_PLUGIN], ready, timeout, interval=0.5)
+
+    def stop_device_plugin(self) -> None:
+        proc = self.procs.pop(DEVICE_PLUGIN, None)
+        if proc is not None:
+            proc.stop()
+            self._save_state()
+        self.device_list_strategy = None
+
+    def allocatable(self) -> dict[str, str]:
+        res = self.kubectl("get", "node", NODE_NAME, "-o", "jsonpath={.status.allocatable}", user="admin",
+                           timeout=10)
+        return json.loads(res.stdout) if res.rc == 0 and res.stdout.strip() else {}
 
     def node_ready(self) -> bool:
         res = self.kubectl("get", "node", NODE_NAME, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')]"
@@ -268,6 +370,9 @@ class RealCluster(ControlPlane):
             "-f charts/gpufrac/values-local.yaml",
             f"  runtime: containerd 2, NRI socket {self.nri_socket}"
             + ("" if self.containerd.nri else " (NRI disabled)") + f", CDI specs in {self.cdi_dir}",
+            f"  NVIDIA: runtime handler/RuntimeClass `{nvidia_toolkit.RUNTIME_HANDLER}` (toolkit config "
+            f"{self.node_root / 'nvidia-toolkit' / 'config.toml'}), device plugin "
+            f"({self.device_list_strategy or 'not running'}) registering nvidia.com/gpu",
             f"  logs: {os.path.relpath(self.workdir)}/*.log",
             "  stop: make cluster-down   (or: python -m e2e down)",
         ])

@@ -20,23 +20,24 @@ _counter = itertools.count(1)
 
 
 def unique(prefix: str) -> str:
-    """A pod name no other test uses in this session (they all share namespace team-a)."""
+    """A name no other object of this session has (for a test that makes several of one kind in its namespace)."""
     slug = re.sub(r"[^a-z0-9-]+", "-", prefix.lower()).strip("-")[:40].rstrip("-")
     return f"{slug}-{next(_counter)}"
 
 
 def pod(
-    name: str, annotations: dict[str, str] | None = None, containers: list[dict] | None = None, **spec: object
+    name: str, annotations: dict[str, str] | None = None, containers: list[dict] | None = None, *,
+    namespace: str = USER_NAMESPACE, **spec: object
 ) -> dict:
-    """A Pod manifest for KAI's scheduler in the users' namespace (testkit.pods.pod); containers default to one
-    `app` container."""
-    return pods.pod(annotations, *(containers or ()), name=name, namespace=USER_NAMESPACE,
+    """A Pod manifest for KAI's scheduler in `namespace` (the users' by default; testkit.pods.pod); containers
+    default to one `app` container."""
+    return pods.pod(annotations, *(containers or ()), name=name, namespace=namespace,
                     spec={"schedulerName": "kai-scheduler", **spec})
 
 
-def example(filename: str, name: str | None = None) -> dict:
-    """A manifest of examples/ in the users' namespace."""
-    return pods.example(filename, name, namespace=USER_NAMESPACE)
+def example(filename: str, name: str | None = None, namespace: str = USER_NAMESPACE) -> dict:
+    """A manifest of examples/ in `namespace` (the users' by default)."""
+    return pods.example(filename, name, namespace=namespace)
 
 
 def create(kubectl: Kubectl, obj: dict, *extra: str) -> KubectlResult:
@@ -56,7 +57,7 @@ def container(pod_obj: dict, name: str = "app") -> dict:
 def env_of(ctr: dict) -> dict[str, dict]:
     return {e["name"]: e for e in ctr.get("env", [])}
 
-def bind(binder: Kubectl, name: str, annotations: dict[str, str]) -> None:
+def bind(binder: Kubectl, name: str, annotations: dict[str, str], namespace: str = USER_NAMESPACE) -> None:
     """What KAI's binder does: one merge patch of the annotations, then POST pods/binding."""
     rc, _, err = binder(
         "patch", "pod", name, "--type=merge", "-p", json.dumps({"metadata": {"annotations": annotations}})
@@ -71,7 +72,7 @@ def bind(binder: Kubectl, name: str, annotations: dict[str, str]) -> None:
     rc, _, err = binder(
         "create",
         "--raw",
-        f"/api/v1/namespaces/{USER_NAMESPACE}/pods/{name}/binding",
+        f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
         "-f",
         "-",
         input=json.dumps(binding),

@@ -1,4 +1,4 @@
-"""The `gpufrac` command: certs, webhook, review, agent, agent-withdraw, mps.
+"""The `gpufrac` command: certs, webhook, review, agent, agent-withdraw, mps, node-check.
 
 Every flag can also be set from the environment, as `GPUFRAC_<FLAG>` (`--log-level` is `GPUFRAC_LOG_LEVEL`); a
 flag on the command line wins. `--help` of each command lists every flag with its default and its variable.
@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.argtypes import positive_int
 from gpufrac.core.buildinfo import version
 from gpufrac.core.contract import DEFAULT_DRIVER_NAME, DEFAULT_MPS_ROOT, DEFAULT_SCHEDULER_USER, Delivery
@@ -192,7 +193,7 @@ def _review(args: argparse.Namespace) -> int:
 
 
 def _policies(args: argparse.Namespace) -> int:
-    from gpufrac.webhook.decide import policies
+    from gpufrac.webhook.render import policies
     if args.format == "helm":
         sys.stdout.write(policies.render_helm())
     elif args.format == "docs":
@@ -222,6 +223,56 @@ def _mps_roll(args: argparse.Namespace) -> int:
 def _mps(args: argparse.Namespace) -> int:
     from gpufrac.agent.programs.mps_service import run
     return run(args)
+
+
+def _node_check(args: argparse.Namespace) -> int:
+    """Exit 0: every enabled mode is enforceable here; 1: not; 2: bad input (argparse)."""
+    from gpufrac.agent.decide.node_check import node_check, render_table
+    from gpufrac.agent.edges.node_facts import Where, gather
+    where = Where(modes=args.modes, nri_enabled=args.nri, nri_socket=args.nri_socket,
+                  cdi_dirs=tuple(args.cdi_spec_dir or Where.cdi_dirs), containerd=args.containerd,
+                  cri_socket=args.cri_socket, crictl=args.crictl, mps_binary=args.mps_binary,
+                  mps_root=args.mps_root, cgroup_root=args.cgroup_root, toolkit_config=args.toolkit_config)
+    report = node_check(gather(where))
+    sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n" if args.json else render_table(report))
+    return 0 if report.ok else 1
+
+
+def _check_modes(text: str) -> tuple[ComputeMode, ...]:
+    try:
+        modes = tuple(ComputeMode(m.strip()) for m in text.split(",") if m.strip())
+    except ValueError:
+        modes = ()
+    if not modes:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list of {', '.join(ComputeMode)}")
+    return modes
+
+
+def _add_node_check_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    parser.add_argument("--modes", type=_check_modes, default=",".join(ComputeMode), metavar="MODE,…",
+                        help="the compute modes the agent serves here (its --modes, the chart's agent.modes)")
+    parser.add_argument("--nri", action=argparse.BooleanOptionalAction, default=True,
+                        help="the agent runs its NRI plugin (the chart's nri.enabled)")
+    parser.add_argument("--nri-socket", type=Path, default=Path("/var/run/nri/nri.sock"), metavar="PATH",
+                        help="the runtime's NRI socket (the chart's nri.socketPath)")
+    parser.add_argument("--cdi-spec-dir", type=Path, action="append", metavar="PATH",
+                        help="a directory of CDI specs, as the runtime's cdi_spec_dirs (repeatable; default "
+                             "/etc/cdi, /var/run/cdi)")
+    parser.add_argument("--containerd", default="containerd", metavar="PATH",
+                        help="the containerd binary whose --version is read (without --cri-socket)")
+    parser.add_argument("--cri-socket", type=Path, metavar="PATH",
+                        help="read the runtime's name and version from its CRI socket through crictl instead "
+                             "(e.g. /run/containerd/containerd.sock)")
+    parser.add_argument("--crictl", default="crictl", metavar="PATH", help="the crictl binary (with --cri-socket)")
+    parser.add_argument("--mps-binary", default="nvidia-cuda-mps-control", metavar="PATH",
+                        help="the MPS control daemon executable (a name is looked up on PATH)")
+    parser.add_argument("--mps-root", type=Path, default=Path(DEFAULT_MPS_ROOT), metavar="PATH",
+                        help="the agent's --mps-root: where each mode's control socket is while its daemon runs")
+    parser.add_argument("--cgroup-root", type=Path, default=Path("/sys/fs/cgroup"), metavar="PATH",
+                        help="where the host's cgroups are mounted")
+    parser.add_argument("--toolkit-config", type=Path, default=Path("/etc/nvidia-container-runtime/config.toml"),
+                        metavar="PATH", help="NVIDIA container toolkit's config (its envvar setting)")
 
 
 def _serve_defaults() -> type[ServeOptions]:
@@ -321,6 +372,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         from gpufrac.agent.programs.mps_roll import add_arguments as add_mps_roll_arguments
         add_mps_roll_arguments(mps_roll)
     mps_roll.set_defaults(func=_mps_roll)
+    node_check = subcommand("node-check", "say what this node can enforce and, for what it cannot, why and what "
+                                          "to do: runtime, NRI, CDI specs, driver, MPS, toolkit, cgroups (exit 0: "
+                                          "every enabled mode is enforceable, 1: not)")
+    _add_node_check_arguments(node_check)
+    node_check.set_defaults(func=_node_check)
     apply_environment(parser, os.environ)
     return parser
 

@@ -19,7 +19,7 @@ PROTO=proto
 # grpcio-tools does not bundle, from grpc-gateway's googleapis copy (with that copy's license).
 MODULES=(
   "github.com/container-storage-interface/spec v1.13.0 csi.proto"
-  "k8s.io/kubelet v0.36.3 pkg/apis/pluginregistration/v1/api.proto pkg/apis/deviceplugin/v1beta1/api.proto"
+  "k8s.io/kubelet v0.36.3 pkg/apis/pluginregistration/v1/api.proto pkg/apis/deviceplugin/v1beta1/api.proto pkg/apis/dra/v1/api.proto"
   "github.com/containerd/nri v0.12.3 pkg/api/api.proto"
   "github.com/containerd/ttrpc v1.2.9 request.proto"
   "github.com/grpc-ecosystem/grpc-gateway v1.16.0 third_party/googleapis/google/rpc/status.proto third_party/googleapis/LICENSE"
@@ -29,6 +29,7 @@ MODULES=(
 STUBS=(
   "gpufrac/agent/edges/csi/generated csi github.com/container-storage-interface/spec/csi.proto"
   "gpufrac/agent/edges/csi/generated pluginregistration k8s.io/kubelet/pkg/apis/pluginregistration/v1/api.proto"
+  "gpufrac/agent/edges/dra/generated dra k8s.io/kubelet/pkg/apis/dra/v1/api.proto"
   "gpufrac/agent/edges/nri/generated status github.com/grpc-ecosystem/grpc-gateway/third_party/googleapis/google/rpc/status.proto"
   "gpufrac/agent/edges/nri/generated request github.com/containerd/ttrpc/request.proto"
   "gpufrac/agent/edges/nri/generated api github.com/containerd/nri/pkg/api/api.proto"

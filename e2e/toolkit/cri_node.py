@@ -1,19 +1,22 @@
 """containerd 2 alone (the tools cache's, as the real node runs it: its CRI with NRI and CDI on, runc), with fake GPU
-device nodes in a directory of its own and CDI specs of NVIDIA's shape naming them: for a CRI client that makes
-pods itself (crictl, a bench). No kubelet (it removes pods it did not make), no CNI (host-network pods only), no
-machine lock (nothing here is machine-wide: sockets, state, devices and specs live under `root`)."""
+device nodes in a directory of its own (<root>/dev, NVIDIA's numbers) and the CDI specs NVIDIA's tools generate for
+them against the fake NVML and a fake driver root: `nvidia-ctk cdi generate` of kind `nvidia.com/gpu` (by index and
+UUID) and of the device plugin's kind `k8s.device-plugin.nvidia.com/gpu` (by UUID, as its CDI strategies name
+them). For a CRI client that makes pods itself (crictl, a bench). No kubelet (it removes pods it did not make), no
+CNI (host-network pods only), no machine lock (nothing here is machine-wide: sockets, state, devices and specs live
+under `root`)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from e2e.toolkit import gpu_devices
 from e2e.toolkit.containerd import Containerd
 from e2e.toolkit.netns import NodeNetwork
+from e2e.toolkit.nvidia_device_plugin import CDI_KIND
+from e2e.toolkit.nvidia_toolkit import NvidiaToolkit, hooks_this_host_cannot_run
 from e2e.toolkit.wait import wait_until
 
 IMAGE_ARCHIVES = ("pause.oci.tar", "app.oci.tar")
@@ -42,12 +45,23 @@ class CriNode:
         return self.containerd.nri_socket
 
     def start(self, images_dir: Path) -> None:
+        from testkit.fakes import driver_root
+        from testkit.fakes.state import FakeGpuState
+
         self.dev.mkdir(parents=True, exist_ok=True)
         gpu_devices.create(len(self.uuids), self.dev)
+        state = FakeGpuState(self.root / "nvml.json")
+        for uuid in self.uuids:
+            state.gpu(uuid)
+        driver_root.build(self.root / "driver", self.root / "nvml.json", device_nodes=False)
+        toolkit = NvidiaToolkit(self.root / "nvidia-toolkit", self.root / "driver",
+                                {"GPUFRAC_FAKE_NVML": str(self.root / "nvml.json")}, dev_root=self.root)
         self.containerd.write_config()
-        for spec in (gpu_devices.toolkit_spec(self.uuids, self.dev),
-                     gpu_devices.device_plugin_spec(self.uuids, self.dev)):
-            (self.cdi_dir / gpu_devices.spec_file_name(spec["kind"])).write_text(json.dumps(at_dev(spec)))
+        skip = [f"--disable-hook={hook}" for hook in hooks_this_host_cannot_run()]
+        toolkit.generate_cdi_spec(self.cdi_dir / "nvidia.yaml", *skip)
+        vendor, cls = CDI_KIND.split("/")
+        toolkit.generate_cdi_spec(self.cdi_dir / f"{vendor}-{cls}.yaml", "--device-name-strategy=uuid",
+                                  f"--vendor={vendor}", f"--class={cls}", *skip)
         argv = [Containerd.binary("containerd"), "--config", str(self.containerd.config_file), "--log-level", "warn"]
         self.proc = subprocess.Popen(argv, env=self.containerd.env(), stdout=(self.root / "containerd.log").open("ab"),
                                      stderr=subprocess.STDOUT)
@@ -73,13 +87,3 @@ class CriNode:
             self.proc = None
         gpu_devices.remove(self.dev)
 
-
-def at_dev(spec: dict[str, Any]) -> dict[str, Any]:
-    """The spec with its device nodes at /dev/<name> in the container, from the node's own directory on the host."""
-    def edits(container_edits: dict[str, Any]) -> dict[str, Any]:
-        nodes = [{"path": f"/dev/{Path(n['hostPath']).name}", "hostPath": n["hostPath"]}
-                 for n in container_edits.get("deviceNodes", [])]
-        return {**container_edits, "deviceNodes": nodes}
-
-    return {**spec, "containerEdits": edits(spec["containerEdits"]),
-            "devices": [{**d, "containerEdits": edits(d["containerEdits"])} for d in spec["devices"]]}

@@ -6,7 +6,8 @@ One owner for each piece, so the two programs cannot drift apart:
 - the node's enforcement labels (`gpufrac.io/enforcement.<mode>` = driver | mps | none) and the pods' fractional
   label;
 - the env names injected into each fractional container (`LimitEnv`), and the values a container with no GPU gets;
-- the MPS pinned-memory limit format (`0=4096M,1=4096M`), and an sm-sharing container's active-thread percentage;
+- the MPS pinned-memory limit format (`0=4096M,1=4096M` in the annotation, `GPU-<uuid>=4096M` in a created
+  container's env), and an sm-sharing container's active-thread percentage;
 - MiB, the unit of every canonical value, and its rounding;
 - the canonical annotations themselves: `write_canonical` and `read_canonical` are inverse;
 - who the scheduler is by default (the identity allowed to write bind-time values);
@@ -182,6 +183,53 @@ def parse_pinned_mem_limit(text: str) -> dict[int, int]:
             raise ValueError(f"not an MPS pinned memory limit entry: {entry!r}")
         limits[int(match[1])] = int(match[2])
     return limits
+
+
+# The same variable keyed by GPU UUID, as the agent's NRI plugin rewrites it at creation from the bound GPUs: an
+# index names a GPU by the client's view, so a process that narrows CUDA_VISIBLE_DEVICES makes `1=` name a GPU it
+# cannot see, and CUDA then drops every entry (NVIDIA's measurement, r615); a UUID names the same GPU in every view.
+_PINNED_UUID_ENTRY = re.compile(r"^((?:GPU|MIG)-[0-9A-Za-z-]{1,80})=([0-9]{1,13})M$")
+
+
+def is_gpu_uuid(identifier: str) -> bool:
+    """A GPU or MIG UUID as NVML spells it (`GPU-8f0c…`), not an index or a CDI name."""
+    return identifier.startswith(("GPU-", "MIG-")) and "=" not in identifier and "," not in identifier
+
+
+def format_pinned_mem_limit_by_uuid(limit_mib: int, uuids: Iterable[str]) -> str:
+    """CUDA_MPS_PINNED_DEVICE_MEM_LIMIT keyed by UUID: `GPU-a=61440M,GPU-b=61440M`, in the order given."""
+    uuids = tuple(uuids)
+    bad = [u for u in uuids if not is_gpu_uuid(u)]
+    if bad or not uuids:
+        raise ValueError(f"a UUID-keyed pinned limit needs GPU UUIDs, not {', '.join(bad) or 'none'}")
+    return ",".join(f"{uuid}={limit_mib}M" for uuid in dict.fromkeys(uuids))
+
+
+def parse_pinned_mem_limit_keys(text: str) -> dict[str, int]:
+    """Key (an index or a UUID, as written) -> MiB, from either spelling; ValueError for anything else, or for a
+    value that mixes the two (CUDA reads a mix against one view of the GPUs, which breaks one of them)."""
+    limits: dict[str, int] = {}
+    for entry in text.split(","):
+        match = _PINNED_ENTRY.fullmatch(entry.strip()) or _PINNED_UUID_ENTRY.fullmatch(entry.strip())
+        if match is None:
+            raise ValueError(f"not an MPS pinned memory limit entry: {entry!r}")
+        limits[match[1]] = int(match[2])
+    if len({key.isdigit() for key in limits}) > 1:
+        raise ValueError(f"an MPS pinned memory limit keys its GPUs by index or by UUID, not both: {text!r}")
+    return limits
+
+
+def pinned_limit_agrees(text: str, declared: Mapping[int, int]) -> bool:
+    """Whether a container's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT says what the canonical annotation declares: the same
+    entries by index as the webhook writes them, or (rewritten by the NRI plugin) the same limits, one per GPU, keyed
+    by UUID."""
+    try:
+        found = parse_pinned_mem_limit_keys(text)
+    except ValueError:
+        return False
+    if all(key.isdigit() for key in found):
+        return {int(key): mib for key, mib in found.items()} == dict(declared)
+    return sorted(found.values()) == sorted(declared.values())
 
 
 # ---- the MPS active-thread percentage (an sm-sharing container's compute share) ----

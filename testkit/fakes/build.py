@@ -1,5 +1,6 @@
-"""Builds the fake libnvidia-ml.so.1 from fake_nvml.c (and the fake libcuda.so.1 from fake_cuda.c, which only
-gpucheck/gpu_check.py's tests use), cached by source hash under testkit/fakes/build/.
+"""Builds the fake libnvidia-ml.so.1 from fake_nvml.c (and the fake libcuda.so.1 from fake_cuda.c, which
+the GPU check's tests (gpucheck/) and the fake driver root use, and the empty driver libraries of driver_stub.c),
+cached by source hash under testkit/fakes/build/.
 
 python -m testkit.fakes.build        # prints the directory to put on LD_LIBRARY_PATH (the fake NVML's)
 """
@@ -21,6 +22,7 @@ LIBRARY = "libnvidia-ml.so.1"
 CUDA_SOURCE = FAKES / "fake_cuda.c"
 CUDA_LIBRARY = "libcuda.so.1"
 MPS_CONTROL = FAKES / "nvidia-cuda-mps-control"
+DRIVER_STUB_SOURCE = FAKES / "driver_stub.c"
 
 
 class FakeBuildError(RuntimeError):
@@ -35,6 +37,11 @@ def fake_nvml_dir() -> Path:
 def fake_cuda_library() -> Path:
     """A freshly built (or cached) fake libcuda.so.1."""
     return _built(CUDA_SOURCE, CUDA_LIBRARY) / CUDA_LIBRARY
+
+
+def driver_stub_library(soname: str) -> Path:
+    """An empty shared object whose soname is `soname` (a driver library of the fake driver root)."""
+    return _built(DRIVER_STUB_SOURCE, soname) / soname
 
 
 def _built(source: Path, name: str) -> Path:

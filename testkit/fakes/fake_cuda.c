@@ -3,7 +3,8 @@
  * signatures (cuda.h, _v2 symbols), so the check's ctypes code runs unchanged. One fake GPU, device 0.
  *
  * - MPS: a client whose $CUDA_MPS_PIPE_DIRECTORY holds a `control` socket is an MPS client; the fake MPS daemon
- *   writes `fake-context-share` (true/false) there. Its memory limit is CUDA_MPS_PINNED_DEVICE_MEM_LIMIT's `0=<n>M`.
+ *   writes `fake-context-share` (true/false) there. Its memory limit is the lower of the daemon side's (the fake
+ *   daemon's `fake-server-limits`) and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT's (`0=<n>M` or `<uuid>=<n>M`).
  * - Kernels: gpufrac_spin runs `iterations / GPUFRAC_FAKE_CUDA_RATE` seconds (default 1e8 per second). Without MPS,
  *   or through a server without context sharing, kernels of different processes take turns (a lock file shared
  *   by every process: $GPUFRAC_FAKE_CUDA_LOCK, default /tmp/gpufrac-fake-cuda.lock); with sm-sharing they overlap.
@@ -101,6 +102,41 @@ static int read_context_share(const char *dir) {
     return strncmp(buf, "false", 5) != 0;
 }
 
+/* The pinned limit (MiB) a client's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT gives this fake's one device, as CUDA reads it
+ * for a process that sees one GPU (named by `visible`, its UUID, where CUDA_VISIBLE_DEVICES says so): `0=<n>M` or
+ * `<its uuid>=<n>M`; an index it cannot see (above 0) drops the whole value, as NVIDIA measured on r615. 0: none. */
+static unsigned long long env_pinned_mib(const char *value, const char *visible) {
+    char buf[1024], *entry, *save = NULL, *eq;
+    unsigned long long mine = 0;
+    if (!value) return 0;
+    snprintf(buf, sizeof buf, "%s", value);
+    for (entry = strtok_r(buf, ",", &save); entry; entry = strtok_r(NULL, ",", &save)) {
+        if (!(eq = strchr(entry, '='))) return 0;
+        *eq = 0;
+        if (entry[0] && entry[strspn(entry, "0123456789")] == 0) {
+            if (atoi(entry) != 0) return 0;
+            mine = strtoull(eq + 1, NULL, 10);
+        } else if (visible && !strcmp(entry, visible)) {
+            mine = strtoull(eq + 1, NULL, 10);
+        }
+    }
+    return mine;
+}
+
+/* The daemon side's pinned limit (MiB) for this GPU: what the fake MPS daemon was told (<pipe>/fake-server-limits,
+ * `<uuid> <MiB>` lines), the line of `visible` where it is known, else the first. 0: none. */
+static unsigned long long daemon_pinned_mib(const char *pipe, const char *visible) {
+    char path[512], uuid[256];
+    unsigned long long mib, found = 0;
+    FILE *f;
+    snprintf(path, sizeof path, "%s/fake-server-limits", pipe);
+    if (!(f = fopen(path, "r"))) return 0;
+    while (fscanf(f, "%255s %llu", uuid, &mib) == 2)
+        if ((visible && !strcmp(uuid, visible)) || (!visible && !found)) found = mib;
+    fclose(f);
+    return found;
+}
+
 /* The hard limit set (through the fake NVML) on this process's cgroup v2, or 0 when there is none. */
 static unsigned long long cgroup_limit(void) {
     const char *dir = getenv("GPUFRAC_FAKE_GPU_PROCESSES");
@@ -134,9 +170,13 @@ CUresult cuInit(unsigned int flags) {
     mps = pipe && file_is(pipe, "control", 1);
     if (mps) {
         context_share = read_context_share(pipe);
-        if ((v = getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")) && !strncmp(v, "0=", 2) &&
-            !getenv("GPUFRAC_FAKE_CUDA_IGNORE_PINNED_LIMIT") && (unsigned long long)atoll(v + 2) * MIB < limit_bytes)
-            limit_bytes = (unsigned long long)atoll(v + 2) * MIB;
+        const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+        unsigned long long mib[2];
+        if (visible && strncmp(visible, "GPU-", 4)) visible = NULL;
+        mib[0] = env_pinned_mib(getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), visible);
+        mib[1] = daemon_pinned_mib(pipe, visible);
+        for (int i = 0; i < 2 && !getenv("GPUFRAC_FAKE_CUDA_IGNORE_PINNED_LIMIT"); i++)
+            if (mib[i] && mib[i] * MIB < limit_bytes) limit_bytes = mib[i] * MIB; /* the env only lowers */
     }
     initialized = 1;
     return CUDA_SUCCESS;

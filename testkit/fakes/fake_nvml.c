@@ -8,26 +8,39 @@
  *    "gpus": [{"uuid": "GPU-...", "name": "NVIDIA H200", "memory_total_mib": 143771,
  *              "compute_mode": 0,                             // optional, NVML_COMPUTEMODE_*
  *              "reserved_memory_mib": 600,                    // optional: what the driver keeps (v2 `reserved`)
- *              "processes": [{"pid": 4242, "used_memory_mib": 2048, "sm_util": 35}]}],
+ *              "processes": [{"pid": 4242, "used_memory_mib": 2048, "sm_util": 35}],
+ *              // what NVIDIA's device plugin and nvidia-ctk ask (optional; absent: NVML_ERROR_NOT_SUPPORTED):
+ *              "minor_number": 0,                             // its /dev/nvidia<minor>
+ *              "pci_bus_id": "00000000:18:00.0", "pci_device_id": "0x233510de", "pci_subsystem_id": "0x..",
+ *              "architecture": "hopper", "brand": "nvidia",   // names of nvmlDeviceArchitecture_t / nvmlBrandType_t
+ *              "cuda_compute_capability": "9.0",
+ *              "mig_mode": 0, "max_mig_devices": 7,           // MIG off (on: beyond this fake, an error)
+ *              "xid_errors": [79]}],                          // critical XIDs, delivered to event sets
  *    "error": 15}                                   // every call fails with that NVML code, or
  *    "error": {"function": "nvmlDeviceGetComputeRunningProcesses_v3", "code": 15}   // only that one
  *
  * With $GPUFRAC_FAKE_GPU_PROCESSES set, the live processes described by <dir>/<pid>.json (written by the fake
  * libcuda.so.1, testkit/fakes/fake_cuda.c: {"pid": .., "used_memory_mib": .., "sm_util": ..}) are GPU 0's too.
  *
+ * $GPUFRAC_FAKE_NVML_TRACE=<file>: each call appends its function's name there.
+ *
  * A missing file -> NVML_ERROR_DRIVER_NOT_LOADED, an unparsable one -> NVML_ERROR_UNKNOWN; never a crash.
- * Only the calls the gpufrac agent (through pynvml) and gpucheck/gpu_check.py make are implemented. The CUDA 13.4
+ * Only the calls the gpufrac agent (through pynvml), gpucheck, NVIDIA's k8s-device-plugin v0.18 and
+ * nvidia-ctk v1.20 (`cdi generate`, through go-nvml) were found to make are implemented: any other is an undefined
+ * symbol (a loud failure, never a made-up answer). The CUDA 13.4
  * memory-limit calls (nvmlDeviceSetMemoryLimits_v1 / GetMemoryLimits_v1) keep what was set in this process (and
  * share it with the fake libcuda.so.1 through $GPUFRAC_FAKE_GPU_PROCESSES/memory-limits).
  */
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <time.h>
 
 #define NVML_SUCCESS 0
 #define NVML_ERROR_UNINITIALIZED 1
@@ -64,6 +77,7 @@ typedef struct {
 typedef struct { unsigned int index; } fake_device; /* what an nvmlDevice_t points at */
 
 typedef struct { unsigned int pid; long long used_mib; int sm_util; } fake_proc;
+#define MAX_XIDS 16
 typedef struct {
     char uuid[96], name[96];
     long long memory_total_mib;
@@ -71,6 +85,15 @@ typedef struct {
     int compute_mode;
     int nprocs;
     fake_proc procs[MAX_PROCS];
+    /* What NVIDIA's device plugin and container toolkit ask (absent from the file: -1 / empty, and the call
+     * answers NVML_ERROR_NOT_SUPPORTED, as a driver does for what a board lacks). */
+    int minor_number;
+    char pci_bus_id[32];
+    long long pci_device_id, pci_subsystem_id;
+    int architecture, brand, mig_mode, max_mig_devices;
+    int cc_major, cc_minor;
+    int nxids;
+    unsigned long long xids[MAX_XIDS];
 } fake_gpu;
 typedef struct {
     char driver_version[80];
@@ -82,7 +105,11 @@ typedef struct {
 } fake_state;
 
 static fake_device devices[MAX_GPUS];
+/* As NVML's: each nvmlInit counts, and the library stays initialized until as many nvmlShutdown calls (a
+ * client's goroutines init and shut down on their own, as NVIDIA's device plugin's health check does). */
 static int initialized;
+/* Clients call from several threads: the state file's buffer, the init count and the event sets are shared. */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* ---- a small JSON reader: just enough for the schema above, strict about syntax ---- */
 
@@ -221,15 +248,74 @@ static void read_process(reader *r, fake_proc *proc) {
     }
 }
 
+/* Names the file may use for an architecture or a brand, and their NVML values (nvmlDeviceArchitecture_t,
+ * nvmlBrandType_t). */
+typedef struct { const char *name; int value; } named_value;
+static const named_value ARCHITECTURES[] = {
+    {"kepler", 2}, {"maxwell", 3}, {"pascal", 4}, {"volta", 5}, {"turing", 6}, {"ampere", 7}, {"ada", 8},
+    {"hopper", 9}, {"blackwell", 10}, {"rubin", 13}, {NULL, 0}};
+static const named_value BRANDS[] = {
+    {"unknown", 0}, {"quadro", 1}, {"tesla", 2}, {"nvs", 3}, {"geforce", 5}, {"titan", 6},
+    {"nvidia_rtx", 13}, {"nvidia", 14}, {NULL, 0}};
+
+static int read_named(reader *r, const named_value *table) {
+    char word[32];
+    int i;
+    read_string(r, word, sizeof word);
+    for (i = 0; r->ok && table[i].name; i++)
+        if (!strcmp(word, table[i].name)) return table[i].value;
+    r->ok = 0;  /* a name the fake does not know makes the file unparsable: never a silent default */
+    return -1;
+}
+
+/* "9.0" -> 9, 0 */
+static void read_compute_capability(reader *r, fake_gpu *gpu) {
+    char text[16];
+    read_string(r, text, sizeof text);
+    if (r->ok && sscanf(text, "%d.%d", &gpu->cc_major, &gpu->cc_minor) != 2) r->ok = 0;
+}
+
+/* "0x233510de" (JSON has no hex numbers) */
+static long long read_hex(reader *r) {
+    char text[24], *stop;
+    unsigned long long v;
+    read_string(r, text, sizeof text);
+    if (!r->ok) return -1;
+    v = strtoull(text, &stop, 16);
+    if (stop == text || *stop || v > 0xFFFFFFFFULL) { r->ok = 0; return -1; }
+    return (long long)v;
+}
+
+static void read_xids(reader *r, fake_gpu *gpu) {
+    int first = 1;
+    while (next_element(r, &first)) {
+        if (gpu->nxids >= MAX_XIDS) { r->ok = 0; return; }
+        gpu->xids[gpu->nxids++] = (unsigned long long)read_number(r);
+    }
+}
+
 static void read_gpu(reader *r, fake_gpu *gpu) {
     char key[64];
     int first = 1;
+    gpu->minor_number = gpu->architecture = gpu->brand = gpu->mig_mode = gpu->max_mig_devices = -1;
+    gpu->cc_major = gpu->cc_minor = -1;
+    gpu->pci_device_id = gpu->pci_subsystem_id = -1;
     while (next_member(r, &first, key, sizeof key)) {
         if (!strcmp(key, "uuid")) read_string(r, gpu->uuid, sizeof gpu->uuid);
         else if (!strcmp(key, "name")) read_string(r, gpu->name, sizeof gpu->name);
         else if (!strcmp(key, "memory_total_mib")) gpu->memory_total_mib = (long long)read_number(r);
         else if (!strcmp(key, "compute_mode")) gpu->compute_mode = (int)read_number(r);
         else if (!strcmp(key, "reserved_memory_mib")) gpu->reserved_mib = (long long)read_number(r);
+        else if (!strcmp(key, "minor_number")) gpu->minor_number = (int)read_number(r);
+        else if (!strcmp(key, "pci_bus_id")) read_string(r, gpu->pci_bus_id, sizeof gpu->pci_bus_id);
+        else if (!strcmp(key, "pci_device_id")) gpu->pci_device_id = read_hex(r);
+        else if (!strcmp(key, "pci_subsystem_id")) gpu->pci_subsystem_id = read_hex(r);
+        else if (!strcmp(key, "architecture")) gpu->architecture = read_named(r, ARCHITECTURES);
+        else if (!strcmp(key, "brand")) gpu->brand = read_named(r, BRANDS);
+        else if (!strcmp(key, "cuda_compute_capability")) read_compute_capability(r, gpu);
+        else if (!strcmp(key, "mig_mode")) gpu->mig_mode = (int)read_number(r);
+        else if (!strcmp(key, "max_mig_devices")) gpu->max_mig_devices = (int)read_number(r);
+        else if (!strcmp(key, "xid_errors")) read_xids(r, gpu);
         else if (!strcmp(key, "processes")) {
             int efirst = 1;
             while (next_element(r, &efirst)) {
@@ -279,7 +365,7 @@ static void read_process_dir(fake_state *st) {
 }
 
 /* Loads the state file; returns an NVML code. */
-static int load_state(fake_state *st) {
+static int load_state_locked(fake_state *st) {
     static char buf[MAX_FILE];
     const char *path = getenv("GPUFRAC_FAKE_NVML");
     FILE *f;
@@ -314,14 +400,38 @@ static int load_state(fake_state *st) {
     return NVML_SUCCESS;
 }
 
+static int load_state(fake_state *st) {
+    int rc;
+    pthread_mutex_lock(&lock);
+    rc = load_state_locked(st);
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+/* $GPUFRAC_FAKE_NVML_TRACE names a file that gets one line per call (the function's name): what a client of
+ * the fake (NVIDIA's device plugin, nvidia-ctk) asked. */
+static void trace(const char *function) {
+    const char *path = getenv("GPUFRAC_FAKE_NVML_TRACE");
+    FILE *f;
+    if (!path || !*path || !(f = fopen(path, "a"))) return;
+    fprintf(f, "%s\n", function);
+    fclose(f);
+}
+
 /* Every entry point starts here: load the state, apply injected errors, check initialization. */
 static int enter(fake_state *st, const char *function, int needs_init) {
-    int rc = load_state(st);
+    int rc;
+    trace(function);
+    rc = load_state(st);
     if (rc != NVML_SUCCESS) return rc;
     if (st->error_code && (!st->error_function[0] || !strcmp(st->error_function, function)))
         return st->error_code;
-    if (needs_init && !initialized) return NVML_ERROR_UNINITIALIZED;
-    return NVML_SUCCESS;
+    if (needs_init) {
+        pthread_mutex_lock(&lock);
+        rc = initialized > 0 ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
+        pthread_mutex_unlock(&lock);
+    }
+    return rc;
 }
 
 static fake_gpu *gpu_of(fake_state *st, const fake_device *device) {
@@ -346,7 +456,9 @@ int nvmlInitWithFlags(unsigned int flags) {
     int rc = enter(&st, "nvmlInitWithFlags", 0);
     (void)flags;
     if (rc != NVML_SUCCESS) return rc;
-    initialized = 1;
+    pthread_mutex_lock(&lock);
+    initialized++;
+    pthread_mutex_unlock(&lock);
     return NVML_SUCCESS;
 }
 
@@ -354,9 +466,12 @@ int nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
 int nvmlInit(void) { return nvmlInitWithFlags(0); }
 
 int nvmlShutdown(void) {
-    if (!initialized) return NVML_ERROR_UNINITIALIZED;
-    initialized = 0;
-    return NVML_SUCCESS;
+    int rc = NVML_SUCCESS;
+    pthread_mutex_lock(&lock);
+    if (initialized > 0) initialized--;
+    else rc = NVML_ERROR_UNINITIALIZED;
+    pthread_mutex_unlock(&lock);
+    return rc;
 }
 
 const char *nvmlErrorString(int result) {
@@ -596,5 +711,264 @@ int nvmlDeviceGetMemoryLimits_v1(fake_device *device, nvmlGetMemoryLimits_v1_t *
             get->softLimit = limits[i].soft;
             get->hardLimit = limits[i].hard;
         }
+    return NVML_SUCCESS;
+}
+
+/* ---- what NVIDIA's container toolkit (`nvidia-ctk cdi generate`) and k8s-device-plugin call, through go-nvml and
+ * go-nvlib; each answers from the GPU's entry in the state file ---- */
+
+#define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_TIMEOUT 10
+
+/* The GPU of a handle, with the usual entry checks; *gpu is NULL when rc is not NVML_SUCCESS. */
+static int device_entry(fake_state *st, const char *function, fake_device *device, fake_gpu **gpu) {
+    int rc = enter(st, function, 1);
+    *gpu = NULL;
+    if (rc) return rc;
+    if (!(*gpu = gpu_of(st, device))) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}
+
+static int handle_of(int index, fake_device **device) {
+    devices[index].index = (unsigned int)index;
+    *device = &devices[index];
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetHandleByUUID(const char *uuid, fake_device **device) {
+    fake_state st;
+    int i, rc = enter(&st, "nvmlDeviceGetHandleByUUID", 1);
+    if (rc) return rc;
+    if (!uuid || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    for (i = 0; i < st.ngpus; i++)
+        if (!strcmp(st.gpus[i].uuid, uuid)) return handle_of(i, device);
+    return NVML_ERROR_NOT_FOUND;
+}
+
+int nvmlDeviceGetMinorNumber(fake_device *device, unsigned int *minor) {
+    fake_state st;
+    fake_gpu *gpu;
+    int rc = device_entry(&st, "nvmlDeviceGetMinorNumber", device, &gpu);
+    if (rc) return rc;
+    if (!minor) return NVML_ERROR_INVALID_ARGUMENT;
+    if (gpu->minor_number < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *minor = (unsigned int)gpu->minor_number;
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+int nvmlDeviceGetPciInfo_v3(fake_device *device, nvmlPciInfo_t *pci) {
+    fake_state st;
+    fake_gpu *gpu;
+    unsigned int domain, bus, slot, function;
+    int rc = device_entry(&st, "nvmlDeviceGetPciInfo_v3", device, &gpu);
+    if (rc) return rc;
+    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gpu->pci_bus_id[0] || gpu->pci_device_id < 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (sscanf(gpu->pci_bus_id, "%x:%x:%x.%x", &domain, &bus, &slot, &function) != 4) return NVML_ERROR_UNKNOWN;
+    memset(pci, 0, sizeof *pci);
+    pci->domain = domain;
+    pci->bus = bus;
+    pci->device = slot;
+    pci->pciDeviceId = (unsigned int)gpu->pci_device_id;
+    pci->pciSubSystemId = gpu->pci_subsystem_id < 0 ? 0 : (unsigned int)gpu->pci_subsystem_id;
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", domain & 0xFFFF, bus, slot, function);
+    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.%X", domain, bus, slot, function);
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetArchitecture(fake_device *device, unsigned int *arch) {
+    fake_state st;
+    fake_gpu *gpu;
+    int rc = device_entry(&st, "nvmlDeviceGetArchitecture", device, &gpu);
+    if (rc) return rc;
+    if (!arch) return NVML_ERROR_INVALID_ARGUMENT;
+    if (gpu->architecture < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *arch = (unsigned int)gpu->architecture;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetCudaComputeCapability(fake_device *device, int *major, int *minor) {
+    fake_state st;
+    fake_gpu *gpu;
+    int rc = device_entry(&st, "nvmlDeviceGetCudaComputeCapability", device, &gpu);
+    if (rc) return rc;
+    if (!major || !minor) return NVML_ERROR_INVALID_ARGUMENT;
+    if (gpu->cc_major < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *major = gpu->cc_major;
+    *minor = gpu->cc_minor;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetBrand(fake_device *device, int *brand) {
+    fake_state st;
+    fake_gpu *gpu;
+    int rc = device_entry(&st, "nvmlDeviceGetBrand", device, &gpu);
+    if (rc) return rc;
+    if (!brand) return NVML_ERROR_INVALID_ARGUMENT;
+    if (gpu->brand < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *brand = gpu->brand;
+    return NVML_SUCCESS;
+}
+
+/* MIG: the file says whether it is on (1) or off (0); the fake has no MIG devices, so it can only be off or
+ * absent (a board without MIG: NOT_SUPPORTED, as NVML answers for one). */
+int nvmlDeviceGetMigMode(fake_device *device, unsigned int *current, unsigned int *pending) {
+    fake_state st;
+    fake_gpu *gpu;
+    int rc = device_entry(&st, "nvmlDeviceGetMigMode", device, &gpu);
+    if (rc) return rc;
+    if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+    if (gpu->mig_mode < 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (gpu->mig_mode != 0) return NVML_ERROR_UNKNOWN;  /* MIG devices are beyond this fake: say so loudly */
+    *current = *pending = 0;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetMaxMigDeviceCount(fake_device *device, unsigned int *count) {
+    fake_state st;
+    fake_gpu *gpu;
+    int rc = device_entry(&st, "nvmlDeviceGetMaxMigDeviceCount", device, &gpu);
+    if (rc) return rc;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (gpu->max_mig_devices < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *count = (unsigned int)gpu->max_mig_devices;
+    return NVML_SUCCESS;
+}
+
+/* With MIG off there is no MIG device at any index (NVML: NOT_FOUND below the maximum). */
+int nvmlDeviceGetMigDeviceHandleByIndex(fake_device *device, unsigned int index, fake_device **mig) {
+    fake_state st;
+    fake_gpu *gpu;
+    int rc = device_entry(&st, "nvmlDeviceGetMigDeviceHandleByIndex", device, &gpu);
+    if (rc) return rc;
+    if (!mig || gpu->max_mig_devices < 0 || index >= (unsigned int)gpu->max_mig_devices)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_ERROR_NOT_FOUND;
+}
+
+/* Event sets: the fake delivers critical XID errors, those the state file lists under a GPU's "xid_errors" (a test
+ * appends one with FakeGpuState.xid_error); a set sees those appended after it registered for that GPU. */
+#define NVML_EVENT_TYPE_XID_CRITICAL_ERROR 0x8ULL
+#define MAX_EVENT_SETS 16
+
+typedef struct {
+    int used;
+    unsigned long long mask[MAX_GPUS];
+    int delivered[MAX_GPUS];
+} fake_event_set;
+static fake_event_set event_sets[MAX_EVENT_SETS];
+
+typedef struct {
+    fake_device *device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+
+static int valid_set(const fake_event_set *set) {
+    return set && set >= event_sets && set < event_sets + MAX_EVENT_SETS && set->used;
+}
+
+int nvmlEventSetCreate(fake_event_set **set) {
+    fake_state st;
+    int i, rc = enter(&st, "nvmlEventSetCreate", 1);
+    if (rc) return rc;
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&lock);
+    for (i = 0; i < MAX_EVENT_SETS && event_sets[i].used; i++) {}
+    if (i < MAX_EVENT_SETS) {
+        memset(&event_sets[i], 0, sizeof event_sets[i]);
+        event_sets[i].used = 1;
+        *set = &event_sets[i];
+    }
+    pthread_mutex_unlock(&lock);
+    return i < MAX_EVENT_SETS ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+}
+
+int nvmlEventSetFree(fake_event_set *set) {
+    fake_state st;
+    int rc = enter(&st, "nvmlEventSetFree", 1);
+    if (rc) return rc;
+    pthread_mutex_lock(&lock);
+    rc = valid_set(set) ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) set->used = 0;
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+int nvmlDeviceGetSupportedEventTypes(fake_device *device, unsigned long long *types) {
+    fake_state st;
+    fake_gpu *gpu;
+    int rc = device_entry(&st, "nvmlDeviceGetSupportedEventTypes", device, &gpu);
+    if (rc) return rc;
+    if (!types) return NVML_ERROR_INVALID_ARGUMENT;
+    *types = NVML_EVENT_TYPE_XID_CRITICAL_ERROR;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceRegisterEvents(fake_device *device, unsigned long long types, fake_event_set *set) {
+    fake_state st;
+    fake_gpu *gpu;
+    int rc = device_entry(&st, "nvmlDeviceRegisterEvents", device, &gpu);
+    if (rc) return rc;
+    if (types & ~NVML_EVENT_TYPE_XID_CRITICAL_ERROR) return NVML_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&lock);
+    rc = valid_set(set) ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        set->mask[device->index] |= types;
+        set->delivered[device->index] = gpu->nxids;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+/* The next XID error the set has not seen, into *data; 0 when there is none. */
+static int next_event(fake_state *st, fake_event_set *set, nvmlEventData_t *data) {
+    int i, found = 0;
+    pthread_mutex_lock(&lock);
+    for (i = 0; i < st->ngpus && !found; i++) {
+        if (!(set->mask[i] & NVML_EVENT_TYPE_XID_CRITICAL_ERROR) || set->delivered[i] >= st->gpus[i].nxids)
+            continue;
+        devices[i].index = (unsigned int)i;
+        data->device = &devices[i];
+        data->eventType = NVML_EVENT_TYPE_XID_CRITICAL_ERROR;
+        data->eventData = st->gpus[i].xids[set->delivered[i]++];
+        data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFFu;
+        found = 1;
+    }
+    pthread_mutex_unlock(&lock);
+    return found;
+}
+
+/* Waits up to timeout_ms for an event, re-reading the state file every 50 ms: NVML_ERROR_TIMEOUT when none came. */
+int nvmlEventSetWait_v2(fake_event_set *set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    fake_state st;
+    unsigned int waited = 0;
+    const struct timespec step = {0, 50 * 1000 * 1000};
+    int rc = enter(&st, "nvmlEventSetWait_v2", 1);
+    if (rc) return rc;
+    if (!valid_set(set) || !data) return NVML_ERROR_INVALID_ARGUMENT;
+    for (;;) {
+        if (next_event(&st, set, data)) return NVML_SUCCESS;
+        if (waited >= timeout_ms) return NVML_ERROR_TIMEOUT;
+        nanosleep(&step, NULL);
+        waited += 50;
+        if ((rc = load_state(&st)) != NVML_SUCCESS) return rc;
+    }
+}
+
+/* Every handle of this fake is a whole GPU (no MIG devices). */
+int nvmlDeviceIsMigDeviceHandle(fake_device *device, unsigned int *is_mig) {
+    fake_state st;
+    fake_gpu *gpu;
+    int rc = device_entry(&st, "nvmlDeviceIsMigDeviceHandle", device, &gpu);
+    if (rc) return rc;
+    if (!is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    *is_mig = 0;
     return NVML_SUCCESS;
 }

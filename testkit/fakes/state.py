@@ -8,6 +8,18 @@ from pathlib import Path
 from typing import Any
 
 H200_MIB = 143771
+# An H200 SXM as NVML describes it: its PCI device id (device 0x2335, vendor 0x10de), Hopper, compute capability 9.0,
+# brand NVIDIA, MIG off (up to 7 MIG devices); and the bus IDs of an eight-GPU HGX board's slots, in NVML's index order.
+H200_PCI_DEVICE_ID = "0x233510de"
+HGX_BUS_IDS = ("00000000:18:00.0", "00000000:2A:00.0", "00000000:3A:00.0", "00000000:5D:00.0",
+               "00000000:9A:00.0", "00000000:AB:00.0", "00000000:BA:00.0", "00000000:DB:00.0")
+
+
+
+def _bus_id(index: int) -> str:
+    """The HGX slots' bus IDs, a board per PCI domain: GPU 8 is domain 1's first slot."""
+    domain, slot = divmod(index, len(HGX_BUS_IDS))
+    return f"{domain:08X}{HGX_BUS_IDS[slot][8:]}"
 
 
 class FakeGpuState:
@@ -30,10 +42,24 @@ class FakeGpuState:
 
     def gpu(self, uuid: str, name: str = "NVIDIA H200", memory_total_mib: int = H200_MIB,
             processes: list[dict[str, int]] | None = None, reserved_memory_mib: int = 0) -> FakeGpuState:
+        """One more GPU, an H200 in the board's next slot: its minor number (/dev/nvidia<minor>) is its index."""
+        index = len(self.state["gpus"])
         self.state["gpus"].append({"uuid": uuid, "name": name, "memory_total_mib": memory_total_mib,
-                                   "reserved_memory_mib": reserved_memory_mib, "processes": processes or []})
+                                   "reserved_memory_mib": reserved_memory_mib, "processes": processes or [],
+                                   "minor_number": index, "pci_bus_id": _bus_id(index),
+                                   "pci_device_id": H200_PCI_DEVICE_ID, "architecture": "hopper",
+                                   "cuda_compute_capability": "9.0", "brand": "nvidia", "mig_mode": 0,
+                                   "max_mig_devices": 7})
         self.write()
         return self
+
+    def xid_error(self, uuid: str, xid: int) -> None:
+        """A critical XID error on that GPU: the fake NVML delivers it to event sets registered for XID events
+        (NVIDIA's device plugin then marks the GPU unhealthy, unless that XID is one it ignores)."""
+        for gpu in self.state["gpus"]:
+            if gpu["uuid"] == uuid:
+                gpu.setdefault("xid_errors", []).append(xid)
+        self.write()
 
     def reserve(self, uuid: str, reserved_memory_mib: int) -> None:
         """What the driver keeps of that GPU (NVML v2 memory info's `reserved`)."""

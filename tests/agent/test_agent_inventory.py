@@ -129,10 +129,17 @@ def test_condition_true_when_everything_is_enforced():
 def test_condition_old_driver_says_what_to_do():
     inv = inventory("550.54", 12040)
     daemons = {SM: up(SM)}
+    # sm-sharing is still enforced: True (KAI places fractions), the reason and message say what is not
     cond = capabilities.node_condition(inv, BOTH, capabilities.enforcement(inv, BOTH, daemons), daemons)
+    assert (cond.status, cond.reason) == ("True", "DriverWithoutMemoryLimits")
+    assert cond.message == ("GPU memory fractions are enforced (sm-sharing: mps) on 2 GPU(s); not time-slicing: "
+                            "driver 550.54 (CUDA 12.4) has no CUDA 13.4 memory limits: time-slicing fractions "
+                            "cannot be enforced on this node and are refused here (node label "
+                            "gpufrac.io/enforcement.time-slicing=none); upgrade to r615+")
+    # time-slicing alone: nothing this driver can enforce
+    cond = capabilities.node_condition(inv, (TS,), capabilities.enforcement(inv, (TS,), {}), {})
     assert (cond.status, cond.reason) == ("False", "DriverWithoutMemoryLimits")
-    assert cond.message == ("driver 550.54 (CUDA 12.4) has no CUDA 13.4 memory limits: time-slicing fractions "
-                            "cannot be enforced on this node; upgrade to r615+")
+    assert cond.message.startswith("driver 550.54 (CUDA 12.4) has no CUDA 13.4 memory limits")
 
 
 def test_condition_old_driver_fine_when_only_sm_sharing_is_enabled():

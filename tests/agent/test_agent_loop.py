@@ -65,7 +65,7 @@ def test_old_driver_labels_and_only_the_sm_sharing_daemon(world):
     assert world.kube.labels["gpufrac.io/enforcement.sm-sharing"] == "mps"
     assert world.kube.labels["gpufrac.io/driver-version.major"] == "550"
     last = world.kube.last_condition()
-    assert (last["status"], last["reason"]) == ("False", "DriverWithoutMemoryLimits")
+    assert (last["status"], last["reason"]) == ("True", "DriverWithoutMemoryLimits")  # sm-sharing is enforced
     assert not stale.exists()
 
 

@@ -261,8 +261,21 @@ def test_usable_memory_label_and_metric_from_the_fake_reserve(node):
     assert value(m, "gpufrac_gpu_memory_reserved_bytes", **a) == 612 * MIB
     assert value(m, "gpufrac_gpu_memory_usable_bytes", UUID=UUID_B, Hostname=NODE, modelName="NVIDIA H200") == (
         80000 - 600) * MIB
+    # a tenant's process calling itself an MPS server changes nothing: it is not a child of the agent's daemon
+    node.proc.add(666, cid(9), env_for("time-slicing", 1000, 1000, UUID_B), pod_uid="u-x")
+    (node.proc.root / "666" / "cmdline").write_bytes(b"/usr/bin/nvidia-cuda-mps-server\0")
+    write_stat(node.proc, 666, parent=1)
+    node.gpus.processes(UUID_B, [{"pid": 666, "used_memory_mib": 300}])
+    agent.tick()
+    agent.tick()
+    assert value(m, "gpufrac_gpu_memory_usable_bytes", UUID=UUID_B, Hostname=NODE, modelName="NVIDIA H200") == (
+        80000 - 600) * MIB
+    assert node.kube.labels[label] == str(80000 - 612)
     # an MPS server's context on GPU B is memory no fraction gets either; it is remembered when the server exits
-    node.proc.add_program(777, ["/usr/bin/nvidia-cuda-mps-server"])
+    daemons = [s.pid for s in agent.daemons.statuses().values() if s.pid]
+    assert daemons, "the agent runs its MPS control daemons"
+    node.proc.add_program(777, ["/opt/renamed-by-nobody"])  # known by its parent, not by its name
+    write_stat(node.proc, 777, parent=daemons[0])
     node.gpus.processes(UUID_B, [{"pid": 777, "used_memory_mib": 300}])
     agent.tick()
     agent.tick()
@@ -273,6 +286,11 @@ def test_usable_memory_label_and_metric_from_the_fake_reserve(node):
     agent.tick()
     agent.tick()
     assert node.kube.labels[label] == str(80000 - 900)
+
+
+def write_stat(proc: ProcRoot, pid: int, *, parent: int) -> None:
+    """/proc/<pid>/stat as the kernel writes it: the parent is field 4, the start time field 22."""
+    (proc.root / str(pid) / "stat").write_text(f"{pid} (some name) S {parent} " + " ".join(["0"] * 17) + " 4242 0\n")
 
 
 def test_memory_info_through_pynvml(node):
@@ -292,17 +310,132 @@ def test_memory_info_through_pynvml(node):
     source.close()
 
 
-def test_usable_labels_per_model():
-    from gpufrac.agent.decide.capacity import Usable, model_slug, usable_labels
-    from testkit.agent import gpu_info
+# ---- the guarantee from bind on; one decision on fresh readings ----
 
-    assert model_slug("NVIDIA H200") == "NVIDIA-H200"
-    assert model_slug("NVIDIA A100-SXM4-80GB") == "NVIDIA-A100-SXM4-80GB"
-    assert model_slug(" (weird) name/with:chars ") == "weird-name-with-chars"
-    assert model_slug("") == "unknown"
-    long = model_slug("X" * 100)
-    assert len("gpu-memory-usable-mib." + long) == 63  # a label name's limit
-    h200 = [Usable(gpu_info(i, f"GPU-{i}"), 80000 * MIB, r * MIB, c * MIB) for i, (r, c) in enumerate([(600, 0),
-                                                                                                        (500, 200)])]
-    assert [u.usable_bytes for u in h200] == [79400 * MIB, 79300 * MIB]
-    assert usable_labels(h200) == {"gpufrac.io/gpu-memory-usable-mib.NVIDIA-H200": "79300"}
+def crash_looping(body: dict[str, Any]) -> None:
+    """The pod's container after an OOM at start: waiting to be restarted, no process on the GPU."""
+    [status] = body["status"]["containerStatuses"]
+    status.update(ready=False, restartCount=3, state={"waiting": {"reason": "CrashLoopBackOff"}},
+                  lastState={"terminated": {"exitCode": 1, "reason": "Error"}})
+
+
+@pytest.mark.parametrize("state", ["creating", "crash-looping"])
+def test_a_pod_owed_from_bind_gets_its_neighbour_evicted_before_its_first_oom(node, state):
+    # a vLLM-style pod allocates its whole 30000 MiB request at start; b has grown to 60000 MiB over its 10000
+    a = node.add_pod("a", 1, request_mib=30000, limit_mib=30000)
+    if state == "creating":
+        a["status"] = {"phase": "Pending", "containerStatuses": [
+            {"name": "app", "ready": False, "state": {"waiting": {"reason": "ContainerCreating"}}}]}
+    else:
+        crash_looping(a)
+    node.add_pod("b", 2, request_mib=10000, limit_mib=60000, started="2026-01-01T01:00:00Z")
+    node.proc.add(4002, cid(2), env_for("time-slicing", 60000, 10000, UUID_A), pod_uid="u-b")
+    node.gpus.processes(UUID_A, [{"pid": 4002, "used_memory_mib": 60000}])  # 20000 MiB free, 30000 owed to a
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "b")]  # before a has allocated anything
+    [on_a] = node.events("GPUMemoryReclaimedFor")
+    assert on_a["involvedObject"]["name"] == "a"
+    assert "30000 MiB of its 30000 MiB request not yet used, 20000 MiB free" in on_a["message"]
+    node.gpus.processes(UUID_A, [])  # b is gone: a's allocation at start fits
+    assert NvmlSource().memory()[UUID_A].free_bytes >= 30000 * MIB
+
+
+def test_a_pod_still_owed_memory_is_never_a_victim(node):
+    # b's first container is above its request, its second is owed: evicting b would not keep b's guarantee
+    node.add_pod("a", 1, request_mib=30000, limit_mib=30000)
+    crash_looping(node.kube.pods[0])
+    b = pod("b", uid="u-b", containers={"big": cid(2), "late": cid(3)}, annotations={
+        **canonical_annotations("big", request_mib=10000, limit_mib=60000, devices=[UUID_A])})
+    from gpufrac.core.contract import write_canonical
+    from testkit.agent import fraction
+    b["metadata"]["annotations"] = write_canonical([
+        fraction("big", request_mib=10000, limit_mib=60000, devices=[UUID_A]),
+        fraction("late", request_mib=5000, limit_mib=5000, devices=[UUID_A])])
+    b["status"]["containerStatuses"][1]["state"] = {"waiting": {"reason": "CrashLoopBackOff"}}
+    node.kube.pods.append(b)
+    node.proc.add(4002, cid(2), env_for("time-slicing", 60000, 10000, UUID_A), pod_uid="u-b")
+    node.gpus.processes(UUID_A, [{"pid": 4002, "used_memory_mib": 60000}])
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    assert node.kube.evictions == []
+    assert value(agent.metrics, "gpufrac_reclaims_total", outcome="no-candidate") == 1
+    shorts = {e["involvedObject"]["name"] for e in node.events("GPUMemoryGuaranteeShort")}
+    assert shorts == {"a", "b"}  # both are owed, and told why nothing could be reclaimed
+    assert all("nothing can be reclaimed" in e["message"] for e in node.events("GPUMemoryGuaranteeShort"))
+
+
+def three_above(node) -> None:
+    """a owed 29000 MiB; b (older) and c (younger) each 10000 MiB above their 5000 MiB requests; another process
+    (not of a fractional container) holds 20000: 5000 free, 24000 short."""
+    node.add_pod("a", 1, request_mib=30000, limit_mib=30000, started="2026-01-01T00:00:00Z")
+    node.add_pod("b", 2, request_mib=5000, limit_mib=60000, started="2026-01-01T01:00:00Z")
+    node.add_pod("c", 3, request_mib=5000, limit_mib=60000, started="2026-01-01T02:00:00Z")
+    for n, uid, pid in ((1, "u-a", 4001), (2, "u-b", 4002), (3, "u-c", 4003)):
+        node.proc.add(pid, cid(n), env_for("time-slicing", 60000, 5000, UUID_A), pod_uid=uid)
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 1000}, {"pid": 4002, "used_memory_mib": 15000},
+                                 {"pid": 4003, "used_memory_mib": 15000}, {"pid": 9000, "used_memory_mib": 44000}])
+
+
+def test_each_eviction_follows_a_fresh_reading(node):
+    three_above(node)
+    evict = node.kube.request_eviction
+
+    def evict_and_the_other_process_ends(namespace: str, name: str) -> Any:
+        node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 1000},
+                                     {"pid": 4002, "used_memory_mib": 15000},
+                                     {"pid": 4003, "used_memory_mib": 15000}])  # 44000 MiB freed meanwhile
+        return evict(namespace, name)
+
+    node.kube.request_eviction = evict_and_the_other_process_ends
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    # on the first reading, c (the youngest) alone does not cover the 24000 short and b would follow; the reading
+    # taken after c's eviction shows the owed memory fitting: b stays
+    assert node.kube.evictions == [("team-a", "c")]
+    assert node.events("GPUMemoryGuaranteeShort") == []
+
+
+def test_a_refused_eviction_moves_on_to_the_next_candidate(node):
+    three_above(node)
+    node.kube.blocked.add("c")
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "b")]  # c's budget refused it: b is tried, not given up on
+    assert value(agent.metrics, "gpufrac_reclaims_total", outcome="blocked") == 1
+    [short] = node.events("GPUMemoryGuaranteeShort")  # b's 15000 MiB do not cover 24000
+    assert "evictions refused for team-a/c" in short["message"]
+
+
+def test_a_shortage_must_last_the_window(node):
+    contended(node)
+    now = [1000.0]
+    agent_config = reclaiming(ReclaimPolicy.EVICT, grace=30.0)
+    agent = node.agent(agent_config)
+    agent.audit.guarantee._clock = lambda: now[0]
+    fits = [{"pid": 4001, "used_memory_mib": 10000}, {"pid": 4002, "used_memory_mib": 40000}]  # 30000 free
+    short = [{"pid": 4001, "used_memory_mib": 10000}, {"pid": 4002, "used_memory_mib": 55000}]
+    for at, processes in ((1000.0, short), (1015.0, fits), (1030.0, short), (1045.0, fits), (1060.0, short)):
+        now[0] = at
+        node.gpus.processes(UUID_A, processes)
+        agent.tick()
+    assert node.kube.evictions == []  # spikes 30 s apart: never a sustained shortage
+    for at in (1075.0, 1090.0):
+        now[0] = at
+        agent.tick()
+    assert node.kube.evictions == [("team-a", "b")]  # short on every pass from 1060 to 1090: 30 s
+
+
+def test_kill_newest_does_not_kill_a_killed_process_again_while_nvml_still_lists_it(node):
+    node.add_pod("train", 1, request_mib=20000, limit_mib=20000)
+    older = node.live_process(1, "u-train", 12000, 20000)
+    time.sleep(0.1)
+    newer = node.live_process(1, "u-train", 11000, 20000)
+    agent = node.agent(GuaranteeConfig(OverLimitAction.KILL_NEWEST))
+    agent.tick()
+    stat = Path(f"/proc/{newer.pid}/stat")
+    wait_until(lambda: stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", 10, "the newest process killed")
+    agent.tick()  # not reaped yet: NVML still lists it (as a driver does until its memory is released)
+    assert len(node.events("GPUProcessKilled")) == 1
+    assert value(agent.metrics, "gpufrac_over_limit_actions_total", action="kill-newest", outcome="killed") == 1
+    assert older.poll() is None

@@ -125,7 +125,8 @@ def test_the_agents_plugin_hands_out_gpus_and_refuses_with_an_event(world: World
     assert value(metrics, "gpufrac_nri_containers_total", outcome="voided") == 1
 
 
-def test_device_nodes_where_the_node_has_no_cdi_spec(world: World) -> None:
+def test_a_gpu_no_cdi_spec_names_is_refused_not_handed_out_bare(world: World) -> None:
+    """Issue 29: a bare device node carries no driver libraries; the runtime the plugin registered with is known."""
     for spec in (world.tmp / "cdi").iterdir():
         spec.unlink()
     dev = world.tmp / "dev"
@@ -137,10 +138,11 @@ def test_device_nodes_where_the_node_has_no_cdi_spec(world: World) -> None:
         pytest.skip("making character devices needs root")
     runtime = registered(world, serve_both_modes)
     pod, env = fraction(world, "u1", "time-slicing", UUID_B)
-    answer = runtime.create(pod, nri_container("c1", "app", pod, env))
-    devices = api_pb2.CreateContainerResponse.FromString(answer.payload).adjust.linux.devices
-    assert [(d.path, d.type, d.major, d.minor) for d in devices] == [
-        ("/dev/nvidia1", "c", 195, 1), ("/dev/nvidiactl", "c", 195, 255)]
+    refused = runtime.create(pod, nri_container("c1", "app", pod, env))
+    assert refused.status.code == 9
+    assert f"no CDI spec on this node names GPU {UUID_B}" in refused.status.message
+    assert "nvidia-ctk cdi generate" in refused.status.message
+    assert wait_until(lambda: any(e["reason"] == "GPUWithoutCdiSpec" for e in world.kube.events.values()))
 
 
 def test_a_mode_the_node_does_not_enforce_is_refused(world: World, fake_gpus: Any) -> None:

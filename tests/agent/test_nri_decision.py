@@ -79,7 +79,10 @@ def test_a_fraction_gets_exactly_its_devices(pod_container: tuple[PodInfo, Conta
     assert result.outcome is Outcome.INJECTED
     assert result.cdi_devices == cdi
     assert tuple(n.path for n in result.device_nodes) == nodes
-    assert result.set_env == {} and result.remove_env == ()  # its limit env is the webhook's, checked, not rewritten
+    # its limit env is the webhook's, checked, not rewritten, but the pinned limit: keyed by the bound GPUs' UUIDs
+    assert set(result.set_env) <= {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"} and result.remove_env == ()
+    pinned = result.set_env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "GPU-")
+    assert all(key.startswith("GPU-") for key in pinned.split(","))
     assert result.serving is not None and result.serving.container_id == ctr.id
 
 

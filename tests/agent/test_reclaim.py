@@ -121,18 +121,33 @@ def test_usage_hovering_at_the_threshold_does_not_flap():
     # short dips above the threshold, each ending well below it, never last the grace period: never acted on
     clear = world((A, 10000), (B, 30000))
     assert run([over, under, clear] * 10) == []
-    # hovering within the band keeps one episode: one decision after the grace period, not one per crossing
-    made = run([over, under] * 5, settings=OFF)
-    assert [t for t, _ in made] == [40.0]  # the first pass over the threshold once 30 s have passed
-    made = run([over, under] * 5, settings=EVICT)
-    assert [t for t, _ in made] == [40.0, 80.0]  # evict: again only after another grace period, still short
+    # hovering within the band keeps one episode, but a shortage broken by a pass that fits is no sustained
+    # shortage: spikes 20 s apart never add up to the 30 s window
+    assert run([over, under] * 5, settings=OFF) == []
+    assert run([over, under] * 5, settings=EVICT) == []
+    # held on every pass for the window: acted on once (off), or once per window (evict)
+    made = run([over, under] + [over] * 8, settings=OFF)
+    assert [t for t, _ in made] == [50.0]  # the window restarts at 20 s, the first over after the dip
+    made = run([over, under] + [over] * 8, settings=EVICT)
+    assert [t for t, _ in made] == [50.0, 80.0]  # evict: again only after another grace period, still short
+
+
+def test_two_spikes_thirty_seconds_apart_are_not_a_sustained_shortage():
+    spike, fits = world((A, 10000), (B, 45000)), world((A, 10000), (B, 39900))  # fits: within the band
+    assert run([spike, fits, fits, spike, fits, fits, spike], step=15.0) == []
+    episodes: dict[str, Episode] = {}
+    _, episodes = decide(spike, FACTS, episodes, 0.0, EVICT)
+    _, episodes = decide(fits, FACTS, episodes, 15.0, EVICT)
+    assert episodes == {UUID_A: Episode(since=0.0, short_since=None)}  # the episode goes on, the window not
+    plans, episodes = decide(spike, FACTS, episodes, 30.0, EVICT)
+    assert plans == [] and episodes[UUID_A].short_since == 30.0
 
 
 def test_an_episode_ends_only_beyond_the_band():
     over, in_band = world((A, 10000), (B, 40100)), world((A, 10000), (B, 39900))
     episodes: dict[str, Episode] = {}
     _, episodes = decide(over, FACTS, episodes, 0.0, EVICT)
-    assert episodes == {UUID_A: Episode(since=0.0)}
+    assert episodes == {UUID_A: Episode(since=0.0, short_since=0.0)}
     _, episodes = decide(in_band, FACTS, episodes, 10.0, EVICT)
     assert episodes == {UUID_A: Episode(since=0.0)}  # 100 MiB to spare is within the 256 MiB band
     _, episodes = decide(world((A, 10000), (B, 39700)), FACTS, episodes, 20.0, EVICT)

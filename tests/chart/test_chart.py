@@ -21,7 +21,7 @@ from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import DEFAULT_MPS_ROOT, DEFAULT_SCHEDULER_USER, FRACTIONAL_LABEL, mps_pipe_dir
 from gpufrac.webhook.decide.policy import Policy
 from gpufrac.webhook.decide.workloads import WORKLOADS
-from testkit import pods
+from testkit import cel, pods
 from testkit.chart import (
     CERT_MANAGER,
     CHART,
@@ -251,58 +251,6 @@ def test_extra_match_conditions_are_appended() -> None:
     assert [c["name"] for c in mutating(objs)["matchConditions"]] == ["has-fraction-keys", "no-kubelet"]
 
 
-class _Obj:
-    """A JSON object with CEL-like field access (missing fields raise, as CEL does without has())."""
-
-    def __init__(self, data: dict[str, Any]) -> None:
-        self._data = data
-
-    def __getattr__(self, name: str) -> Any:
-        value = self._data[name]
-        maps = ("annotations", "labels")  # string maps: `in` and exists() work on the dict itself
-        return _Obj(value) if isinstance(value, dict) and name not in maps else value
-
-
-def _has(obj: _Obj, path: str) -> bool:
-    data: Any = obj._data
-    for part in path.split("."):
-        if not isinstance(data, dict) or part not in data:
-            return False
-        data = data[part]
-    return True
-
-
-def _cel_to_python(expr: str) -> str:
-    """Translate the subset of CEL the chart uses into Python, to check its logic (the real API server checks
-    that it compiles; see the e2e tests)."""
-    py = re.sub(r"has\((\w+)\.([\w.]+)\)", r'_has(\1, "\2")', expr)
-    # m.exists(k, body) -> any(body for k in m): find the matching parenthesis of each exists(.
-    while ".exists(k," in py:
-        start = py.index(".exists(k,")
-        recv_start = start
-        while recv_start > 0 and (py[recv_start - 1].isalnum() or py[recv_start - 1] in "._"):
-            recv_start -= 1
-        depth, i = 0, start + len(".exists")
-        while True:
-            depth += {"(": 1, ")": -1}.get(py[i], 0)
-            if depth == 0:
-                break
-            i += 1
-        body = py[start + len(".exists(k,"):i]
-        py = f"{py[:recv_start]}any(({body}) for k in {py[recv_start:start]}){py[i + 1:]}"
-    py = py.replace("&&", " and ").replace("||", " or ").replace("!=", " is not ").replace("null", "None")
-    return "(" + py.replace(".startsWith(", ".startswith(").replace("\n", " ") + ")"
-
-
-def _matches(expr: str, obj: dict[str, Any] | None, old: dict[str, Any] | None) -> bool:
-    env = {
-        "object": _Obj(obj) if obj is not None else None,
-        "oldObject": _Obj(old) if old is not None else None,
-        "_has": _has,
-    }
-    return bool(eval(_cel_to_python(expr), {"__builtins__": {"any": any}}, env))
-
-
 def pod(annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """A pod whose metadata has no annotations at all when `annotations` is None (the CEL must guard that)."""
     obj = pods.pod(annotations, namespace="default", labels=labels)
@@ -349,7 +297,7 @@ def test_match_conditions_logic(
         # (tests/chart/test_policies.py).
         cond = w["matchConditions"][0]
         assert cond["name"] == "has-fraction-keys"
-        assert _matches(cond["expression"], obj, old) is expected
+        assert cel.condition(cond["expression"], obj, old) is expected
 
 
 def test_workload_templates_go_to_their_own_validating_webhook(default: list[dict[str, Any]]) -> None:
@@ -392,7 +340,7 @@ def test_workload_match_conditions_send_only_templates_with_fractions(
     default: list[dict[str, Any]], kind: str, annotations: dict[str, str] | None, metadata: bool, expected: bool
 ) -> None:
     expr = workloads(default)["matchConditions"][0]["expression"]
-    assert _matches(expr, workload_obj(kind, annotations, metadata), None) is expected
+    assert cel.condition(expr, workload_obj(kind, annotations, metadata), None) is expected
 
 
 # --- webhook Deployment -------------------------------------------------------------------------------------
@@ -501,6 +449,7 @@ def test_agent_daemonset(default: list[dict[str, Any]]) -> None:
         "/var/lib/kubelet/plugins/mps.gpufrac.io": "DirectoryOrCreate",
         "/var/lib/kubelet/plugins_registry": "Directory",
         "/var/lib/kubelet/pods": "Directory",
+        "/var/lib/kubelet/device-plugins": "Directory",
         "/var/run/nri": "DirectoryOrCreate",
         "/run/gpufrac/nri": "DirectoryOrCreate",
         "/etc/cdi": "DirectoryOrCreate",
@@ -554,7 +503,8 @@ def test_hostpath_delivery_has_no_csi_driver_and_no_kubelet_mounts() -> None:
     assert not find(objs, "CSIDriver")
     c = container(one(objs, "DaemonSet", "gpufrac-agent"))
     assert "--csi" not in c["args"]
-    assert not [m for m in c["volumeMounts"] if m["mountPath"].startswith("/var/lib/kubelet")]
+    kubelet_mounts = [m["mountPath"] for m in c["volumeMounts"] if m["mountPath"].startswith("/var/lib/kubelet")]
+    assert kubelet_mounts == ["/var/lib/kubelet/device-plugins"], "only the NRI plugin's read of the device checkpoint"
     args = one(objs, "Deployment", "gpufrac-webhook")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert arg_value(args, "--delivery") == ["hostPath"]
     failed = helm("template", "g", str(CHART), "--set", "mps.delivery=volume", check=False)

@@ -266,7 +266,7 @@ def test_prometheus_rule_covers_the_failures_operators_page_on():
         "GpufracCertificateExpiringSoon", "GpufracCertificateNotRenewed", "GpufracCertificateRotationFailed",
         "GpufracCertificateRotationStale", "GpufracAgentNotScheduled",
         "GpufracMpsDaemonDown", "GpufracNvmlDown", "GpufracViolations", "GpufracContainersOverLimit",
-        "GpufracGpuMemoryGuaranteeShort"}
+        "GpufracGpuMemoryGuaranteeShort", "GpufracNodeRuntimeProblem", "GpufracNriUnavailable"}
     assert "< 1209600" in rules["GpufracCertificateExpiringSoon"]["expr"]  # 14 days
     assert 'daemonset="gpufrac-agent"' in rules["GpufracAgentNotScheduled"]["expr"]
     assert 'deployment="gpufrac-webhook"' in rules["GpufracWebhookUnavailable"]["expr"]

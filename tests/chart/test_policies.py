@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from gpufrac.cli import main
-from gpufrac.webhook.decide import policies
 from gpufrac.webhook.decide.policy import Policy
-from gpufrac.webhook.decide.rules import RULES
+from gpufrac.webhook.decide.rules import RULES, Phase
+from gpufrac.webhook.render import policies
 from testkit.chart import CHART, NS, needs_helm, render, template
 
 
@@ -54,7 +54,7 @@ def test_the_denials_follow_the_webhooks_composition() -> None:
     pods = policies.policy_objects(Policy())[0]
     variables = {v["name"]: v["expression"] for v in pods["spec"]["variables"]}
     values = variables["valueDenials"].split(" + ")
-    assert values == [f"variables.{r.name}" for r in RULES if r.cel is not None and policies.is_value_rule(r)]
+    assert values == [f"variables.{r.name}" for r in RULES if r.cel is not None and r.phase is Phase.VALUE]
     assert "variables.immutable" not in values and "variables.boundaries" not in values
     assert variables["authorshipDenials"] == "variables.devicesOnCreate + variables.immutable"
     denials = variables["denials"]

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from e2e.names import RS_CONTROLLER_USER, USER_NAMESPACE
+from e2e.names import RELEASE_NAMESPACE, RS_CONTROLLER_USER
 from e2e.testing import create, get_pod, metric_total, pod, unique
 from testkit.pods import IMAGE
 
@@ -16,10 +16,10 @@ pytestmark = pytest.mark.e2e
 C = "gpufrac.io/container.app."
 
 
-def test_pod_without_fraction_keys_is_never_sent_to_the_webhook(cluster, alice):
+def test_pod_without_fraction_keys_is_never_sent_to_the_webhook(cluster, alice, ns):
     before = metric_total(cluster.webhook_metrics())
     name = unique("plain")
-    rc, out, err = create(alice, pod(name, {"example.com/owner": "alice"}))
+    rc, out, err = create(alice, pod(name, {"example.com/owner": "alice"}, namespace=ns))
     assert rc == 0, err
     plain = json.loads(out)
     assert "gpufrac.io/fractional" not in plain["metadata"].get("labels", {})
@@ -28,46 +28,47 @@ def test_pod_without_fraction_keys_is_never_sent_to_the_webhook(cluster, alice):
     assert metric_total(cluster.webhook_metrics()) == before, "the API server called the webhook for a plain pod"
     # Control: a fractional pod does move the counter (mutate; its CREATE is validated by the chart's
     # ValidatingAdmissionPolicies, not by a second webhook call), so the check above can fail.
-    rc, _, err = create(alice, pod(unique("counted"), {"gpu-fraction": "0.5"}))
+    rc, _, err = create(alice, pod(unique("counted"), {"gpu-fraction": "0.5"}, namespace=ns))
     assert rc == 0, err
     assert metric_total(cluster.webhook_metrics()) >= before + 1
 
 
-def test_webhook_down_plain_pods_still_created_fractional_refused(cluster, alice):
+def test_webhook_down_plain_pods_still_created_fractional_refused(cluster, alice, ns):
     cluster.stop_webhook()
     try:
-        rc, _, err = create(alice, pod(unique("plain-while-down")))
+        rc, _, err = create(alice, pod(unique("plain-while-down"), namespace=ns))
         assert rc == 0, f"a pod without fraction keys must not depend on the webhook: {err}"
-        rc, out, err = create(alice, pod(unique("frac-while-down"), {"gpu-fraction": "0.5"}))
+        rc, out, err = create(alice, pod(unique("frac-while-down"), {"gpu-fraction": "0.5"}, namespace=ns))
         assert rc != 0, f"failurePolicy Fail: a fractional pod must be refused while the webhook is down: {out}"
         assert 'failed calling webhook "mutate.gpufrac.io"' in err, err
     finally:
         cluster.start_webhook()
-    rc, _, err = create(alice, pod(unique("frac-after-restart"), {"gpu-fraction": "0.5"}))
+    rc, _, err = create(alice, pod(unique("frac-after-restart"), {"gpu-fraction": "0.5"}, namespace=ns))
     assert rc == 0, err
 
 
 def test_release_namespace_is_never_sent_to_the_webhook(cluster, admin):
-    """The chart's namespaceSelector excludes its own namespace (and kube-system): no deadlock on its own pods."""
+    """The chart's namespaceSelector excludes its own namespace (and kube-system): no deadlock on its own pods. A
+    server-side dry run goes through admission as a real CREATE does, and leaves the release's namespace, which
+    this test does not own, as it was."""
     before = metric_total(cluster.webhook_metrics())
-    p = pod(unique("in-release-ns"), {"gpu-fraction": "0.5"})
-    p["metadata"]["namespace"] = "gpufrac-system"
-    rc, out, err = create(admin, p)
+    p = pod("in-release-ns", {"gpu-fraction": "0.5"}, namespace=RELEASE_NAMESPACE)
+    rc, out, err = create(admin, p, "--dry-run=server", "-n", RELEASE_NAMESPACE)
     assert rc == 0, err
     assert "gpufrac.io/fractional" not in json.loads(out)["metadata"].get("labels", {})
     assert metric_total(cluster.webhook_metrics()) == before
 
 
-def test_users_own_value_of_an_injected_env_var_is_replaced_with_a_warning(alice):
+def test_users_own_value_of_an_injected_env_var_is_replaced_with_a_warning(alice, ns):
     containers = [{"name": "app", "image": IMAGE, "env": [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/tmp/mine"}]}]
-    rc, out, err = create(alice, pod(unique("own-env"), {"gpu-fraction": "0.5"}, containers))
+    rc, out, err = create(alice, pod("own-env", {"gpu-fraction": "0.5"}, containers, namespace=ns))
     assert rc == 0, err
     assert "Warning:" in err and "CUDA_MPS_PIPE_DIRECTORY" in err, f"no admission warning: {err!r}"
     env = [e for e in json.loads(out)["spec"]["containers"][0]["env"] if e["name"] == "CUDA_MPS_PIPE_DIRECTORY"]
     assert env == [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/run/gpufrac/mps/time-slicing"}]
 
 
-def test_server_dry_run_shows_the_mutation_and_stores_nothing(alice, tmp_path):
+def test_server_dry_run_shows_the_mutation_and_stores_nothing(alice, tmp_path, ns):
     name = unique("dry-run")
     manifest = tmp_path / "pod.yaml"
     manifest.write_text(
@@ -78,6 +79,7 @@ def test_server_dry_run_shows_the_mutation_and_stores_nothing(alice, tmp_path):
                     "nvidia.com/container.app.gpu-memory.request": "20Gi",
                     "nvidia.com/container.app.gpu-compute.mode": "sm-sharing",
                 },
+                namespace=ns,
             )
         )
     )
@@ -94,7 +96,7 @@ def test_server_dry_run_shows_the_mutation_and_stores_nothing(alice, tmp_path):
     assert rc != 0 and "NotFound" in err, "a dry run stored the pod"
 
 
-def test_deployment_pod_created_like_the_replicaset_controller_is_mutated(alice, admin):
+def test_deployment_pod_created_like_the_replicaset_controller_is_mutated(alice, admin, ns):
     """No controller-manager runs here, so nothing turns the Deployment into pods. We create its ReplicaSet
     and then the pod exactly the way the ReplicaSet controller would (generateName, ownerReferences to the
     ReplicaSet, the template's metadata and spec), as the controller's own identity (admin impersonating
@@ -112,7 +114,7 @@ def test_deployment_pod_created_like_the_replicaset_controller_is_mutated(alice,
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "namespace": USER_NAMESPACE},
+        "metadata": {"name": name, "namespace": ns},
         "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": template},
     }
     rc, out, err = create(alice, deployment)
@@ -124,7 +126,7 @@ def test_deployment_pod_created_like_the_replicaset_controller_is_mutated(alice,
         "kind": "ReplicaSet",
         "metadata": {
             "name": f"{name}-5d8f7c9b6",
-            "namespace": USER_NAMESPACE,
+            "namespace": ns,
             "labels": rs_labels,
             "ownerReferences": [
                 {
@@ -168,7 +170,7 @@ def test_deployment_pod_created_like_the_replicaset_controller_is_mutated(alice,
         "kind": "Pod",
         "metadata": {
             "generateName": f"{rs['metadata']['name']}-",
-            "namespace": USER_NAMESPACE,
+            "namespace": ns,
             "labels": rs_labels,
             "annotations": template["metadata"]["annotations"],
             "ownerReferences": [

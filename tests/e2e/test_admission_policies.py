@@ -1,8 +1,8 @@
 """The ValidatingAdmissionPolicies against the real kube-apiserver (docs/admission-policies.md).
 
 One control plane of its own (it stops the webhook and changes the webhook configurations). Every denial case of
-tests/e2e/test_denials.py and test_escapes.py (e2e/denial_corpus.py) is sent three times, as a server-side dry
-run against pods prepared while everything was up:
+e2e/denial_corpus.py is sent three times, as a server-side dry run against pods prepared (in a namespace of this
+module's own) while everything was up:
 
 - both engines: the webhook (failurePolicy Fail) and the policies;
 - the webhook alone (the policies' Bindings deleted): its message;
@@ -24,10 +24,9 @@ from pathlib import Path
 import pytest
 
 from e2e.cluster import ControlPlane
-from e2e.denial_corpus import APPLIED_MANIFEST, CORPUS, SETUPS, Case, Users
+from e2e.denial_corpus import BIND_VALUES, CORPUS, SETUPS, Case, Target, Users, prepare
 from e2e.kubectl import KubectlResult
-from e2e.names import NODE_NAME, USER_NAMESPACE
-from e2e.testing import create, example, pod, unique
+from e2e.testing import create, example, pod
 from e2e.toolkit.wait import wait_until
 from e2e.webhook_configurations import POLICY_DENIED
 
@@ -37,9 +36,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 _MESSAGE = re.compile(r"(?:denied the request|denied request): (.*)", re.S)
 # Where one violation ends and the next begins in a message (each starts with what it is about).
 _NEXT = re.compile(r"; (?=annotation |label |pod: |container |ephemeral container |volume |spec\.\S+: )")
-BIND_VALUES = {"nvidia.com/container.app.gpus.devices": "GPU-a,GPU-b",
-               "nvidia.com/container.app.gpu-memory.request": "71885Mi",
-               "nvidia.com/container.app.gpu-memory.limit": "115016Mi"}
 
 
 @dataclass
@@ -64,8 +60,16 @@ def cp(own_control_plane: Callable[..., Iterator[ControlPlane]]) -> Iterator[Con
     yield from own_control_plane("policies")
 
 
-def _users(cp: ControlPlane) -> Users:
-    return Users(*(lambda *a, _u=u, **kw: cp.kubectl(*a, user=_u, **kw) for u in ("alice", "binder", "admin")))
+@pytest.fixture(scope="module")
+def corpus_ns(cp: ControlPlane, fresh_namespace, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The namespace of the module's prepared pods: every case of the three runs reads them, none writes."""
+    with fresh_namespace(cp, request.node.nodeid) as name:
+        yield name
+
+
+def _users(cp: ControlPlane, ns: str) -> Users:
+    return Users(*(lambda *a, _u=u, **kw: cp.kubectl("-n", ns, *a, user=_u, **kw)
+                   for u in ("alice", "binder", "admin")))
 
 
 def _ok(res: KubectlResult) -> str:
@@ -73,56 +77,49 @@ def _ok(res: KubectlResult) -> str:
     return res.stdout
 
 
-def _prepare(users: Users) -> dict[str, str]:
+def _prepare(users: Users, ns: str) -> dict[str, str]:
     """The pods the UPDATE cases edit (with both engines up): setup -> pod name."""
-    names = {s: unique(f"corpus-{s}") for s in SETUPS}
-    _ok(create(users.alice, example("notebook-time-slicing.yaml", names["bound"])))
-    _ok(users.binder("patch", "pod", names["bound"], "--type=merge", "-p",
-                     json.dumps({"metadata": {"annotations": BIND_VALUES}})))
-    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": names["bound"]},
-               "target": {"apiVersion": "v1", "kind": "Node", "name": NODE_NAME}}
-    _ok(users.binder("create", "--raw", f"/api/v1/namespaces/{USER_NAMESPACE}/pods/{names['bound']}/binding",
-                     "-f", "-", input=json.dumps(binding)))
-    _ok(create(users.alice, pod(names["portion"], {"gpu-fraction": "0.5"})))
-    _ok(create(users.alice, pod(names["plain"])))
-    _ok(users.alice("apply", "-f", "-", input=json.dumps(pod(names["applied"], APPLIED_MANIFEST))))
-    _ok(users.alice("apply", "--server-side", "-f", "-", input=json.dumps(pod(names["server-side"],
-                                                                               {"gpu-fraction": "0.5"}))))
+    names = {s: f"corpus-{s}" for s in SETUPS}
+    for setup, name in names.items():
+        prepare(setup, users, ns, name)
     return names
 
 
-def _send_all(users: Users, names: dict[str, str]) -> dict[str, Verdict]:
+def _send_all(users: Users, ns: str, names: dict[str, str]) -> dict[str, Verdict]:
     """Every case, as dry runs (they store nothing, so they may run side by side)."""
+    def send(case: Case) -> Verdict:
+        return Verdict.of(case.send(Target(users, ns, names.get(case.setup, "corpus"))))
+
     with ThreadPoolExecutor(4) as pool:
-        verdicts = pool.map(lambda case: Verdict.of(case.send(users, names.get(case.setup, "corpus"))), CORPUS)
+        verdicts = pool.map(send, CORPUS)
         return {case.id: verdict for case, verdict in zip(CORPUS, verdicts, strict=True)}
 
 
-def _webhook_alone(cp: ControlPlane) -> None:
+def _webhook_alone(cp: ControlPlane, ns: str) -> None:
     """The webhook configurations as the chart renders them without policies (the validating webhook called on
     CREATE and on pods/status), and the policies' Bindings deleted."""
     cp.policies = False
     cp.apply_webhook_configurations()
     _ok(cp.kubectl("delete", "validatingadmissionpolicybindings", "-l", "app.kubernetes.io/part-of=gpufrac",
                    user="admin"))
-    probe = pod("e2e-policy-probe")
+    probe = pod("e2e-policy-probe", namespace=ns)
     probe["metadata"]["labels"] = {"gpufrac.io/fractional": "true"}
     # Until the webhook, not a policy, answers the probe the policies deny.
-    wait_until(lambda: POLICY_DENIED not in create(_users(cp).admin, probe, "--dry-run=server").stderr, 30,
+    wait_until(lambda: POLICY_DENIED not in create(_users(cp, ns).admin, probe, "--dry-run=server").stderr, 30,
                "the policies to be unbound", interval=0.5)
 
 
 @pytest.fixture(scope="module")
-def runs(cp: ControlPlane) -> dict[str, dict[str, Verdict]]:
-    users = _users(cp)
-    names = _prepare(users)
-    both = _send_all(users, names)
-    _webhook_alone(cp)
-    webhook = _send_all(users, names)
+def runs(cp: ControlPlane, corpus_ns: str) -> dict[str, dict[str, Verdict]]:
+    users = _users(cp, corpus_ns)
+    names = _prepare(users, corpus_ns)
+    both = _send_all(users, corpus_ns, names)
+    _webhook_alone(cp, corpus_ns)
+    webhook = _send_all(users, corpus_ns, names)
     cp.policies = True
     cp.apply_webhook_configurations("webhook.failurePolicy=Ignore")
     cp.stop_webhook()
-    policies = _send_all(users, names)
+    policies = _send_all(users, corpus_ns, names)
     cp.start_webhook()
     cp.apply_webhook_configurations()
     runs = {"both": both, "webhook": webhook, "policies": policies}
@@ -212,11 +209,17 @@ def test_the_policies_say_what_the_webhook_says(runs: dict[str, dict[str, Verdic
 # ---- an outage with failurePolicy Fail ------------------------------------------------------------------------
 
 
-def test_webhook_down_running_pods_report_status_and_are_deleted_new_ones_refused(cp: ControlPlane,
-                                                                                  runs: object) -> None:
-    users = _users(cp)
-    name = unique("outage-running")
-    _ok(create(users.alice, example("notebook-time-slicing.yaml", name)))
+@pytest.fixture
+def ns(cp: ControlPlane, fresh_namespace, request: pytest.FixtureRequest) -> Iterator[str]:
+    with fresh_namespace(cp, request.node.nodeid) as name:
+        yield name
+
+
+def test_webhook_down_running_pods_report_status_and_are_deleted_new_ones_refused(cp: ControlPlane, runs: object,
+                                                                                  ns: str) -> None:
+    users = _users(cp, ns)
+    name = "outage-running"
+    _ok(create(users.alice, example("notebook-time-slicing.yaml", name, namespace=ns)))
     bind = json.dumps({"metadata": {"annotations": BIND_VALUES}})
     _ok(users.binder("patch", "pod", name, "--type=merge", "-p", bind))
     cp.stop_webhook()  # failurePolicy Fail, as the chart installs it
@@ -232,7 +235,7 @@ def test_webhook_down_running_pods_report_status_and_are_deleted_new_ones_refuse
         res = users.admin("patch", "pod", name, "--subresource=status", "--type=merge", "-p",
                           json.dumps({"metadata": {"annotations": {"gpufrac.io/container.app.compute-mode": "x"}}}))
         assert res.rc != 0 and POLICY_DENIED in res.stderr, res.stderr
-        res = create(users.alice, pod(unique("outage-new"), {"gpu-fraction": "0.5"}))
+        res = create(users.alice, pod("outage-new", {"gpu-fraction": "0.5"}, namespace=ns))
         assert res.rc != 0 and 'failed calling webhook "mutate.gpufrac.io"' in res.stderr, res.stderr
         _ok(users.alice("delete", "pod", name, "--wait=false"))
     finally:

@@ -15,6 +15,9 @@ from e2e.toolkit.wait import wait_until
 
 pytestmark = pytest.mark.e2e
 
+# A process's env without the limits the webhook injects: the agent reports it (GPULimitEnvMissing).
+WITHOUT_LIMITS = {"PATH": "/usr/bin", "CUDA_MPS_PIPE_DIRECTORY": "/run/gpufrac/mps/time-slicing"}
+
 
 @pytest.fixture(scope="module")
 def world(cluster, tmp_path_factory):
@@ -25,6 +28,12 @@ def world(cluster, tmp_path_factory):
         w.stop_agent()
     finally:
         w.delete_pods(*w.created)
+
+
+@pytest.fixture(autouse=True)
+def _pods_in_the_tests_namespace(world, ns):
+    """The module's node and agent serve every test; the pods each test makes are in its own namespace."""
+    world.namespace = ns
 
 
 def test_node_is_labelled_and_ready(world):
@@ -41,14 +50,14 @@ def test_node_is_labelled_and_ready(world):
     assert world.readyz() == (200, "ok\n")
 
 
-def test_fractional_pods_appear_in_metrics_with_their_labels(world):
+def test_fractional_pods_appear_in_metrics_with_their_labels(world, ns):
     ts = world.create_pod(unique("agent-train"), gpu_uuid=GPU_UUIDS[0], limit_mib=40000, request_mib=35943)
     sm = world.create_pod(unique("agent-infer"), gpu_uuid=GPU_UUIDS[1], limit_mib=20000, mode="sm-sharing")
     world.start_process(ts, used_mib=3000, sm_util=20)
     world.start_process(ts, used_mib=1000, sm_util=5)
     world.start_process(sm, used_mib=512, sm_util=7)
-    ts_labels = {"namespace": "team-a", "pod": ts.name, "container": "app", "UUID": GPU_UUIDS[0]}
-    sm_labels = {"namespace": "team-a", "pod": sm.name, "container": "app", "UUID": GPU_UUIDS[1]}
+    ts_labels = {"namespace": ns, "pod": ts.name, "container": "app", "UUID": GPU_UUIDS[0]}
+    sm_labels = {"namespace": ns, "pod": sm.name, "container": "app", "UUID": GPU_UUIDS[1]}
 
     def scraped():
         text = world.metrics()
@@ -83,8 +92,7 @@ def test_process_over_its_limit_yields_one_event_on_its_pod(world):
 
 def test_process_without_its_injected_limits_is_reported(world):
     fp = world.create_pod(unique("agent-bare"), gpu_uuid=GPU_UUIDS[0], limit_mib=4000)
-    env = {"PATH": "/usr/bin", "CUDA_MPS_PIPE_DIRECTORY": "/run/gpufrac/mps/time-slicing"}
-    world.start_process(fp, used_mib=100, sm_util=1, env=env)
+    world.start_process(fp, used_mib=100, sm_util=1, env=WITHOUT_LIMITS)
     [event] = wait_until(lambda: world.events_for(fp.name), what="an event")
     assert event["reason"] == "GPULimitEnvMissing"
     assert "NVIDIA_GPU_MEMORY_LIMIT" in event["message"]
@@ -92,6 +100,8 @@ def test_process_without_its_injected_limits_is_reported(world):
 
 def test_modes_mixed_on_one_gpu_are_reported(world):
     # a time-slicing pod's process lands on GPU 1, which serves an sm-sharing pod
+    served = world.create_pod(unique("agent-served"), gpu_uuid=GPU_UUIDS[1], limit_mib=4000, mode="sm-sharing")
+    world.start_process(served, used_mib=100, sm_util=1)
     fp = world.create_pod(unique("agent-misplaced"), gpu_uuid=GPU_UUIDS[1], limit_mib=4000)
     world.start_process(fp, used_mib=100, sm_util=1)
     [event] = wait_until(lambda: world.events_for(fp.name), what="an event")
@@ -113,7 +123,9 @@ def test_killed_mps_daemon_is_restarted_and_counted(world):
 
 
 def test_stopping_the_agent_quits_the_daemons_and_marks_the_node(world):
-    events_before = sum(len(world.events_for(n)) for n in world.created)
+    fp = world.create_pod(unique("agent-restarted"), gpu_uuid=GPU_UUIDS[0], limit_mib=4000)
+    world.start_process(fp, used_mib=100, sm_util=1, env=WITHOUT_LIMITS)  # one event, not repeated
+    events_before = len(wait_until(lambda: world.events_for(fp.name), what="an event before the restart"))
     assert world.stop_agent() == 0
     for mode in ("time-slicing", "sm-sharing"):
         records = world.daemon_records(mode)
@@ -126,5 +138,5 @@ def test_stopping_the_agent_quits_the_daemons_and_marks_the_node(world):
     world.start_agent()
     wait_until(lambda: (c := world.node_condition()) and c["status"] == "True", what="ready again")
     wait_until(lambda: metric_value(world.metrics(), "gpufrac_container_gpu_memory_used_bytes",
-                                    pod=world.created[0]) is not None, what="a pass of the audit")
-    assert sum(len(world.events_for(n)) for n in world.created) == events_before
+                                    pod=fp.name) is not None, what="a pass of the audit")
+    assert len(world.events_for(fp.name)) == events_before

@@ -25,11 +25,11 @@ MIB = 2**20
 
 
 @pytest.fixture
-def new_world(cluster, tmp_path_factory):
+def new_world(cluster, tmp_path_factory, ns):
     worlds: list[AgentWorld] = []
 
     def make() -> AgentWorld:
-        w = AgentWorld(cluster, tmp_path_factory.mktemp("agent-faults"))
+        w = AgentWorld(cluster, tmp_path_factory.mktemp("agent-faults"), namespace=ns)
         worlds.append(w)
         return w
 

@@ -24,17 +24,18 @@ FOREIGN_CONDITION = {"type": "example.com/Other", "status": "True", "reason": "S
 
 
 @pytest.fixture(scope="module")
-def world(cluster, admin, tmp_path_factory):
+def world(cluster, tmp_path_factory):
     node = unique("withdraw-node")
     body = {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": node, "labels": {"kubernetes.io/hostname": node, "team": "gpu"}}}
-    assert admin("create", "-f", "-", input=json.dumps(body)).rc == 0
+    assert cluster.kubectl("create", "-f", "-", input=json.dumps(body), user="admin").rc == 0
     patch = json.dumps({"status": {"conditions": [FOREIGN_CONDITION]}})
-    assert admin("patch", "node", node, "--subresource=status", "--type=strategic", "-p", patch).rc == 0
+    assert cluster.kubectl("patch", "node", node, "--subresource=status", "--type=strategic", "-p", patch,
+                           user="admin").rc == 0
     w = AgentWorld(cluster, tmp_path_factory.mktemp("withdraw-node"), node=node)
     yield w
     w.stop_agent()
-    admin("delete", "node", node, "--wait=false")
+    cluster.kubectl("delete", "node", node, "--wait=false", user="admin")
 
 
 def state(world: AgentWorld) -> tuple[dict[str, str], set[str]]:
@@ -51,7 +52,7 @@ def withdraw(world: AgentWorld, namespace: str) -> subprocess.CompletedProcess[s
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
 
 
-def test_a_stopped_agent_leaves_its_labels_and_the_withdrawal_takes_them_off(world, admin):
+def test_a_stopped_agent_leaves_its_labels_and_the_withdrawal_takes_them_off(world, admin, ns):
     world.start_agent()
     wait_until(lambda: PUBLISHED <= set(state(world)[0]) and CONDITIONS <= state(world)[1], what="the agent's labels")
     world.stop_agent()  # what a rolling update does to it
@@ -59,11 +60,9 @@ def test_a_stopped_agent_leaves_its_labels_and_the_withdrawal_takes_them_off(wor
     assert PUBLISHED <= set(labels) and CONDITIONS <= conditions
     assert world.node_condition()["reason"] == "AgentStopped"
 
-    namespace = unique("withdraw")
-    assert admin("create", "namespace", namespace).rc == 0
-    for name, component in (("gpufrac-agent", "agent"), ("gpufrac-mps", "mps")):
-        assert admin("create", "-n", namespace, "-f", "-", input=json.dumps(daemonset(name, component))).rc == 0
-    result = withdraw(world, namespace)
+    for name, component in (("gpufrac-agent", "agent"), ("gpufrac-mps", "mps")):  # the release's, in the test's ns
+        assert admin("create", "-f", "-", input=json.dumps(daemonset(name, component))).rc == 0
+    result = withdraw(world, ns)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stderr.splitlines()[-1])
     assert world.node in summary["nodes"] and summary["agents_stopped_s"] is not None
@@ -71,13 +70,12 @@ def test_a_stopped_agent_leaves_its_labels_and_the_withdrawal_takes_them_off(wor
     assert not [k for k in labels if k.startswith("gpufrac.io/")], labels
     assert labels["team"] == "gpu" and labels["kubernetes.io/hostname"] == world.node
     assert conditions == {FOREIGN_CONDITION["type"]}
-    assert admin("get", "daemonset", "-n", namespace, "gpufrac-agent").rc != 0
-    assert admin("get", "daemonset", "-n", namespace, "gpufrac-mps").rc != 0
+    assert admin("get", "daemonset", "gpufrac-agent").rc != 0
+    assert admin("get", "daemonset", "gpufrac-mps").rc != 0
 
-    again = withdraw(world, namespace)  # the Job retried, or run by hand: nothing to do, no error
+    again = withdraw(world, ns)  # the Job retried, or run by hand: nothing to do, no error
     assert again.returncode == 0, again.stderr
     assert world.node not in json.loads(again.stderr.splitlines()[-1])["nodes"]
-    admin("delete", "namespace", namespace, "--wait=false")
 
 
 def daemonset(name: str, component: str) -> dict:

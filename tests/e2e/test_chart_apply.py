@@ -14,6 +14,7 @@ import yaml
 
 from e2e.cluster import ControlPlane
 from e2e.crds import CERT_MANAGER, PROMETHEUS_OPERATOR, crd_files
+from e2e.kubectl import KubectlResult
 from e2e.names import CHART_DIR, RELEASE_NAMESPACE
 
 pytestmark = pytest.mark.e2e
@@ -73,7 +74,12 @@ def render(cluster: ControlPlane, admin, *values: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def upstream_crds(cluster, admin) -> list[Path]:
+def upstream_crds(cluster) -> list[Path]:
+    """The upstream CRDs (cluster-scoped: no namespace of a test's), as the cluster's admin."""
+    def admin(*args: str) -> KubectlResult:
+        return cluster.kubectl(*args, user="admin")
+
+
     files = [*crd_files(PROMETHEUS_OPERATOR), *crd_files(CERT_MANAGER)]
     for path in files:
         # Server-side: the Prometheus Operator's CRDs are too large for the last-applied annotation.

@@ -1,168 +1,65 @@
-"""What alice cannot create: each request is refused by a gpufrac webhook, and kubectl shows her a message
-that names the annotation and the value (docs/architecture.md, "One review")."""
+"""Every denial case of e2e/denial_corpus.py, sent for real as the user sends it (kubectl create, annotate, patch,
+apply, debug, a Binding), each in a namespace of the test's own: refused by a gpufrac webhook or policy, with a
+message that names what it is about (docs/architecture.md, "One review"), and nothing stored: the prepared pod is
+exactly as it was (same resourceVersion, annotations, labels and spec), or a refused CREATE left no pod."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from e2e.testing import assert_denied, create, pod, unique
-from testkit.pods import IMAGE
+from e2e.denial_corpus import CORPUS, DEVICES, NEW_POD, Case, Target, Users, prepare
+from e2e.names import NODE_NAME
+from e2e.testing import Kubectl, assert_denied
 
 pytestmark = pytest.mark.e2e
 
-NV = "nvidia.com/container.app."
-PORTION = "kai.scheduler/container.app.gpu-memory.portion.limit"
+
+def _stored(admin: Kubectl, name: str) -> dict:
+    rc, out, err = admin("get", "pod", name, "-o", "json")
+    assert rc == 0, err
+    return json.loads(out)
 
 
-def _deny(alice, annotations: dict[str, str], *fragments: str, containers=None, **spec) -> str:
-    res = create(alice, pod(unique("deny"), annotations, containers, **spec))
-    return assert_denied(res, *fragments)
+def _prepared(setup: str, users: Users, ns: str) -> dict:
+    """The pod an UPDATE case edits, as stored."""
+    name = f"corpus-{setup}"
+    prepare(setup, users, ns, name)
+    stored = _stored(users.admin, name)
+    if setup == "bound":  # bound the way KAI's binder binds the seed notebook, its limit canonical
+        assert stored["spec"].get("nodeName") == NODE_NAME
+        assert stored["metadata"]["annotations"]["gpufrac.io/container.app.gpu-memory.limit-mib"] == "115016"
+        assert DEVICES in stored["metadata"]["annotations"]
+    return stored
 
 
-@pytest.mark.parametrize("value", ["1", "0", "-0.5", "1.5", "NaN", "half", "0x1p-1"])
-def test_gpu_fraction_out_of_range_or_not_a_decimal(alice, value):
-    _deny(alice, {"gpu-fraction": value}, "gpu-fraction", value)
+def _unchanged(admin: Kubectl, before: dict) -> None:
+    after = _stored(admin, before["metadata"]["name"])
+    for part in ("annotations", "labels"):
+        assert after["metadata"].get(part) == before["metadata"].get(part), f"metadata.{part} changed"
+    assert after["spec"] == before["spec"], "spec changed"
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"], "pod was written"
 
 
-def test_portion_limit_without_gpu_fraction(alice):
-    msg = _deny(alice, {PORTION: "0.8"}, PORTION, "0.8")
-    assert "gpu-fraction" in msg.replace(PORTION, "")
+@pytest.mark.parametrize("case", CORPUS, ids=[c.id for c in CORPUS])
+def test_refused_with_its_message_and_nothing_stored(case: Case, ns: str, alice: Kubectl, binder: Kubectl,
+                                                     admin: Kubectl) -> None:
+    users = Users(alice, binder, admin)
+    before = _prepared(case.setup, users, ns) if case.setup else None
+    name = before["metadata"]["name"] if before else NEW_POD
+    res = case.send(Target(users, ns, name, dry=False))
+    message = assert_denied(res, *case.fragments)
+    assert case.denied_by in message, f"not refused by {case.denied_by}: {message}"
+    assert not [u for u in case.unsaid if u in message], message
+    if before is not None:
+        _unchanged(admin, before)
+    else:
+        rc, out, err = admin("get", "pod", NEW_POD, "-o", "name")
+        assert rc != 0 and "NotFound" in err, f"a refused CREATE stored pod {out}"
 
 
-@pytest.mark.parametrize("value", ["0.4", "0.5"])
-def test_portion_limit_not_above_fraction(alice, value):
-    _deny(alice, {"gpu-fraction": "0.5", PORTION: value}, PORTION, value)
-
-
-@pytest.mark.parametrize("value", ["1", "1.2"])
-def test_portion_limit_not_below_one(alice, value):
-    _deny(alice, {"gpu-fraction": "0.5", PORTION: value}, PORTION, value)
-
-
-def test_shorthand_fraction_limit_below_fraction(alice):
-    _deny(alice, {"gpu-fraction": "0.5", "gpu-fraction.limit": "0.3"}, "gpu-fraction.limit", "0.3")
-
-
-@pytest.mark.parametrize("value", ["abc", "0"])
-def test_gpu_memory_not_a_positive_integer(alice, value):
-    _deny(alice, {"gpu-memory": value}, "gpu-memory", value)
-
-
-def test_gpu_memory_limit_without_unit(alice):
-    _deny(alice, {"gpu-memory": "4096", "gpu-memory.limit": "8192"}, "gpu-memory.limit", "8192")
-
-
-def test_gpu_memory_limit_below_gpu_memory(alice):
-    _deny(alice, {"gpu-memory": "4096", "gpu-memory.limit": "2Gi"}, "gpu-memory.limit", "2Gi")
-
-
-@pytest.mark.parametrize("value", ["lots", "4 Gi", "0", "-1Gi", "512Ki"])
-def test_memory_request_unparsable_not_positive_or_below_one_mib(alice, value):
-    key = NV + "gpu-memory.request"
-    _deny(alice, {key: value}, key, value)
-
-
-def test_memory_limit_below_request(alice):
-    _deny(
-        alice,
-        {NV + "gpu-memory.request": "40Gi", NV + "gpu-memory.limit": "20Gi"},
-        NV + "gpu-memory.limit",
-        "20Gi",
-    )
-
-
-def test_gpu_fraction_with_gpu_memory(alice):
-    msg = _deny(alice, {"gpu-fraction": "0.5", "gpu-memory": "4096"})
-    assert "gpu-fraction" in msg and "gpu-memory" in msg
-
-
-def test_gpu_fraction_with_user_written_memory_request(alice):
-    _deny(
-        alice,
-        {"gpu-fraction": "0.5", NV + "gpu-memory.request": "10Gi"},
-        "gpu-fraction",
-        NV + "gpu-memory.request",
-    )
-
-
-def test_whole_gpu_limit_with_fraction(alice):
-    containers = [{"name": "app", "image": IMAGE, "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
-    _deny(alice, {"gpu-fraction": "0.5"}, "nvidia.com/gpu", "app", containers=containers)
-
-
-@pytest.mark.parametrize("value", ["0", "x"])
-def test_num_devices_not_a_positive_integer(alice, value):
-    _deny(
-        alice, {"gpu-fraction": "0.5", "gpu-fraction-num-devices": value}, "gpu-fraction-num-devices", value
-    )
-
-
-def test_num_devices_without_fraction(alice):
-    _deny(alice, {"gpu-fraction-num-devices": "2"}, "gpu-fraction-num-devices")
-
-
-def test_key_names_a_missing_container(alice):
-    containers = [{"name": "app", "image": IMAGE}, {"name": "sidecar", "image": "busybox:1.37"}]
-    key = "nvidia.com/container.trainer.gpu-memory.request"
-    msg = _deny(alice, {key: "20Gi"}, key, containers=containers)
-    assert "app" in msg.replace(key, "") and "sidecar" in msg, f"message does not list the containers: {msg}"
-
-
-def test_malformed_key_under_our_prefix(alice):
-    key = "nvidia.com/container.app.gpu-memory"
-    _deny(alice, {key: "20Gi"}, key)
-
-
-def test_unknown_compute_mode(alice):
-    _deny(
-        alice,
-        {NV + "gpu-memory.request": "8Gi", NV + "gpu-compute.mode": "turbo"},
-        NV + "gpu-compute.mode",
-        "turbo",
-    )
-
-
-def test_mode_on_a_container_without_request(alice):
-    _deny(alice, {NV + "gpu-compute.mode": "sm-sharing"}, NV + "gpu-compute.mode")
-
-
-@pytest.mark.parametrize("limit_key", ["gpu-fraction.limit", "kai.scheduler/container.worker.gpu-memory.portion.limit"])
-def test_portion_limit_of_a_container_other_than_the_first_needs_its_name(alice, limit_key):
-    """KAI reads a portion limit as the first container's unless gpu-fraction-container-name says otherwise."""
-    containers = [{"name": "app", "image": IMAGE}, {"name": "worker", "image": IMAGE}]
-    msg = _deny(alice, {"gpu-fraction": "0.5", limit_key: "0.8", "nvidia.com/container.worker.gpu-compute.mode":
-                        "time-slicing"}, limit_key, "0.8", containers=containers)
-    assert "first container's (app)" in msg and "set gpu-fraction-container-name to worker" in msg
-
-
-def test_two_containers_with_different_modes(alice):
-    containers = [{"name": "app", "image": IMAGE}, {"name": "worker", "image": IMAGE}]
-    msg = _deny(
-        alice,
-        {
-            NV + "gpu-memory.request": "8Gi",
-            NV + "gpu-compute.mode": "sm-sharing",
-            "nvidia.com/container.worker.gpu-memory.request": "8Gi",
-            "nvidia.com/container.worker.gpu-compute.mode": "time-slicing",
-        },
-        "sm-sharing",
-        "time-slicing",
-        containers=containers,
-    )
-    assert "app" in msg and "worker" in msg
-
-
-def test_privileged_fractional_container(alice):
-    containers = [{"name": "app", "image": IMAGE, "securityContext": {"privileged": True}}]
-    _deny(alice, {"gpu-fraction": "0.25"}, "privileged", "app", containers=containers)
-
-
-def test_user_sets_devices_on_create(alice):
-    key = NV + "gpus.devices"
-    _deny(alice, {"gpu-fraction": "0.5", key: "GPU-a"}, key)
-
-
-def test_wrong_examples_are_denied(alice):
+def test_wrong_examples_are_denied(alice: Kubectl) -> None:
     """Every examples/wrong-*.yaml is refused (they are what `make demo` shows)."""
     from testkit.pods import EXAMPLES
 

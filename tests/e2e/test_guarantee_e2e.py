@@ -11,7 +11,6 @@ from collections.abc import Iterator
 import pytest
 
 from e2e.agent_world import GPU_UUIDS, AgentWorld, FractionalPod, metric_value
-from e2e.names import USER_NAMESPACE
 from e2e.testing import unique
 from e2e.toolkit.wait import wait_until
 
@@ -22,7 +21,10 @@ H200 = 143771
 USABLE_LABEL = "gpufrac.io/gpu-memory-usable-mib.NVIDIA-H200"
 
 
-def node_world(cluster, admin, tmp_path_factory, name: str, *agent_args: str) -> Iterator[AgentWorld]:
+def node_world(cluster, tmp_path_factory, name: str, *agent_args: str) -> Iterator[AgentWorld]:
+    def admin(*args: str, **kw: str):
+        return cluster.kubectl(*args, user="admin", **kw)
+
     node = unique(name)
     body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}}
     assert admin("create", "-f", "-", input=json.dumps(body)).rc == 0
@@ -41,14 +43,22 @@ def node_world(cluster, admin, tmp_path_factory, name: str, *agent_args: str) ->
 
 
 @pytest.fixture(scope="module")
-def evicting(cluster, admin, tmp_path_factory):
-    yield from node_world(cluster, admin, tmp_path_factory, "guarantee-evict", "--over-limit-action", "kill-newest",
+def evicting(cluster, tmp_path_factory):
+    yield from node_world(cluster, tmp_path_factory, "guarantee-evict", "--over-limit-action", "kill-newest",
                           "--reclaim-policy", "evict", "--reclaim-grace-period", "1")
 
 
 @pytest.fixture(scope="module")
-def reporting(cluster, admin, tmp_path_factory):
-    yield from node_world(cluster, admin, tmp_path_factory, "guarantee-off", "--reclaim-grace-period", "1")
+def reporting(cluster, tmp_path_factory):
+    yield from node_world(cluster, tmp_path_factory, "guarantee-off", "--reclaim-grace-period", "1")
+
+
+@pytest.fixture(autouse=True)
+def _pods_in_the_tests_namespace(request, ns):
+    """The modules' nodes and agents serve every test; the pods each test makes are in its own namespace."""
+    for world in ("evicting", "reporting"):
+        if world in request.fixturenames:
+            request.getfixturevalue(world).namespace = ns
 
 
 def events(world: AgentWorld, pod: str, reason: str) -> list[dict]:
@@ -57,7 +67,7 @@ def events(world: AgentWorld, pod: str, reason: str) -> list[dict]:
 
 def deleting(world: AgentWorld, name: str) -> bool:
     """Evicted: the API server marked it for deletion (no kubelet here finishes it) or it is gone."""
-    rc, out, _ = world.cp.kubectl("get", "pod", "-n", USER_NAMESPACE, name, "-o", "json", user="admin")
+    rc, out, _ = world.cp.kubectl("get", "pod", "-n", world.namespace_of(name), name, "-o", "json", user="admin")
     return rc != 0 or "deletionTimestamp" in json.loads(out)["metadata"]
 
 
@@ -121,13 +131,13 @@ def leave(world: AgentWorld, pods: list[FractionalPod], pids: list[int]) -> None
     world.delete_pods(*(p.name for p in pods))
 
 
-def test_evict_reclaims_from_the_pod_above_its_request(evicting):
+def test_evict_reclaims_from_the_pod_above_its_request(evicting, ns):
     a, b, pids = contend(evicting)
     [on_b] = wait_until(lambda: events(evicting, b.name, "GPUMemoryReclaimed"), 60, "the Event on B")
-    assert f"for team-a/{a.name} (container app: 40000 MiB of its 60000 MiB request not yet used)" in on_b["message"]
+    assert f"for {ns}/{a.name} (container app: 40000 MiB of its 60000 MiB request not yet used)" in on_b["message"]
     assert "it uses 110000 MiB there, 100000 MiB above its requests" in on_b["message"]
     [on_a] = wait_until(lambda: events(evicting, a.name, "GPUMemoryReclaimedFor"), 60, "the Event on A")
-    assert on_a["type"] == "Normal" and f"evicted team-a/{b.name} (110000 MiB on" in on_a["message"]
+    assert on_a["type"] == "Normal" and f"evicted {ns}/{b.name} (110000 MiB on" in on_a["message"]
     assert deleting(evicting, b.name)  # through the Eviction API
     assert not deleting(evicting, a.name)
     text = evicting.metrics()
@@ -140,17 +150,17 @@ def test_evict_reclaims_from_the_pod_above_its_request(evicting):
     leave(evicting, [a, b], pids)
 
 
-def test_a_blocking_disruption_budget_is_honoured_then_retried(evicting, admin):
+def test_a_blocking_disruption_budget_is_honoured_then_retried(evicting, admin, ns):
     group = unique("guarded")
     pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": group,
-           "namespace": USER_NAMESPACE}, "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"group": group}}}}
+           "namespace": ns}, "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"group": group}}}}
     assert admin("create", "-f", "-", input=json.dumps(pdb)).rc == 0
     try:
         a, b, pids = contend(evicting, b_labels={"group": group})
         [blocked] = wait_until(lambda: events(evicting, b.name, "GPUReclaimBlocked"), 60, "the refusal's Event")
         assert "disruption budget" in blocked["message"] and "next candidate is tried" in blocked["message"]
         [short] = wait_until(lambda: events(evicting, a.name, "GPUMemoryGuaranteeShort"), 60, "the Event on A")
-        assert f"evictions refused for team-a/{b.name}" in short["message"]
+        assert f"evictions refused for {ns}/{b.name}" in short["message"]
         assert not deleting(evicting, b.name)
         wait_until(lambda: metric_value(evicting.metrics(), "gpufrac_reclaims_total", outcome="blocked") >= 2, 60,
                    "retried after the grace period")
@@ -158,13 +168,13 @@ def test_a_blocking_disruption_budget_is_honoured_then_retried(evicting, admin):
         # what the disruption controller would write once B may go: the retry evicts it
         status = {"status": {"observedGeneration": 1, "disruptionsAllowed": 1, "currentHealthy": 1,
                              "desiredHealthy": 0, "expectedPods": 1}}
-        assert admin("patch", "pdb", "-n", USER_NAMESPACE, group, "--subresource=status", "--type=merge",
+        assert admin("patch", "pdb", group, "--subresource=status", "--type=merge",
                      "-p", json.dumps(status)).rc == 0
         wait_until(lambda: deleting(evicting, b.name), 60, "B evicted once its budget allows")
         assert wait_until(lambda: events(evicting, b.name, "GPUMemoryReclaimed"), 60, "the Event on B")
         leave(evicting, [a, b], pids)
     finally:
-        admin("delete", "pdb", "-n", USER_NAMESPACE, group, "--wait=false")
+        admin("delete", "pdb", group, "--wait=false")
 
 
 def test_off_only_reports_what_would_be_reclaimed(reporting):

@@ -208,8 +208,12 @@ def webhook_series(tmp_path_factory) -> dict[str, set[str]]:
 
 
 @pytest.fixture(scope="module")
-def agent_series(cluster, tmp_path_factory) -> dict[str, set[str]]:
-    world = AgentWorld(cluster, tmp_path_factory.mktemp("agent-metrics"))
+def agent_series(cluster, tmp_path_factory, fresh_namespace, request) -> Iterator[dict[str, set[str]]]:
+    with fresh_namespace(cluster, f"{request.node.nodeid}::agent_series") as ns:
+        yield _agent_series(AgentWorld(cluster, tmp_path_factory.mktemp("agent-metrics"), namespace=ns))
+
+
+def _agent_series(world: AgentWorld) -> dict[str, set[str]]:
     world.start_agent()
     try:
         fp = world.create_pod(unique("monitoring-fraction"), gpu_uuid=GPU_UUIDS[0], limit_mib=8000)
@@ -442,10 +446,15 @@ def data_expr(alert: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def live_targets(cluster, tmp_path_factory) -> Iterator[dict[str, str]]:
+def live_targets(cluster, tmp_path_factory, fresh_namespace, request) -> Iterator[dict[str, str]]:
     """The webhook (after a review of each result) and the agent on the GPU fakes, left running to be scraped."""
+    with fresh_namespace(cluster, f"{request.node.nodeid}::live_targets") as ns:
+        yield from _live_targets(tmp_path_factory, AgentWorld(cluster, tmp_path_factory.mktemp("relabel-agent"),
+                                                              namespace=ns))
+
+
+def _live_targets(tmp_path_factory, world: AgentWorld) -> Iterator[dict[str, str]]:
     server = WebhookProcess(tmp_path_factory.mktemp("relabel-webhook"))
-    world = AgentWorld(cluster, tmp_path_factory.mktemp("relabel-agent"))
     try:
         for path, annotations in (("/mutate", {"gpu-fraction": "0.5"}), ("/mutate", {"gpu-fraction": "1.5"}),
                                   ("/validate", {"gpu-fraction": "1.5"})):

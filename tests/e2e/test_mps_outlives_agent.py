@@ -19,7 +19,6 @@ import grpc
 import pytest
 
 from e2e.agent_world import GPU_UUIDS, AgentWorld, metric_value
-from e2e.names import USER_NAMESPACE
 from e2e.testing import unique
 from e2e.toolkit.wait import wait_until
 from gpufrac.agent.edges.csi import mounts
@@ -58,6 +57,12 @@ def world(cluster, tmp_path_factory, kubelet_dir) -> Iterator[AgentWorld]:
             w.stop_mps(mode)
     finally:
         w.delete_pods(*w.created)
+
+
+@pytest.fixture(autouse=True)
+def _pods_in_the_tests_namespace(world, ns):
+    """The module's node and agent serve every test; the pods each test makes are in its own namespace."""
+    world.namespace = ns
 
 
 def start_agent(w: AgentWorld, kubelet_dir: Path) -> None:
@@ -129,21 +134,21 @@ def test_a_fractional_pod_gets_its_modes_pipe_directory_from_the_driver(world, k
     assert (world.mps_root / "sm-sharing" / "control").is_socket(), "unpublish leaves the daemon's socket"
 
 
-def test_a_pod_that_is_not_fractional_is_refused_by_the_driver(world, kubelet_dir):
+def test_a_pod_that_is_not_fractional_is_refused_by_the_driver(world, kubelet_dir, ns):
     name = unique("csi-plain")
     volume = {"name": "mps", "csi": {"driver": DRIVER, "volumeAttributes": {"mode": "sm-sharing"}}}
-    manifest = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": USER_NAMESPACE},
+    manifest = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
                 "spec": {"containers": [{"name": "app", "image": IMAGE, "volumeMounts": [
                     {"name": "mps", "mountPath": "/mps"}]}], "volumes": [volume]}}
     rc, _, err = world.cp.kubectl("create", "-f", "-", user="alice", input=json.dumps(manifest))
     assert rc == 0, err  # no fraction keys: the webhook never sees it; the driver is the guard
-    world.created.append(name)
+    world.created.append(name)  # in the test's namespace, where the world is now
     pod = world.get_pod(name)
     target = kubelet_dir / "pods" / pod["metadata"]["uid"] / "volumes/kubernetes.io~csi/mps/mount"
     with pytest.raises(grpc.RpcError) as caught:
         publish(kubelet_dir, target, publish_context(pod, "sm-sharing"))
     assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
-    assert f"pod {USER_NAMESPACE}/{name} is not a GPU-fraction pod" in caught.value.details()
+    assert f"pod {ns}/{name} is not a GPU-fraction pod" in caught.value.details()
     assert not (target / "pipe").exists()
 
 

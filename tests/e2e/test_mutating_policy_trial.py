@@ -41,11 +41,14 @@ def cp(own_control_plane: Callable[..., Iterator[ControlPlane]]) -> Iterator[Con
     yield from own_control_plane("map", policies=False)  # MutatingAdmissionPolicy: GA in 1.36
 
 
-def _created(cp: ControlPlane, manifest: dict) -> dict:
-    manifest = json.loads(json.dumps(manifest))
-    manifest["metadata"]["name"] = "seed"
-    manifest["metadata"]["namespace"] = "team-a"
-    res = cp.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", user="alice", input=json.dumps(manifest))
+@pytest.fixture
+def ns(cp: ControlPlane, fresh_namespace, request: pytest.FixtureRequest) -> Iterator[str]:
+    with fresh_namespace(cp, request.node.nodeid) as name:
+        yield name
+
+
+def _created(cp: ControlPlane, ns: str, manifest: dict) -> dict:
+    res = _try(cp, ns, manifest)
     assert res.rc == 0, res.stderr
     obj = json.loads(res.stdout)
     for volatile in ("uid", "creationTimestamp", "managedFields", "resourceVersion", "generation"):
@@ -53,11 +56,11 @@ def _created(cp: ControlPlane, manifest: dict) -> dict:
     return obj
 
 
-def test_the_trial_policy_against_the_webhook(cp: ControlPlane) -> None:
+def test_the_trial_policy_against_the_webhook(cp: ControlPlane, ns: str) -> None:
     """What the run found (docs/admission-policies.md): the API server accepts the policy, but refuses to apply it to
     any fractional pod, because an ApplyConfiguration may not set an env entry's fieldRef (an atomic struct): the
     limits' env cannot be carried this way. The webhook's pods are kept beside it for the report."""
-    by_webhook = {name: _created(cp, m) for name, m in SEEDS.items()}
+    by_webhook = {name: _created(cp, ns, m) for name, m in SEEDS.items()}
     for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
         assert cp.kubectl("delete", kind, "--all", user="admin").rc == 0
     manifest = "---\n".join(yaml.safe_dump(o, sort_keys=False, width=1 << 16) for o in objects(Policy()))
@@ -66,12 +69,12 @@ def test_the_trial_policy_against_the_webhook(cp: ControlPlane) -> None:
     assert res.rc == 0, res.stderr
 
     def refused() -> bool:
-        return "may not mutate atomic" in _try(cp, SEEDS["notebook-time-slicing"]).stderr
+        return "may not mutate atomic" in _try(cp, ns, SEEDS["notebook-time-slicing"]).stderr
 
     wait_until(refused, 30, "the trial policy to be applied", interval=0.5)  # it is loaded from an informer
     lines = []
     for name, manifest_ in SEEDS.items():
-        res = _try(cp, manifest_)
+        res = _try(cp, ns, manifest_)
         assert res.rc != 0 and "may not mutate atomic arrays, maps or structs" in res.stderr, (name, res.stderr)
         assert ".valueFrom.fieldRef" in res.stderr, (name, res.stderr)
         lines.append(f"- {name}: refused: {res.stderr.strip()[:400]}\n  webhook's pod: {json.dumps(by_webhook[name])}")
@@ -80,10 +83,10 @@ def test_the_trial_policy_against_the_webhook(cp: ControlPlane) -> None:
     print(f"\n[map] {out}")
 
 
-def _try(cp: ControlPlane, manifest: dict):
+def _try(cp: ControlPlane, ns: str, manifest: dict):
     manifest = json.loads(json.dumps(manifest))
     manifest["metadata"]["name"] = "seed"
-    manifest["metadata"]["namespace"] = "team-a"
+    manifest["metadata"]["namespace"] = ns
     return cp.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", user="alice", input=json.dumps(manifest))
 
 

@@ -106,21 +106,26 @@ def test_make_run_serves_the_review_the_readme_shows(tmp_path):
 
 
 def test_the_gpu_check_runs_from_its_one_file_and_from_make(tmp_path):
-    """docs/gpu-check.md copies gpucheck/gpu_check.py to a GPU node and runs it there with the node's python3. No GPU
-    node is reachable here: the file is copied alone into an empty directory and run there with python3, against the
-    fakes the tests use (the fake NVML and nvidia-cuda-mps-control, given by the script's own flags); then the
-    comment's other way, `make gpu-check`, from the checkout (it picks the fakes where there is no GPU)."""
+    """docs/gpu-check.md builds gpu_check.pyz (the package gpucheck/ as one zipapp file), copies that one file to a GPU
+    node and runs it there with the node's python3. No GPU node is reachable here: the build runs as written, the file
+    is copied alone into an empty directory and run there with python3, against the fakes the tests use (the fake
+    NVML and nvidia-cuda-mps-control, given by the check's own flags); then the comment's other way, `make gpu-check`,
+    from the checkout (it picks the fakes where there is no GPU)."""
     block = step("gpu-check")
-    assert block.commands() == ["scp gpucheck/gpu_check.py gpu-node:", "ssh gpu-node sudo python3 gpu_check.py"]
+    assert block.commands() == ["make gpu-check-pyz", "scp .e2e/gpu-check/gpu_check.pyz gpu-node:",
+                                "ssh gpu-node sudo python3 gpu_check.pyz"]
     assert "make gpu-check" in block.body
+    built = subprocess.run(["make", "gpu-check-pyz"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert built.stdout.strip() == str(REPO_ROOT / ".e2e" / "gpu-check" / "gpu_check.pyz")
     nvml_dir = subprocess.run([sys.executable, "-m", "testkit.fakes.build"], cwd=REPO_ROOT, capture_output=True,
                               text=True, check=True, timeout=300).stdout.strip()
     node_home = tmp_path / "gpu-node"
     node_home.mkdir()
-    shutil.copy(REPO_ROOT / "gpucheck" / "gpu_check.py", node_home)  # scp: the one file
+    shutil.copy(REPO_ROOT / ".e2e" / "gpu-check" / "gpu_check.pyz", node_home)  # scp: the one file
     env = {**os.environ, "GPUFRAC_FAKE_NVML": str(REPO_ROOT / "testkit/fakes/gpu_check_node.json")}
     alone = subprocess.run(
-        ["python3", "gpu_check.py", "--nvml", f"{nvml_dir}/libnvidia-ml.so.1",
+        ["python3", "gpu_check.pyz", "--nvml", f"{nvml_dir}/libnvidia-ml.so.1",
          "--mps-control", str(REPO_ROOT / "testkit/fakes/nvidia-cuda-mps-control"), "--cuda", "none"],
         cwd=node_home, env=env, capture_output=True, text=True, timeout=600)
     assert alone.returncode == 0, alone.stdout[-3000:] + alone.stderr[-3000:]

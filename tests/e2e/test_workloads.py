@@ -9,7 +9,6 @@ import json
 import pytest
 import yaml
 
-from e2e.names import USER_NAMESPACE
 from e2e.testing import metric_total
 from testkit.pods import EXAMPLES
 
@@ -24,16 +23,17 @@ def documents(name: str) -> dict[str, dict]:
     return {doc["kind"]: doc for doc in yaml.safe_load_all((WORKLOADS / name).read_text())}
 
 
-@pytest.fixture(scope="module")
-def workload_rights(admin) -> None:
-    """alice may manage every workload kind in her namespace (the harness grants Deployments and ReplicaSets)."""
+@pytest.fixture
+def workload_rights(admin, ns) -> None:
+    """alice may manage every workload kind in the test's namespace (the harness grants Deployments and
+    ReplicaSets)."""
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": {"name": "alice-all-workloads", "namespace": USER_NAMESPACE},
+            "metadata": {"name": "alice-all-workloads", "namespace": ns},
             "rules": [{"apiGroups": ["apps"], "resources": ["statefulsets", "daemonsets"], "verbs": ["*"]},
                       {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": ["*"]},
                       {"apiGroups": [""], "resources": ["podtemplates"], "verbs": ["*"]}]}
     binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-               "metadata": {"name": "alice-all-workloads", "namespace": USER_NAMESPACE},
+               "metadata": {"name": "alice-all-workloads", "namespace": ns},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "alice-all-workloads"},
                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}]}
     for obj in (role, binding):
@@ -109,7 +109,7 @@ def test_pods_created_by_the_controllers_are_mutated_as_today(admin, workload_ri
     name = f"{source.lower()}-pod-by-{controller}"
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], "name": name},
            "spec": template["spec"]}
-    rc, out, err = admin("create", "-n", USER_NAMESPACE, "-f", "-", "-o", "json",
+    rc, out, err = admin("create", "-f", "-", "-o", "json",
                          f"--as={CONTROLLER.format(controller)}", "--as-group=system:serviceaccounts",
                          "--as-group=system:serviceaccounts:kube-system", "--as-group=system:authenticated",
                          input=json.dumps(pod))

@@ -23,7 +23,7 @@ from e2e.node import APP_IMAGE, GPU_UUIDS, IMAGES_DIR, PAUSE_IMAGE
 from e2e.toolkit.cri_node import CriNode
 from e2e.toolkit.tools import find_binary
 from e2e.toolkit.wait import wait_until
-from gpucheck import gpu_check as gc
+from gpucheck.rows import FAIL, PASS, SKIPPED
 from gpufrac.agent.decide.model import GpuInfo
 from gpufrac.agent.decide.nri_decision import ContainerInfo, Injection, NodeFacts, PodInfo, Refusal
 from gpufrac.agent.edges.nri.config import NriConfig
@@ -98,7 +98,7 @@ def run_rows(node: CriNode, tmp_path: Path, *image: str) -> dict[str, dict[str, 
     state["gpus"] = [{**state["gpus"][0], "uuid": uuid} for uuid in GPU_UUIDS]
     (tmp_path / "node.json").write_text(json.dumps(state))
     result = subprocess.run(
-        [sys.executable, str(ROOT / "gpucheck" / "gpu_check.py"), "--only", "8", "--gpu", "1",
+        [sys.executable, str(ROOT / "gpucheck" / "__main__.py"), "--only", "8", "--gpu", "1",
          "--crictl", str(crictl()), "--runtime-endpoint", f"unix://{node.socket}", *image,
          "--nvml", str(fake_nvml_library()), "--mps-control", str(MPS_CONTROL), "--cuda", "none",
          "--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "report.json")],
@@ -115,21 +115,21 @@ def test_the_cdi_pod_sees_exactly_its_gpu_and_the_plain_pod_none(node: CriNode, 
     tagged = node.containerd.ctr("images", "tag", APP_IMAGE, "localhost/gpufrac:gpu-check")
     assert tagged.returncode == 0, tagged.stderr
     rows = run_rows(node, tmp_path)
-    assert rows["8a"]["status"] == gc.PASS, rows["8a"]
+    assert rows["8a"]["status"] == PASS, rows["8a"]
     assert "sees exactly /dev/nvidia1" in rows["8a"]["details"]
     assert f"k8s.device-plugin.nvidia.com/gpu={GPU_UUIDS[1]}" in rows["8a"]["details"]
-    assert rows["8c"]["status"] == gc.PASS and "no GPU device" in rows["8c"]["details"], rows["8c"]
+    assert rows["8c"]["status"] == PASS and "no GPU device" in rows["8c"]["details"], rows["8c"]
     assert ("app", "injected") in plugin.outcomes and ("plain", "voided") in plugin.outcomes
     # the test's CDI specs carry no apply-cuda-memory-limits hook (the fake driver has no toolkit): where the 13.4
     # limits can be read (cgroup v2), the row says the hook did not run; on cgroup v1 it says why it cannot tell
     if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
-        assert rows["8b"]["status"] == gc.FAIL and "hook did not run" in rows["8b"]["details"], rows["8b"]
+        assert rows["8b"]["status"] == FAIL and "hook did not run" in rows["8b"]["details"], rows["8b"]
     else:
-        assert rows["8b"]["status"] == gc.SKIPPED and "cgroup v2" in rows["8b"]["details"], rows["8b"]
+        assert rows["8b"]["status"] == SKIPPED and "cgroup v2" in rows["8b"]["details"], rows["8b"]
 
 
 def test_without_the_plugin_the_cdi_pod_gets_no_gpu_and_its_row_fails(node: CriNode, tmp_path: Path) -> None:
     """Nobody hands the fraction its CDI device: the row that checks it fails, naming what the container saw."""
     rows = run_rows(node, tmp_path, "--image", APP_IMAGE)
-    assert rows["8a"]["status"] == gc.FAIL and "no GPU device, not exactly /dev/nvidia1" in rows["8a"]["details"]
-    assert rows["8c"]["status"] == gc.PASS
+    assert rows["8a"]["status"] == FAIL and "no GPU device, not exactly /dev/nvidia1" in rows["8a"]["details"]
+    assert rows["8c"]["status"] == PASS

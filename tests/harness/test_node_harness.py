@@ -1,11 +1,11 @@
 """The real node's harness hands the machine over safely: cleaning up after a node whose owner is gone must
 never tear down the network, cgroups and mounts of another node that holds the machine's lock now. Its fake GPU
-devices never shadow a driver's and go on cleanup; its CDI specs have NVIDIA's shape; containerd 2's
-configuration turns NRI and CDI on in the node's own paths."""
+devices carry NVIDIA's numbers, never shadow a driver's and go on cleanup; its CDI spec is the one `nvidia-ctk cdi
+generate` writes against the fakes; containerd 2's configuration turns NRI and CDI on in the node's own paths, and
+`nvidia-ctk runtime configure` adds NVIDIA's runtime handler beside runc."""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import subprocess
@@ -14,13 +14,15 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from e2e import machine, node
-from e2e.toolkit import gpu_devices
+from e2e.toolkit import gpu_devices, nvidia_toolkit
 from e2e.toolkit.containerd import Containerd
 from e2e.toolkit.errors import ClusterError
 from e2e.toolkit.netns import NodeNetwork
 from e2e.toolkit.procs import spawn
+from e2e.toolkit.tools import find_binary
 
 
 @pytest.fixture
@@ -85,49 +87,119 @@ def test_an_orphan_whose_own_lock_holder_still_runs_is_cleaned(tmp_path, lock_fi
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
 
 
-@needs_root
-def test_fake_devices_are_made_and_only_they_are_removed(tmp_path):
-    made = gpu_devices.create(2, tmp_path)
-    assert sorted(made) == sorted(str(tmp_path / n) for n in
-                                  ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"))
-    st = os.stat(tmp_path / "nvidia1")
-    assert stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == 1 and os.minor(st.st_rdev) == 3
-    assert stat.S_IMODE(st.st_mode) == 0o666
-    assert gpu_devices.create(2, tmp_path) == made  # again: the same, no error
-    os.mknod(tmp_path / "nvidia-modeset", 0o600 | stat.S_IFCHR, os.makedev(1, 5))  # not ours
-    (tmp_path / "nvidia-notes").write_text("not a device")
-    assert sorted(gpu_devices.remove(tmp_path)) == sorted(made)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["nvidia-modeset", "nvidia-notes"]
+@pytest.fixture
+def no_driver(tmp_path: Path) -> Path:
+    """A /proc of a machine without an NVIDIA driver (the real one may have one)."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "devices").write_text("Character devices:\n  1 mem\n245 hidraw\n\nBlock devices:\n195 notchar\n")
+    return proc
 
 
 @needs_root
-def test_fake_devices_never_shadow_a_drivers_device(tmp_path):
-    os.mknod(tmp_path / "nvidia0", 0o600 | stat.S_IFCHR, os.makedev(195, 0))  # what NVIDIA's driver makes
+def test_fake_devices_carry_nvidias_numbers_and_only_they_are_removed(tmp_path, no_driver):
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    made = gpu_devices.create(2, dev, no_driver)
+    assert sorted(made) == sorted(str(dev / n) for n in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-modeset",
+                                                          "nvidia-uvm", "nvidia-uvm-tools"))
+    numbers = {p.name: (os.major(p.stat().st_rdev), os.minor(p.stat().st_rdev)) for p in dev.iterdir()}
+    assert numbers == {"nvidia0": (195, 0), "nvidia1": (195, 1), "nvidiactl": (195, 255),
+                       "nvidia-modeset": (195, 254), "nvidia-uvm": (gpu_devices.UVM_MAJOR, 0),
+                       "nvidia-uvm-tools": (gpu_devices.UVM_MAJOR, 1)}
+    st = os.stat(dev / "nvidia1")
+    assert stat.S_ISCHR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o666
+    assert gpu_devices.create(2, dev, no_driver) == made  # again: the same, no error
+    os.mknod(dev / "nvidia-nvswitchctl", 0o600 | stat.S_IFCHR, os.makedev(1, 5))  # not ours
+    os.mknod(dev / "nvidia7", 0o600 | stat.S_IFCHR, os.makedev(195, 3))  # not our numbers for that name
+    (dev / "nvidia-notes").write_text("not a device")
+    assert sorted(gpu_devices.remove(dev, no_driver)) == sorted(made)
+    assert sorted(p.name for p in dev.iterdir()) == ["nvidia-notes", "nvidia-nvswitchctl", "nvidia7"]
+
+
+@needs_root
+def test_fake_devices_are_never_made_or_removed_beside_a_driver(tmp_path, no_driver):
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    os.mknod(dev / "nvidia0", 0o600 | stat.S_IFCHR, os.makedev(195, 3))  # a node of other numbers
     with pytest.raises(ClusterError, match=r"nvidia0 exist and are not the harness's fake devices"):
-        gpu_devices.create(1, tmp_path)
-    assert not (tmp_path / "nvidiactl").exists()
-    assert gpu_devices.remove(tmp_path) == []
-    assert os.major(os.stat(tmp_path / "nvidia0").st_rdev) == 195
+        gpu_devices.create(1, dev, no_driver)
+    assert not (dev / "nvidiactl").exists()
+    (dev / "nvidia0").unlink()
+    gpu_devices.create(1, dev, no_driver)
+    loaded = tmp_path / "loaded"
+    (loaded / "driver" / "nvidia").mkdir(parents=True)  # what a loaded driver shows
+    (loaded / "devices").write_text("Character devices:\n195 nvidia\n510 nvidia-uvm\n")
+    with pytest.raises(ClusterError, match=r"has an NVIDIA driver .*driver/nvidia exists; .*'nvidia' at major 195"):
+        gpu_devices.create(1, dev, loaded)
+    assert gpu_devices.remove(dev, loaded) == []  # with a driver loaded, 195:0 may be a real GPU
+    assert (dev / "nvidia0").exists()
+    (no_driver / "devices").write_text(f"Character devices:\n{gpu_devices.UVM_MAJOR} some-driver\n")
+    with pytest.raises(ClusterError, match=r"drivers at the fake GPUs' majors"):
+        gpu_devices.create(1, dev, no_driver)
 
 
-def test_cdi_specs_name_each_gpu_by_index_and_uuid_as_nvidias_tools_do(tmp_path):
+def test_the_probe_reads_granted_and_denied_devices():
+    out = "DEV nvidia1 c3:1 ENXIO\nDEV nvidiactl c3:ff EPERM\nunrelated line\n"
+    assert gpu_devices.parse_probe(out) == {"nvidia1": ("195:1", "ENXIO"), "nvidiactl": ("195:255", "EPERM")}
+
+
+NVIDIA_BINARIES = {n: find_binary(n) for n in nvidia_toolkit.TOOLKIT_BINARIES}  # before a test moves the cache
+needs_nvidia = pytest.mark.skipif(None in NVIDIA_BINARIES.values(),
+                                  reason="needs NVIDIA's container toolkit (bash e2e/build-nvidia.sh)")
+
+
+@needs_root
+@needs_nvidia
+def test_the_cdi_spec_is_nvidia_ctks_against_the_fakes(tmp_path):
+    """No hand-written spec: nvidia-ctk, against the fake NVML and driver root, names each GPU by index and UUID with
+    its device node's numbers, and gives every device the control devices, the driver's libraries and its hooks."""
+    from testkit.fakes import driver_root
+    from testkit.fakes.state import FakeGpuState
+
+    state = FakeGpuState(tmp_path / "nvml.json")
+    for uuid in node.GPU_UUIDS[:2]:
+        state.gpu(uuid)
+    driver = driver_root.build(tmp_path / "driver", tmp_path / "nvml.json")
+    toolkit = nvidia_toolkit.NvidiaToolkit(tmp_path / "toolkit", driver.path,
+                                           {"GPUFRAC_FAKE_NVML": str(tmp_path / "nvml.json")}, dev_root=driver.path)
+    spec = yaml.safe_load(toolkit.generate_cdi_spec(tmp_path / "cdi" / "nvidia.yaml").read_text())
     uuids = node.GPU_UUIDS[:2]
-    written = gpu_devices.write_cdi_specs(tmp_path, uuids)
-    specs = {json.loads(p.read_text())["kind"]: json.loads(p.read_text()) for p in written}
-    toolkit, plugin = specs["nvidia.com/gpu"], specs["k8s.device-plugin.nvidia.com/gpu"]
+    by_name = {d["name"]: d["containerEdits"] for d in spec["devices"]}
+    assert spec["kind"] == "nvidia.com/gpu" and set(by_name) == {"0", "1", *uuids, "all"}
+    gpu1 = by_name["1"]["deviceNodes"]
+    assert gpu1 == by_name[uuids[1]]["deviceNodes"]
+    assert [(n["path"], n["hostPath"], n["major"], n["minor"]) for n in gpu1] == [
+        ("/dev/nvidia1", str(driver.path / "dev" / "nvidia1"), 195, 1)]
+    common = spec["containerEdits"]
+    assert "NVIDIA_VISIBLE_DEVICES=void" in common["env"]
+    assert {n["path"] for n in common["deviceNodes"]} == {f"/dev/{c}" for c in gpu_devices.CONTROL_DEVICES}
+    assert str(driver.library("libcuda")) in {m["hostPath"] for m in common["mounts"]}
+    assert {h["args"][1] for h in common["hooks"]} >= {"create-symlinks", "update-ldcache"}
 
-    def nodes(edits: dict) -> list[str]:
-        return [n["path"] for n in edits["deviceNodes"]]
 
-    by_name = {d["name"]: d["containerEdits"] for d in toolkit["devices"]}
-    assert list(by_name) == ["0", uuids[0], "1", uuids[1], "all"]
-    assert nodes(by_name["1"]) == nodes(by_name[uuids[1]]) == ["/dev/nvidia1"]
-    assert nodes(by_name["all"]) == ["/dev/nvidia0", "/dev/nvidia1"]
-    assert {d["name"]: nodes(d["containerEdits"]) for d in plugin["devices"]} == {
-        uuids[0]: ["/dev/nvidia0"], uuids[1]: ["/dev/nvidia1"]}
-    for spec in (toolkit, plugin):
-        assert spec["cdiVersion"] == "0.5.0"
-        assert nodes(spec["containerEdits"]) == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+@needs_nvidia
+def test_nvidia_ctk_adds_the_nvidia_handler_beside_runc_and_the_hardened_setting_flips(tmp_path, containerd_tools):
+    for name, path in NVIDIA_BINARIES.items():
+        (containerd_tools / name).symlink_to(str(path))
+    runtime = Containerd(tmp_path / "containerd", "localhost/pause:1", NodeNetwork())
+    runtime.write_config()
+    toolkit = nvidia_toolkit.NvidiaToolkit(tmp_path / "toolkit", tmp_path / "driver", {})
+    drop_in = toolkit.configure_containerd(runtime.config_file)
+    top = tomllib.loads(runtime.config_file.read_text())
+    assert str(drop_in.parent / "*.toml") in top["imports"]
+    cri = tomllib.loads(drop_in.read_text())["plugins"]["io.containerd.cri.v1.runtime"]
+    assert cri["containerd"]["default_runtime_name"] == "runc"
+    handler = cri["containerd"]["runtimes"][nvidia_toolkit.RUNTIME_HANDLER]
+    assert handler["options"]["BinaryName"] == find_binary("nvidia-container-runtime")
+    assert handler["options"]["Root"] == cri["containerd"]["runtimes"]["runc"]["options"]["Root"]
+    assert cri["enable_cdi"] is True and cri["cdi_spec_dirs"] == [str(runtime.cdi_dir)]
+    config = tomllib.loads(toolkit.write_config([runtime.cdi_dir], str(containerd_tools / "runc")).read_text())
+    assert config[nvidia_toolkit.HARDENED_KEY] is True and not toolkit.hardened()
+    assert config["nvidia-container-runtime"]["runtimes"] == [str(containerd_tools / "runc")]
+    assert config["nvidia-container-runtime"]["modes"]["cdi"]["spec-dirs"] == [str(runtime.cdi_dir)]
+    toolkit.set_hardened(True)
+    assert tomllib.loads(toolkit.config_file.read_text())[nvidia_toolkit.HARDENED_KEY] is False and toolkit.hardened()
 
 
 # ---- containerd's configuration -------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Real-node fixtures: one real one-node cluster (e2e.node.RealCluster: containerd, kubelet, controller-manager,
 scheduler, kube-proxy) for the session, with gpufrac installed by `helm install` and the local values file.
 
-Without the node's tools or images (``make tools image``) these tests are skipped with a loud reason, unless
-``CI`` is set: then that is an error. Another real node on the machine (the lock) is waited for up to 15 min.
+Without the node's tools (NVIDIA's components included: e2e/build-nvidia.sh) or images (``make tools image``)
+these tests are skipped with a loud reason, unless ``CI`` is set: then that is an error. Another real node on the
+machine (the lock) is waited for up to 15 min.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from e2e.install import Helm  # noqa: E402
-from e2e.node import RealCluster, images_missing  # noqa: E402
+from e2e.node import DEVICE_PLUGIN, RealCluster, images_missing  # noqa: E402
 from e2e.state import private_workdir  # noqa: E402
 from e2e.toolkit.errors import ClusterError, ToolsMissingError  # noqa: E402
+from e2e.toolkit.nvidia_toolkit import TOOLKIT_BINARIES, nvidia_binaries  # noqa: E402
 from e2e.toolkit.tools import node_binaries  # noqa: E402
 
 _notes: list[str] = []
@@ -44,6 +46,7 @@ def _require_real_node() -> None:
         _unavailable("the real node needs root (network namespace, mounts, cgroups)")
     try:
         node_binaries()
+        nvidia_binaries((*TOOLKIT_BINARIES, DEVICE_PLUGIN))
     except ToolsMissingError as exc:
         _unavailable(str(exc))
     if missing := images_missing():
@@ -60,7 +63,9 @@ def node(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
     except ClusterError as exc:
         pytest.fail(f"the real node did not start: {exc}", pytrace=False)
     _notes.append(f"[e2e] real node up in {cluster.timings.get('cold_start_s')} s (node Ready after "
-                  f"{cluster.timings.get('node_ready_s')} s)")
+                  f"{cluster.timings.get('node_ready_s')} s; NVIDIA's CDI spec and toolkit config made in "
+                  f"{cluster.timings.get('nvidia_toolkit_s')} s; its device plugin registered "
+                  f"{cluster.timings.get('device_plugin_ready_s')} s after start)")
     yield cluster
     failed = request.session.testsfailed > 0
     if failed:

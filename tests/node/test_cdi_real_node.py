@@ -1,8 +1,9 @@
-"""The real node's fake GPUs are devices containerd hands out for real: a CDI name of NVIDIA's shape
-(`nvidia.com/gpu=1`, the device plugin's `k8s.device-plugin.nvidia.com/gpu=GPU-<uuid>`) resolves against the
-harness's CDI specs to /dev/nvidia1 and the control devices inside the container, by a path with no gpufrac
-code in it (the kubelet's device plugin Allocate answer carrying CDI devices). An unknown name fails the
-container, and a plain pod sees no NVIDIA device at all.
+"""The real node's fake GPUs are devices containerd hands out for real: a CDI name of the spec `nvidia-ctk cdi
+generate` wrote for the node (`nvidia.com/gpu=1`, `nvidia.com/gpu=GPU-<uuid>`) resolves to /dev/nvidia1 and the
+control devices inside the container, with NVIDIA's numbers and a device cgroup that lets the container open them
+(ENXIO: no driver behind them), by a path with no gpufrac code in it (a test device plugin's Allocate answer
+carrying CDI devices). An unknown name fails the container, and a plain pod sees no NVIDIA device at all.
+(NVIDIA's device plugin's own kind, `k8s.device-plugin.nvidia.com/gpu`: tests/node/test_nvidia_stack_real_node.py.)
 """
 
 from __future__ import annotations
@@ -21,10 +22,9 @@ from testkit.device_plugin import CdiDevicePlugin, generate_stubs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_node]
 
-CONTROL = {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"}
-# What the container prints: its NVIDIA device nodes (name, type, numbers) and the CDI spec's env.
-LIST_DEVICES = ("for d in /dev/nvidia*; do [ -e \"$d\" ] && stat -c '%n %F %t:%T' \"$d\"; done; "
-                "echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES")
+CONTROL = set(gpu_devices.CONTROL_DEVICES)
+# What the container prints: its NVIDIA device nodes (name, numbers, whether it may open them) and the CDI spec's env.
+LIST_DEVICES = f"{gpu_devices.PROBE_COMMAND}; echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES"
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +55,8 @@ def listing_pod(name: str, resource: str | None = None) -> dict:
                terminationGracePeriodSeconds=1)
 
 
-def run_to_completion(node: RealCluster, name: str, resource: str | None = None) -> dict[str, str]:
-    """Runs the listing pod; {device name: 'type major:minor'} and the env line it printed."""
+def run_to_completion(node: RealCluster, name: str, resource: str | None = None) -> dict[str, object]:
+    """Runs the listing pod; {device name: ('major:minor', open result)} and the env line it printed."""
     res = create(node, listing_pod(name, resource), user="admin")
     assert res.rc == 0, res.stderr
     try:
@@ -66,25 +66,21 @@ def run_to_completion(node: RealCluster, name: str, resource: str | None = None)
         out = node.kubectl("logs", "-n", USER_NAMESPACE, name, user="admin", check=True).stdout
     finally:
         node.kubectl("delete", "pod", "-n", USER_NAMESPACE, name, "--wait=false", user="admin")
-    seen = {}
-    for line in out.splitlines():
-        if line.startswith("/dev/"):
-            path, rest = line.split(" ", 1)
-            seen[path.removeprefix("/dev/")] = rest
-        elif line.startswith("NVIDIA_VISIBLE_DEVICES="):
-            seen["env"] = line
+    seen: dict[str, object] = dict(gpu_devices.parse_probe(out))
+    seen.update(("env", line) for line in out.splitlines() if line.startswith("NVIDIA_VISIBLE_DEVICES="))
     return seen
 
 
-@pytest.mark.parametrize("plugin", [["nvidia.com/gpu=1"], [f"k8s.device-plugin.nvidia.com/gpu={GPU_UUIDS[1]}"]],
-                         ids=["toolkit-index", "device-plugin-uuid"], indirect=True)
+@pytest.mark.parametrize("plugin", [["nvidia.com/gpu=1"], [f"nvidia.com/gpu={GPU_UUIDS[1]}"]],
+                         ids=["toolkit-index", "toolkit-uuid"], indirect=True)
 def test_a_cdi_name_resolves_to_exactly_that_gpu_and_the_control_devices(node: RealCluster, plugin):
     seen = run_to_completion(node, unique("cdi"), plugin.resource)
     assert plugin.allocations == [["dev-1"]]
     devices = {k for k in seen if k != "env"}
     assert devices == {"nvidia1", *CONTROL}, seen
-    # The fake devices' numbers (those of /dev/null), as character devices the runtime created.
-    assert seen["nvidia1"] == "character special file 1:3", seen
+    # NVIDIA's numbers, and the container may open them (ENXIO: allowed by its device cgroup, no driver behind).
+    assert seen["nvidia1"] == (f"{gpu_devices.NVIDIA_MAJOR}:1", "ENXIO"), seen
+    assert all(seen[c][1] == "ENXIO" for c in CONTROL), seen  # type: ignore[index]
     assert seen["env"] == "NVIDIA_VISIBLE_DEVICES=void"  # the spec's containerEdits applied
 
 

@@ -19,12 +19,13 @@ from e2e.names import NODE_NAME, RELEASE_NAMESPACE, USER_NAMESPACE
 from e2e.node import APP_IMAGE, GPU_UUIDS, RealCluster
 from e2e.pods import agent_metrics, bind, create, events, exec_in, get_json, get_pod, release_pods, wait_running
 from e2e.testing import example, unique
+from e2e.toolkit import gpu_devices
 from e2e.toolkit.wait import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_node]
 
 AGENT_DS = "gpufrac-agent"
-CONTROL_DEVICES = {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"}
+CONTROL_DEVICES = set(gpu_devices.CONTROL_DEVICES)  # the generated spec's control devices
 NV = "nvidia.com/container.app."
 # Its NVIDIA device nodes, one per line, and the env the checks read.
 LIST = ("ls /dev | grep '^nvidia' || true; echo ENV NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES; "
@@ -137,12 +138,12 @@ def test_the_seed_inference_pod_sees_exactly_its_gpu_and_its_sidecar_none(node: 
     delete(node, name)
 
 
-def test_a_plain_pod_asking_for_every_gpu_by_env_gets_none(node: RealCluster, after_each):
+def test_a_plain_pod_of_a_cuda_image_gets_none(node: RealCluster, after_each):
+    """The CUDA base image's own NVIDIA_VISIBLE_DEVICES=all (its ENV) is voided."""
     name = unique("nri-plain-all")
     manifest = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": USER_NAMESPACE},
                 "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
-                    "name": "app", "image": APP_IMAGE, "command": ["sleep", "infinity"],
-                    "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}
+                    "name": "app", "image": APP_IMAGE, "command": ["sleep", "infinity"]}]}}
     res = create(node, manifest)
     assert res.rc == 0, res.stderr
     wait_running(node, name)
@@ -150,6 +151,24 @@ def test_a_plain_pod_asking_for_every_gpu_by_env_gets_none(node: RealCluster, af
     assert seen == set(), seen
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void", "the plugin voided the grant"
     delete(node, name)
+
+
+def test_a_plain_pod_naming_every_gpu_again_in_its_env_is_refused(node: RealCluster, after_each):
+    """The pod's env names NVIDIA_VISIBLE_DEVICES=all over the image's: the container would hold the name twice and
+    NVIDIA's runtime reads the last entry, past gpufrac's void: the creation is refused instead."""
+    name = unique("nri-plain-all-again")
+    manifest = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": USER_NAMESPACE},
+                "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+                    "name": "app", "image": APP_IMAGE, "command": ["sleep", "infinity"],
+                    "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}
+    res = create(node, manifest)
+    assert res.rc == 0, res.stderr
+    try:
+        message = wait_until(lambda: kubelet_failure(node, name, "NVIDIA_VISIBLE_DEVICES more than once"), 120,
+                             f"pod {name}'s creation refused", interval=0.5)
+    finally:
+        delete(node, name)
+    assert "failed to get NRI adjustment" in message, message  # the NRI plugin refused it, not something else
 
 
 @pytest.fixture

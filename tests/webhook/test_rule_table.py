@@ -1,29 +1,34 @@
-"""The rule table (gpufrac/webhook/decide/rules/) covers every rule the webhook evaluates: a new rule function
-that is in no row fails here, so it either declares its CEL or says why it stays in the webhook."""
+"""The rule table (gpufrac/webhook/decide/rules/) covers every rule the webhook evaluates, one module per rule: a new
+rule function that is in no rule's module fails here, so it either declares its CEL or says why it stays in the
+webhook; a rule is added by adding its module, nothing else."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gpufrac.webhook.decide import fractions, policies, validation
-from gpufrac.webhook.decide.rules import RULES, SETTINGS, VARIABLES, Rule, Scope
+from gpufrac.webhook.decide import fractions, validation
+from gpufrac.webhook.decide.rules import MODULES, RULES, SETTINGS, VARIABLES, Phase, Rule, Scope, catalog, table
+from gpufrac.webhook.render import policies
 
 ROOT = Path(__file__).resolve().parents[2]
+CATALOG = ROOT / "gpufrac" / "webhook" / "decide" / "rules" / "catalog"
 _IDENTIFIER = re.compile(r"^[A-Za-z][A-Za-z0-9]*$")
 
 
 def _rule_functions() -> set[str]:
-    """The functions that judge a pod: the value readers and rules of `fractions`, and every private check and
-    public validator of `validation`."""
+    """The functions that judge a pod: the value readers and rules of `fractions`, and every public check of
+    `validation` (its composition, `validate_pod` and `validate_template`, aside)."""
     out = set()
     readers_and_rules = r"^(rule_|read_(?!containers$|shorthands$|target$|pod_request$))"
     for module, pattern in ((fractions.read, readers_and_rules), (fractions.rules, readers_and_rules),
-                            (validation, r"^(_authorship|_webhook_output|_injection|_boundar|_foreign_|_limit_env|"
-                                         r"_kai_|validate_status|validate_binding)")):
+                            (validation, r"^(?!_|validate_pod$|validate_template$|user_fraction_keys$)")):
         for name, obj in inspect.getmembers(module, inspect.isfunction):
             if obj.__module__ == module.__name__ and re.match(pattern, name):
                 out.add(f"{module.__name__}.{name}")
@@ -33,16 +38,74 @@ def _rule_functions() -> set[str]:
 def test_every_rule_function_of_the_webhook_is_in_the_table() -> None:
     covered = {f"{f.__module__}.{f.__name__}" for rule in RULES for f in rule.webhook}
     missing = _rule_functions() - covered
-    assert not missing, (f"webhook rules in no row of gpufrac/webhook/decide/rules/: {sorted(missing)}; add a "
-                         "Rule with its CEL, or with webhook_only saying why CEL cannot carry it, then run "
-                         "`gpufrac policies --format helm > charts/gpufrac/templates/policies/"
+    assert not missing, (f"webhook rules in no module of gpufrac/webhook/decide/rules/catalog/: {sorted(missing)}; "
+                         "add a module holding its RULE, with its CEL or with webhook_only saying why CEL cannot "
+                         "carry it, then run `gpufrac policies --format helm > charts/gpufrac/templates/policies/"
                          "validatingadmissionpolicies.yaml`")
     assert len(_rule_functions()) > 20  # the pattern still finds the rules
 
 
+def test_the_table_reaches_into_no_private_function() -> None:
+    private = [f"{r.name}: {f.__name__}" for r in RULES for f in r.webhook if f.__name__.startswith("_")]
+    assert not private
+
+
+def test_every_rule_is_one_module_holding_its_check_its_cel_and_its_messages() -> None:
+    assert len(MODULES) == len(RULES)
+    for name in MODULES:
+        module = importlib.import_module(f"{catalog.__name__}.{name}")
+        rule = module.RULE
+        assert isinstance(rule, Rule)
+        assert re.sub(r"(?<!^)([A-Z])", r"_\1", rule.name).lower() == name  # the module is named after its rule
+        source = inspect.getsource(module)
+        assert f'"{rule.name}"' in source
+    # No other module of the rules package builds a Rule: the catalog is the one place a rule is written.
+    for path in CATALOG.parent.glob("*.py"):
+        assert "Rule(" not in path.read_text() or path.name == "rule.py", path
+
+
+def test_the_order_is_written_once_by_each_rules_phase_and_rank() -> None:
+    phases = list(Phase)
+    assert [phases.index(r.phase) for r in RULES] == sorted(phases.index(r.phase) for r in RULES)
+    for phase in phases:
+        ranks = [r.rank for r in RULES if r.phase is phase]
+        assert ranks == sorted(ranks)
+    assert [r.name for r in RULES if r.phase is Phase.AUTHORSHIP] == ["devicesOnCreate", "immutable"]
+    assert [r.name for r in RULES if r.phase is Phase.OUTPUT] == ["webhookOutput"]
+
+
+@pytest.fixture
+def added_rule() -> Iterator[Path]:
+    """A rule added the way docs/architecture.md says: one new module in the catalog, no other file touched."""
+    path = CATALOG / "zz_added_by_test.py"
+    path.write_text('from gpufrac.webhook.decide import fractions as fr\n'
+                    'from gpufrac.webhook.decide.rules.rule import Phase, Rule, Scope\n\n'
+                    'RULE = Rule("zzAddedByTest", "a rule a test adds", Scope.POD, Phase.VALUE, 15,\n'
+                    '            (fr.read_mode,), "[\'added\']")\n')
+    yield path
+    path.unlink(missing_ok=True)
+    sys.modules.pop(f"{catalog.__name__}.zz_added_by_test", None)
+    importlib.reload(table)
+
+
+def test_adding_a_rule_touches_one_file(added_rule: Path) -> None:
+    fresh = importlib.reload(table)
+    names = [r.name for r in fresh.RULES]
+    assert "zz_added_by_test" in fresh.MODULES
+    # Rank 15 of the value phase: after malformedKeys (10), before unknownContainers (20).
+    assert names[:3] == ["malformedKeys", "zzAddedByTest", "unknownContainers"]
+
+
+def test_a_module_without_a_rule_or_two_rules_in_one_place_are_refused() -> None:
+    with pytest.raises(ValueError, match="share a phase and rank"):
+        table._ordered([RULES[0], RULES[0]])
+    with pytest.raises(TypeError, match="holds no RULE"):
+        table._rule_of("__init__")
+
+
 def test_a_rule_declares_its_cel_or_why_not() -> None:
     with pytest.raises(ValueError, match="give its CEL"):
-        Rule("x", "x", Scope.POD, (fractions.read_mode,))
+        Rule("x", "x", Scope.POD, Phase.VALUE, 1, (fractions.read_mode,))
     for rule in RULES:
         assert rule.cel or rule.webhook_only, rule.name
 

@@ -11,8 +11,9 @@ from testkit.pods import INFERENCE, NOTEBOOK, pod
 from testkit.reviews import review
 
 
-@pytest.mark.parametrize("value", ["1", "0", "-0.5", "1.5", "NaN", "nan", "inf", "half", "0x1p-1", "", " 0.5",
-                                   "0.5 ", "1e0", "0,5", "++0.5", "5e-1000"])
+# The values an e2e test sends too ("1", "0", "NaN", "half", ...) are cases of e2e/denial_corpus.py, checked here in
+# process by test_denial_corpus.py.
+@pytest.mark.parametrize("value", ["nan", "inf", "", " 0.5", "0.5 ", "1e0", "0,5", "++0.5", "5e-1000"])
 def test_gpu_fraction_outside_the_open_unit_interval_is_denied(value):
     message = denial(pod({"gpu-fraction": value}))
     assert message.startswith("annotation gpu-fraction: ")
@@ -33,11 +34,6 @@ def test_gpu_fraction_decimal_numbers_are_accepted(value):
     ({"gpu-fraction": "0.5", "gpu-fraction.limit": "0.5"}, "must be greater than gpu-fraction (0.5) and less than 1"),
     ({"gpu-fraction": "0.5", "gpu-fraction.limit": "1"}, "gpu-fraction.limit: 1 must be greater than"),
     ({"gpu-fraction": "0.5", "gpu-fraction.limit": "0.5123456"}, "at most 5 digits after the decimal point"),
-    ({"gpu-fraction": "0.5", "kai.scheduler/container.app.gpu-memory.portion.limit": "0.4"},
-     "annotation kai.scheduler/container.app.gpu-memory.portion.limit: 0.4 must be greater than gpu-fraction (0.5) "
-     "and less than 1"),
-    ({"kai.scheduler/container.app.gpu-memory.portion.limit": "0.8"},
-     "can only be used together with the gpu-fraction annotation"),
     ({"gpu-fraction": "0.5", "gpu-fraction.limit": "0.8",
       "kai.scheduler/container.app.gpu-memory.portion.limit": "0.9"}, "does not match gpu-fraction.limit (0.8)"),
 ])
@@ -52,13 +48,7 @@ def test_portion_limit_for_another_container_than_the_fraction_is_denied():
 
 
 @pytest.mark.parametrize(("annotations", "fragment"), [
-    ({"gpu-memory": "abc"}, "annotation gpu-memory: abc must be a positive whole number of MiB"),
-    ({"gpu-memory": "0"}, "annotation gpu-memory: 0 must be a positive whole number of MiB"),
     ({"gpu-memory": "1.5"}, "annotation gpu-memory: 1.5 must be"),
-    ({"gpu-memory": "4096", "gpu-memory.limit": "8192"}, "annotation gpu-memory.limit: 8192 must be a memory quantity "
-                                                         "with a unit"),
-    ({"gpu-memory": "4096", "gpu-memory.limit": "2Gi"}, "annotation gpu-memory.limit: 2Gi must not be smaller than "
-                                                        "gpu-memory (4096 MiB)"),
     ({"gpu-memory.limit": "2Gi"}, "can only be used together with the gpu-memory annotation"),
 ])
 def test_gpu_memory_shorthand(annotations, fragment):
@@ -66,10 +56,6 @@ def test_gpu_memory_shorthand(annotations, fragment):
 
 
 @pytest.mark.parametrize(("value", "fragment"), [
-    ("lots", "must be a Kubernetes memory quantity of at least 1Mi"),
-    ("0", "must be greater than 0"),
-    ("-1Gi", "must be greater than 0"),
-    ("512Ki", "is below 1Mi"),
     ("40GB", "must be a Kubernetes memory quantity"),
     ("1e400", "is larger than any GPU"),
 ])
@@ -78,44 +64,16 @@ def test_memory_quantities(value, fragment):
     assert f"annotation nvidia.com/container.app.gpu-memory.request: {value} {fragment}" in message
 
 
-def test_limit_below_request_is_denied():
-    message = denial(pod({"nvidia.com/container.app.gpu-memory.request": "40Gi",
-                          "nvidia.com/container.app.gpu-memory.limit": "20Gi"}))
-    assert "annotation nvidia.com/container.app.gpu-memory.limit: 20Gi must not be smaller than the request " \
-           "(40960 MiB)" in message
+def test_a_portion_and_an_absolute_memory_limit_do_not_mix():
+    message = denial(pod({"gpu-fraction": "0.5", "nvidia.com/container.app.gpu-memory.limit": "1Gi"}))
+    assert "cannot be used together with gpu-fraction" in message
 
 
-@pytest.mark.parametrize("annotations", [
-    {"gpu-fraction": "0.5", "gpu-memory": "1024"},
-    {"gpu-fraction": "0.5", "nvidia.com/container.app.gpu-memory.request": "1Gi"},
-    {"gpu-fraction": "0.5", "nvidia.com/container.app.gpu-memory.limit": "1Gi"},
-])
-def test_portion_and_absolute_memory_do_not_mix(annotations):
-    assert "cannot be used together with gpu-fraction" in denial(pod(annotations))
-
-
-def test_whole_gpus_and_a_fraction_do_not_mix_in_one_container():
-    obj = pod({"gpu-fraction": "0.5"}, resources={"limits": {"nvidia.com/gpu": "1"}})
-    outcome = admission.mutate(review(obj), POLICY)
-    assert outcome.allowed  # the mutating webhook injects; the validating one sees the final object
-    import jsonpatch
-    final = jsonpatch.apply_patch(obj, outcome.patch)
-    message = admission.validate(review(final), POLICY).message
-    assert "container app: asks for whole GPUs (nvidia.com/gpu)" in message
-
-
-@pytest.mark.parametrize(("annotations", "fragment"), [
-    ({"gpu-fraction": "0.5", "gpu-fraction-num-devices": "0"}, "gpu-fraction-num-devices: 0 must be a whole"),
-    ({"gpu-fraction": "0.5", "gpu-fraction-num-devices": "x"}, "annotation gpu-fraction-num-devices: x must be"),
-    ({"gpu-fraction": "0.5", "gpu-fraction-num-devices": "1000000000"}, "from 1 to 64"),
-    ({"gpu-fraction-num-devices": "2"}, "annotation gpu-fraction-num-devices: 2 needs a fraction to apply to"),
-])
-def test_num_devices(annotations, fragment):
-    assert fragment in denial(pod(annotations))
+def test_num_devices_above_64_are_denied():
+    assert "from 1 to 64" in denial(pod({"gpu-fraction": "0.5", "gpu-fraction-num-devices": "1000000000"}))
 
 
 @pytest.mark.parametrize(("key", "fragment"), [
-    ("nvidia.com/container.app.gpu-memory", "is not a key gpufrac knows: expected nvidia.com/container.<container>."),
     ("nvidia.com/container..gpu-memory.request", "is not a key gpufrac knows"),
     ("nvidia.com/container.App.gpu-memory.request", "is not a key gpufrac knows"),
     ("kai.scheduler/container.app.gpu-memory.limit", "expected kai.scheduler/container.<container>.<gpu-memory."
@@ -145,22 +103,9 @@ def test_gpu_fraction_container_name_may_name_an_init_container():
     assert "/spec/initContainers/0/env" in paths or any(p.startswith("/spec/initContainers/0/env") for p in paths)
 
 
-@pytest.mark.parametrize(("annotations", "fragment"), [
-    ({"gpu-fraction": "0.5", "nvidia.com/container.app.gpu-compute.mode": "turbo"},
-     "annotation nvidia.com/container.app.gpu-compute.mode: turbo must be time-slicing or sm-sharing"),
-    ({"nvidia.com/container.app.gpu-compute.mode": "sm-sharing"},
-     "annotation nvidia.com/container.app.gpu-compute.mode: sm-sharing needs a GPU memory request for container app"),
-])
-def test_compute_modes(annotations, fragment):
-    assert fragment in denial(pod(annotations))
-
-
-def test_containers_of_one_pod_cannot_mix_modes():
-    message = denial(pod({
-        "nvidia.com/container.a.gpu-memory.request": "1Gi", "nvidia.com/container.a.gpu-compute.mode": "sm-sharing",
-        "nvidia.com/container.b.gpu-memory.request": "1Gi", "nvidia.com/container.b.gpu-compute.mode": "time-slicing",
-    }, "a", "b"))
-    assert "pod: mixes compute modes across containers (a=sm-sharing, b=time-slicing)" in message
+def test_an_unknown_compute_mode_beside_a_portion_is_denied():
+    message = denial(pod({"gpu-fraction": "0.5", "nvidia.com/container.app.gpu-compute.mode": "turbo"}))
+    assert "annotation nvidia.com/container.app.gpu-compute.mode: turbo must be time-slicing or sm-sharing" in message
 
 
 def test_several_containers_of_one_pod_may_each_hold_a_fraction_where_the_binder_binds_each():

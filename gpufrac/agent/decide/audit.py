@@ -27,7 +27,7 @@ from gpufrac.core.contract import (
     LimitEnv,
     format_pinned_mem_limit,
     mib_ceil,
-    parse_pinned_mem_limit,
+    pinned_limit_agrees,
     pipe_dir_mode,
 )
 
@@ -118,11 +118,7 @@ def env_mismatches(container: RunningContainer, environ: Mapping[str, str]) -> t
             wrong.append(f"{name}={actual} (expected {value})")
     pinned = environ.get(LimitEnv.PINNED_MEM_LIMIT)
     if pinned is not None and spec.pinned_mem_limit_mib:
-        try:
-            ok = parse_pinned_mem_limit(pinned) == spec.pinned_mem_limit_mib
-        except ValueError:
-            ok = False
-        if not ok:
+        if not pinned_limit_agrees(pinned, spec.pinned_mem_limit_mib):  # by index, or by UUID (the NRI plugin's)
             wrong.append(
                 f"{LimitEnv.PINNED_MEM_LIMIT}={pinned} (expected {format_pinned_mem_limit(spec.pinned_mem_limit_mib)})"
             )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 from gpufrac.agent.decide.model import ConditionStatus, DaemonState, DaemonStatus, Inventory, NodeCondition
 from gpufrac.core.annotations import ComputeMode
@@ -22,6 +22,9 @@ MIN_DRIVER_MAJOR = 615
 MIN_CUDA_DRIVER_VERSION = 13040
 
 NRI_UNAVAILABLE = "NriUnavailable"  # the reason while the agent's NRI plugin cannot reach the runtime
+# Time-slicing is not enforceable with this driver: the reason of a False condition when no enabled mode is, of a
+# True one when sm-sharing is (MPS's pinned memory limits work on any MPS driver), so KAI still places fractions.
+DRIVER_WITHOUT_LIMITS = "DriverWithoutMemoryLimits"
 
 
 def ready_condition_types(values: list[str] | None) -> tuple[str, ...]:
@@ -118,14 +121,17 @@ def node_condition(
     memory_problem: str | None = None,
     delivery_problem: str | None = None,
     skew: str | None = None,
+    runtime_problems: Sequence[tuple[str, str]] = (),
 ) -> NodeCondition:
-    """The gpufrac.io/Ready condition: True only when every enabled mode is enforced.
+    """The gpufrac.io/Ready condition: True when every enabled mode is enforced, or every one this driver can
+    enforce (a pre-r615 driver: sm-sharing, not time-slicing, whose fractions the NRI plugin then refuses).
 
     The reason is the most important problem; the message lists all of them, each with what to do. A delivery
     problem (the runtime has no NRI socket, so the agent's NRI plugin hands out no devices) keeps the limits
     enforced, so it does not make the condition False: it is the reason of a True condition, and its message says so.
     A version skew (`skew`: what skew_message says) is no problem for enforcement either: the reason of a True
-    condition when there is no delivery problem, and in the message.
+    condition when there is no delivery problem, and in the message. `runtime_problems` (containerd < 2.1, a GPU
+    no CDI spec names: runtime_support.runtime_problems) make it False: fractions there get no working GPU.
     """
     if inventory is None:
         return _condition([(
@@ -135,21 +141,27 @@ def node_condition(
         )])
     if not inventory.gpus:
         return _condition([("NoGpus", "NVML reports no GPUs on this node; check the driver and device nodes")])
+    gap = _driver_gap(inventory, enabled)
+    # the driver blocks the node only where it leaves no enabled mode to enforce
+    driver = [(DRIVER_WITHOUT_LIMITS, gap)] if gap and not modes_to_serve(inventory, enabled) else []
     problems = [
         *_failed_daemons(daemons),
+        *runtime_problems,  # the delivery path's (runtime_support.runtime_problems): no working GPU for fractions
         *([("MpsMemoryBudgetTooSmall", memory_problem)] if memory_problem else []),
-        *_driver_problems(inventory, enabled),
+        *driver,
         *_waiting_daemons(inventory, enabled, daemons),
     ]
     if problems:
-        return _condition(problems + ([(NRI_UNAVAILABLE, delivery_problem)] if delivery_problem else []))
-    summary = ", ".join(
-        f"{mode}: {enforced.get(mode, Enforcement.NONE)}" for mode in ComputeMode if mode in enabled
-    )
+        also = [(DRIVER_WITHOUT_LIMITS, gap)] if gap and not driver else []  # said, though it blocks nothing
+        return _condition(problems + also + ([(NRI_UNAVAILABLE, delivery_problem)] if delivery_problem else []))
+    summary = ", ".join(f"{mode}: {enforced.get(mode, Enforcement.NONE)}" for mode in ComputeMode
+                        if mode in enabled and enforced.get(mode, Enforcement.NONE) is not Enforcement.NONE)
     enforced_text = f"GPU memory fractions are enforced ({summary}) on {len(inventory.gpus)} GPU(s)"
-    notes = [f"but {delivery_problem}"] if delivery_problem else []
+    notes = [f"not {ComputeMode.TIME_SLICING}: {gap}"] if gap else []
+    notes += [f"but {delivery_problem}"] if delivery_problem else []
     notes += [skew] if skew else []
-    reason = NRI_UNAVAILABLE if delivery_problem else "MpsVersionSkew" if skew else "FractionsEnforced"
+    reason = (NRI_UNAVAILABLE if delivery_problem else DRIVER_WITHOUT_LIMITS if gap else
+              "MpsVersionSkew" if skew else "FractionsEnforced")
     return NodeCondition(ConditionStatus.TRUE, reason, "; ".join([enforced_text, *notes]))
 
 
@@ -166,15 +178,13 @@ def _failed_daemons(daemons: Mapping[ComputeMode, DaemonStatus]) -> list[tuple[s
     ]
 
 
-def _driver_problems(inventory: Inventory, enabled: Collection[ComputeMode]) -> list[tuple[str, str]]:
+def _driver_gap(inventory: Inventory, enabled: Collection[ComputeMode]) -> str | None:
+    """Why time-slicing, enabled, cannot be enforced with this driver (None: it can, or it is not enabled)."""
     if has_driver_memory_limits(inventory) or ComputeMode.TIME_SLICING not in enabled:
-        return []
-    return [(
-        "DriverWithoutMemoryLimits",
-        f"driver {inventory.driver_version} (CUDA {cuda_version_text(inventory.cuda_driver_version)}"
-        ") has no CUDA 13.4 memory limits: time-slicing fractions cannot be enforced on this "
-        f"node; upgrade to r{MIN_DRIVER_MAJOR}+",
-    )]
+        return None
+    return (f"driver {inventory.driver_version} (CUDA {cuda_version_text(inventory.cuda_driver_version)}) has no "
+            "CUDA 13.4 memory limits: time-slicing fractions cannot be enforced on this node and are refused here "
+            f"(node label {enforcement_label(ComputeMode.TIME_SLICING)}=none); upgrade to r{MIN_DRIVER_MAJOR}+")
 
 
 def _waiting_daemons(inventory: Inventory, enabled: Collection[ComputeMode],

@@ -75,3 +75,25 @@ def usable_labels(found: Iterable[Usable]) -> dict[str, str]:
         key = usable_label(item.gpu.name)
         least[key] = min(least.get(key, item.usable_bytes), item.usable_bytes)
     return {key: str(mib_floor(value)) for key, value in sorted(least.items())}
+
+
+@dataclass(frozen=True)
+class Remembered:
+    """The most a GPU's MPS servers were seen holding, and when that figure was last confirmed."""
+
+    held_bytes: int
+    seen_at: float
+
+
+def remember_contexts(before: Mapping[str, Remembered], held: Mapping[str, int], now: float,
+                      keep_seconds: float) -> dict[str, Remembered]:
+    """Per GPU, the MPS servers' context as remembered after this reading. Servers come and go with their clients,
+    so a GPU without one keeps its figure; a larger figure replaces it at once; a smaller one only once the
+    remembered figure has gone unconfirmed for `keep_seconds` (the maximum decays: a daemon restarted with
+    smaller contexts, or a figure read while a server was starting, does not lower usable memory for ever)."""
+    after = dict(before)
+    for uuid, now_held in held.items():
+        last = before.get(uuid)
+        if last is None or now_held >= last.held_bytes or now - last.seen_at >= keep_seconds:
+            after[uuid] = Remembered(now_held, now)
+    return after

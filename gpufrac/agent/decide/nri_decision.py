@@ -13,12 +13,17 @@ an `Injection` (what to add or take away) or a `Refusal` (the runtime fails the 
 - Every other container gets no GPU from gpufrac, and an env grant (`NVIDIA_VISIBLE_DEVICES=all`, ...) is voided:
   `NVIDIA_VISIBLE_DEVICES=void` (NVIDIA's runtime reads "no GPU"; an unset variable would let its legacy mode
   give a CUDA image every GPU), the MIG and IMEX grants removed. CDI devices another component (a device plugin)
-  put into the container are left to it. Pods in trusted namespaces (the GPU stack's own: the device plugin, DCGM,
-  gpufrac's agent and MPS daemons, which hold every GPU through that env) keep their env, and the policy can leave
-  env grants alone everywhere (`Policy.void_env_grants`).
+  put into the container are left to it. Except what the kubelet allocated: GPUs the kubelet's device checkpoint
+  says it allocated to this pod's container (NVIDIA's device plugin, under any of its strategies; KAI's reservation
+  pods) are left to it, and a container naming more than its allocation is refused, or only its env voided where
+  CDI devices carry the allocation (whole_gpus.judge). Pods in trusted namespaces (the GPU stack's own: the device
+  plugin, DCGM, gpufrac's agent and MPS daemons, which hold every GPU through that env) keep their env, and the
+  policy can leave env grants alone everywhere (`Policy.void_env_grants`).
 - Refused: a fraction without the canonical annotations (the webhook was bypassed), one whose canonical values do
   not parse, one with no bound GPU or no memory limit, a mode the node does not enforce now, a device the node does
-  not have, a GPU serving the other compute mode to a running container of another pod.
+  not have, a GPU serving the other compute mode to a running container of another pod, and (where the runtime's
+  facts are known) devices that would not work: CDI devices containerd < 2.1 drops, or a bare device node for a GPU
+  no CDI spec names (runtime_support.delivery_refusal).
 """
 
 from __future__ import annotations
@@ -27,8 +32,20 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from gpufrac.agent.decide.audit import env_mismatches
+from gpufrac.agent.decide.audit import env_mismatches, expected_env
+from gpufrac.agent.decide.creation_escapes import (
+    duplicated,
+    every_gpu,
+    foreign_owned_env,
+    foreign_visible_gpus,
+    legacy_cuda_image,
+    pipe_dir_problem,
+)
+from gpufrac.agent.decide.kubelet_allocations import NO_ALLOCATIONS, KubeletAllocations
 from gpufrac.agent.decide.model import GpuInfo, RunningContainer
+from gpufrac.agent.decide.pinned_env import uuid_keyed_pinned_env
+from gpufrac.agent.decide.runtime_support import DeliveryFacts, delivery_refusal
+from gpufrac.agent.decide.whole_gpus import Judgement, Verdict, judge, named_gpus
 from gpufrac.core.annotations import (
     CANONICAL_PREFIX,
     SHORTHAND_KEYS,
@@ -91,6 +108,8 @@ class NodeFacts:
     device_nodes: Mapping[str, DeviceNode] = field(default_factory=dict)  # host GPU device nodes by path
     not_served: Mapping[ComputeMode, str | None] = field(default_factory=dict)  # per mode: why not (None: served)
     serving: tuple[ServingContainer, ...] = ()
+    delivery: DeliveryFacts | None = None  # the runtime's facts (runtime_support); None: no delivery refusal
+    allocations: KubeletAllocations = NO_ALLOCATIONS  # whole GPUs the kubelet allocated (its device checkpoint)
 
 
 @dataclass(frozen=True)
@@ -117,6 +136,11 @@ class ContainerInfo:
     id: str
     name: str
     env: Mapping[str, str]
+    annotations: Mapping[str, str] = field(default_factory=dict)  # the container's own (a device plugin's CDI ones)
+    cdi_devices: tuple[str, ...] = ()  # CDI devices the runtime already injects (told from containerd 2.2)
+    mounts: tuple[str, ...] = ()  # mount destinations (the device plugin's volume-mounts strategy)
+    # the env as the runtime holds it (`K=V`), a name written twice included; `env` is its last-wins reading
+    env_entries: tuple[str, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -140,6 +164,13 @@ class RefusalReason(StrEnum):
     UNKNOWN_DEVICE = "GPUDeviceUnknown"
     MODE_CONFLICT = "GPUServesOtherMode"
     LIMIT_ENV_MISMATCH = "GPULimitEnvMismatch"
+    RUNTIME_DROPS_CDI = "GPURuntimeDropsCdi"  # runtime_support.delivery_refusal
+    NO_CDI_SPEC = "GPUWithoutCdiSpec"
+    BEYOND_ALLOCATION = "GPUBeyondAllocation"  # names more GPUs than the kubelet allocated it
+    ALLOCATION_UNKNOWN = "GPUAllocationUnknown"  # names GPUs while the kubelet's allocations cannot be read
+    PIPE_DIR_MISSING = "GPUMpsPipeDirMissing"  # creation_escapes: an sm-sharing fraction outside its MPS daemon
+    ENV_DUPLICATED = "GPUEnvDuplicated"  # creation_escapes: an env name the plugin edits, written twice
+    LEGACY_IMAGE = "GPULegacyCudaImage"  # creation_escapes: CUDA_VERSION without NVIDIA_VISIBLE_DEVICES
 
 
 @dataclass(frozen=True)
@@ -150,6 +181,22 @@ class Refusal:
 
 
 def decide(pod: PodInfo, container: ContainerInfo, node: NodeFacts, policy: Policy = Policy()) -> Injection | Refusal:
+    return _refuse_duplicated_edits(_decide(pod, container, node, policy), container, f"container {container.name} "
+                                    f"of pod {pod}")
+
+
+def _refuse_duplicated_edits(result: Injection | Refusal, container: ContainerInfo, where: str) -> Injection | Refusal:
+    twice = [] if isinstance(result, Refusal) else \
+        duplicated(container.env_entries, [*result.set_env, *result.remove_env])
+    if not twice:
+        return result
+    return Refusal(RefusalReason.ENV_DUPLICATED,
+                   f"{where} sets {', '.join(twice)} more than once (the image's ENV and the pod's env, say): the "
+                   "runtime keeps every entry and gpufrac's edit would reach only the first; set it once, in the pod "
+                   "spec, or not at all")
+
+
+def _decide(pod: PodInfo, container: ContainerInfo, node: NodeFacts, policy: Policy) -> Injection | Refusal:
     canonical = read_canonical(pod.annotations)
     where = f"container {container.name} of pod {pod}"
     for item in canonical.unreadable:
@@ -168,7 +215,7 @@ def decide(pod: PodInfo, container: ContainerInfo, node: NodeFacts, policy: Poli
                            "while the webhook is up")
         if not policy.void_env_grants or pod.namespace in policy.trusted_namespaces:
             return Injection(Outcome.UNTOUCHED)
-        return _no_gpu(container)
+        return _not_a_fraction(pod, container, node, where)
     return _fraction(pod, container, fraction, node, where)
 
 
@@ -192,10 +239,41 @@ def _bypassed_keys(annotations: Mapping[str, str], container: str, admitted: boo
     return keys
 
 
-def _no_gpu(container: ContainerInfo) -> Injection:
+def _not_a_fraction(pod: PodInfo, container: ContainerInfo, node: NodeFacts, where: str) -> Injection | Refusal:
+    named = named_gpus(container.env, container.annotations, container.cdi_devices, container.mounts)
+    verdict = judge(named, node.allocations, pod.uid, container.name, node.gpus)
+    if verdict.verdict is Verdict.NONE_NAMED and legacy_cuda_image(container.env):
+        return Refusal(RefusalReason.LEGACY_IMAGE,
+                       f"{where} runs a CUDA image (CUDA_VERSION={container.env['CUDA_VERSION']}) that does not set "
+                       f"{LimitEnv.VISIBLE_DEVICES}, which NVIDIA's runtime reads as every GPU of the node: set "
+                       f"{LimitEnv.VISIBLE_DEVICES}=void in the pod spec, or ask for a GPU")
+    if verdict.verdict in (Verdict.NONE_NAMED, Verdict.NOT_ALLOCATED):
+        return _no_gpu(container)
+    if verdict.verdict is Verdict.ALLOCATED:
+        return Injection(Outcome.UNTOUCHED, note=f"whole GPUs the kubelet allocated ({', '.join(verdict.allocated)}):"
+                                                 " left to the device plugin")
+    if verdict.verdict is Verdict.ENV_BEYOND_CDI:
+        return _no_gpu(container, keep_other_grants=True,
+                       why=f"its GPUs ({', '.join(verdict.allocated)}) come from its CDI devices")
+    return _beyond_allocation(verdict, node.allocations, where)
+
+
+def _beyond_allocation(verdict: Judgement, allocations: KubeletAllocations, where: str) -> Refusal:
+    if verdict.verdict is Verdict.UNKNOWN:
+        return Refusal(RefusalReason.ALLOCATION_UNKNOWN,
+                       f"{where} names GPUs in {LimitEnv.VISIBLE_DEVICES} but gpufrac cannot tell whether the kubelet "
+                       f"allocated them to it: {allocations.problem}; it is created once the agent reads the kubelet's "
+                       "device checkpoint again (the kubelet retries)")
+    return Refusal(RefusalReason.BEYOND_ALLOCATION,
+                   f"{where} names GPUs {', '.join(verdict.beyond)} beyond the whole GPUs the kubelet allocated to it "
+                   f"({', '.join(verdict.allocated)}): voiding them would take its GPUs too; remove "
+                   f"{LimitEnv.VISIBLE_DEVICES} (or the CDI devices) from the pod spec: the device plugin sets it")
+
+
+def _no_gpu(container: ContainerInfo, *, keep_other_grants: bool = False, why: str = "not a GPU fraction") -> Injection:
     visible = container.env.get(LimitEnv.VISIBLE_DEVICES)
     asks = visible is not None and visible.strip() not in NO_GPU_VALUES
-    removed = tuple(name for name in GRANT_ENV_REMOVED if name in container.env)
+    removed = () if keep_other_grants else tuple(name for name in GRANT_ENV_REMOVED if name in container.env)
     if not asks and not removed:
         return Injection(Outcome.UNTOUCHED)
     granted = [f"{LimitEnv.VISIBLE_DEVICES}={visible}"] if asks else []
@@ -203,7 +281,7 @@ def _no_gpu(container: ContainerInfo) -> Injection:
         Outcome.VOIDED,
         set_env={LimitEnv.VISIBLE_DEVICES: NO_GPU} if asks else {},
         remove_env=removed,
-        note=f"not a GPU fraction: voided {', '.join(granted + list(removed))}",
+        note=f"{why}: voided {', '.join(granted + list(removed))}",
     )
 
 
@@ -219,6 +297,11 @@ def _fraction(pod: PodInfo, container: ContainerInfo, fraction: CanonicalFractio
                        f"{where} is a GPU fraction without a memory limit in MiB "
                        f"({CANONICAL_PREFIX}{container.name}.gpu-memory.limit-mib): the webhook writes it when the "
                        "scheduler binds the pod; it never gets a GPU without limits")
+    everything = every_gpu(fraction.devices)
+    if everything:
+        return Refusal(RefusalReason.UNKNOWN_DEVICE,
+                       f"{where}: {devices_key} names every GPU ({', '.join(everything)}); a fraction is bound to "
+                       "the GPUs it shares, by UUID, index or CDI name")
     reason = node.not_served.get(fraction.mode, f"the agent does not serve {fraction.mode}")
     if reason is not None:
         return Refusal(RefusalReason.MODE_NOT_ENFORCED,
@@ -242,14 +325,42 @@ def _fraction(pod: PodInfo, container: ContainerInfo, fraction: CanonicalFractio
         return Refusal(RefusalReason.LIMIT_ENV_MISMATCH,
                        f"{where}: its limit env does not match gpufrac's annotations ({'; '.join(problems)}); the "
                        "webhook sets that env from the annotations: recreate the pod so it does")
+    escape = _creation_escape(running, container, gpus, where)
+    if escape is not None:
+        return escape
     cdi = tuple(g.cdi for g in grants if g.cdi is not None)
     nodes = [g.node for g in grants if g.node is not None]
+    bare = delivery_refusal(cdi, [g.gpu for g in grants if g.cdi is None], node.delivery)
+    if bare is not None:
+        return Refusal(RefusalReason(bare[0]), f"{where}: {bare[1]}")
     if nodes:
         nodes += [node.device_nodes[path] for path in CONTROL_DEVICES if path in node.device_nodes]
     serving = ServingContainer(container.id, pod.namespace, pod.name, pod.uid, container.name, fraction.mode, gpus)
     given = ", ".join([*cdi, *(n.path for n in nodes)])
     return Injection(Outcome.INJECTED, cdi_devices=cdi, device_nodes=tuple(nodes), serving=serving,
-                     note=f"{fraction.mode} GPU fraction: gets {given}")
+                     set_env=uuid_keyed_pinned_env(fraction, gpus), note=f"{fraction.mode} GPU fraction: gets {given}")
+
+
+def _creation_escape(running: RunningContainer, container: ContainerInfo, gpus: tuple[str, ...],
+                     where: str) -> Refusal | None:
+    """The escapes a fraction's env or mounts would open (creation_escapes), as a refusal."""
+    outside = pipe_dir_problem(running.mode, container.env, container.mounts)
+    if outside is not None:
+        return Refusal(RefusalReason.PIPE_DIR_MISSING,
+                       f"{where} is an sm-sharing GPU fraction but {outside}: without its MPS daemon it would run as "
+                       "an ordinary CUDA process with the whole GPU; the webhook mounts that directory: recreate the "
+                       "pod so it does")
+    foreign = foreign_owned_env(container.env, expected_env(running))
+    if foreign:
+        return Refusal(RefusalReason.LIMIT_ENV_MISMATCH,
+                       f"{where} carries {', '.join(foreign)}, which gpufrac owns and did not set for it (from envFrom "
+                       "or the image): remove it; gpufrac sets the limits a fraction needs")
+    others = foreign_visible_gpus(container.env, gpus)
+    if others:
+        return Refusal(RefusalReason.LIMIT_ENV_MISMATCH,
+                       f"{where} names GPUs it was not given in CUDA_VISIBLE_DEVICES ({', '.join(others)}); its GPUs: "
+                       f"{', '.join(gpus)}")
+    return None
 
 
 @dataclass(frozen=True)

@@ -2,16 +2,23 @@
 
 A fraction is a range: its request is guaranteed, and it may grow to its limit while memory is free. Per GPU, the
 memory still owed to containers below their requests (request - used, for each) must fit in what is free (NVML's
-free: the driver's reserve is never free). When it does not (a *shortfall*), the pods whose containers use more than
-their requests on that GPU are the candidates: lowest pod priority first, then the youngest (started last), each
-freeing all its containers' memory on that GPU when evicted. The agent's edge evicts them in that order until what
-they free covers the shortfall.
+free: the driver's reserve is never free). Owed are all the containers of the pods bound to the node, from bind on
+(`owed`): one that crash-loops because it could not allocate its request is owed exactly as much as one running.
+When the owed memory does not fit (a *shortfall*), the candidates are the pods that use more than their requests on
+that GPU and are owed nothing there themselves; the victim order is:
+
+1. only pods above their requests on that GPU (a pod at or below its request is never evicted);
+2. the lowest pod priority first (pods at or above `protected_priority` are never evicted);
+3. then the youngest (started last).
+
+The loop that evicts takes one victim at a time (`next_victim`), feeding back the pods whose eviction was refused
+and those going already (evicted, terminating, gone): their memory is counted as being freed.
 
 Against flapping, each GPU's contention is an *episode*: it starts when a shortfall appears, and ends only when
-the owed memory fits with `hysteresis_bytes` to spare. Nothing is done until an episode has lasted
-`grace_seconds`; after acting, the agent waits `grace_seconds` again before acting on that GPU (the evicted pods
-take time to go). Usage hovering at the threshold therefore neither starts nor ends episodes on every pass.
-With policy `off` an episode is reported once (what reclaim would have done) and nothing is evicted.
+the owed memory fits with `hysteresis_bytes` to spare. Nothing is done until the shortfall has been seen by every
+pass for `grace_seconds` (the window): a single pass that sees the owed memory fit starts the window over, so two
+short spikes never add up. After acting, the agent waits `grace_seconds` again before acting on that GPU (the
+evicted pods take time to go). With policy `off` an episode is reported once and nothing is evicted.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from gpufrac.agent.decide.audit import AttributedProcess, device_assigned
-from gpufrac.agent.decide.model import GpuInfo, GpuMemory, RunningContainer
+from gpufrac.agent.decide.model import GpuInfo, GpuMemory, GpuProcess, RunningContainer
 from gpufrac.core.contract import MIB
 
 
@@ -33,8 +40,17 @@ class ReclaimPolicy(StrEnum):
 @dataclass(frozen=True)
 class ReclaimSettings:
     policy: ReclaimPolicy = ReclaimPolicy.OFF
-    grace_seconds: float = 30.0
+    grace_seconds: float = 30.0  # the window a shortfall must last, and the wait after acting
     hysteresis_bytes: int = 256 * MIB
+    protected_priority: int | None = None  # pods at or above this priority are never evicted
+
+
+@dataclass(frozen=True)
+class UsageReading:
+    """What GPU processes use and how much memory is free, read together (one moment, not two)."""
+
+    processes: tuple[GpuProcess, ...]
+    memory: Mapping[str, GpuMemory]
 
 
 @dataclass(frozen=True)
@@ -49,7 +65,7 @@ class PodFacts:
 
 @dataclass(frozen=True)
 class Tenant:
-    """A running fractional container's share of one GPU."""
+    """An owed fractional container's share of one GPU."""
 
     container: RunningContainer
     request_bytes: int
@@ -99,10 +115,12 @@ class GpuShare:
 
 @dataclass(frozen=True)
 class Episode:
-    """A GPU's contention, from its first shortfall to when the guarantee fits again."""
+    """A GPU's contention, from its first shortfall to when the guarantee fits again with room to spare.
+    `short_since`: when the current unbroken run of passes with a shortfall began (None: the last pass had none)."""
 
     since: float
     acted_at: float | None = None
+    short_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -118,31 +136,41 @@ class ReclaimPlan:
     policy: ReclaimPolicy
 
 
+def _assigned(containers: Iterable[RunningContainer], gpus: Mapping[str, GpuInfo]) -> Iterable[tuple[
+        RunningContainer, str]]:
+    for container in containers:
+        for gpu in gpus.values():
+            if device_assigned(container.fraction.devices, gpu):  # no devices, or MIG: not comparable
+                yield container, gpu.uuid
+
+
 def shares(
     attributed: Iterable[AttributedProcess],
-    running: Iterable[RunningContainer],
+    owed: Iterable[RunningContainer],
     gpus: Mapping[str, GpuInfo],
     memory: Mapping[str, GpuMemory],
 ) -> list[GpuShare]:
-    """Per GPU with a memory reading: every running fractional container assigned to it or using it, with its
-    request and what its processes use there."""
+    """Per GPU with a memory reading: every owed container assigned to it, and every fractional container using
+    it, with its request and what its processes use there. A process listed twice (same PID, same GPU) is counted
+    once; a process of no fractional container is in NVML's free only, charged to no one."""
     used: dict[tuple[tuple[str, str, str], str], int] = {}
     owners: dict[tuple[str, str, str], RunningContainer] = {}
-    for container in running:
-        for gpu in gpus.values():
-            if container.fraction.devices and device_assigned(container.fraction.devices, gpu):
-                used.setdefault((container.key, gpu.uuid), 0)
-                owners[container.key] = container
+    for container, uuid in _assigned(owed, gpus):
+        used.setdefault((container.key, uuid), 0)
+        owners[container.key] = container
+    seen: set[tuple[int, str]] = set()
     for item in attributed:
+        if (item.process.pid, item.process.gpu_uuid) in seen:
+            continue
+        seen.add((item.process.pid, item.process.gpu_uuid))
         key = (item.container.key, item.process.gpu_uuid)
         used[key] = used.get(key, 0) + (item.process.used_bytes or 0)
-        owners[item.container.key] = item.container
+        owners.setdefault(item.container.key, item.container)
     by_gpu: dict[str, list[Tenant]] = {}
     for (container_key, gpu_uuid), used_bytes in used.items():
-        container = owners[container_key]
-        spec = container.fraction
+        spec = owners[container_key].fraction
         request_mib = spec.request_mib if spec.request_mib is not None else spec.limit_mib
-        by_gpu.setdefault(gpu_uuid, []).append(Tenant(container, (request_mib or 0) * MIB, used_bytes))
+        by_gpu.setdefault(gpu_uuid, []).append(Tenant(owners[container_key], (request_mib or 0) * MIB, used_bytes))
     return [
         GpuShare(uuid, memory[uuid].free_bytes, tuple(sorted(tenants, key=lambda t: t.container.key)))
         for uuid, tenants in sorted(by_gpu.items())
@@ -150,24 +178,65 @@ def shares(
     ]
 
 
-def candidates(share: GpuShare, pods: Mapping[str, PodFacts]) -> tuple[Candidate, ...]:
-    """Pods with a container above its request on this GPU, in eviction order: lowest priority, then youngest."""
+_UNKNOWN_POD = PodFacts("", 0, 0.0)  # a pod not in the agent's list (yet): priority 0, the oldest
+
+
+def _protected(facts: PodFacts, settings: ReclaimSettings) -> bool:
+    return settings.protected_priority is not None and facts.priority >= settings.protected_priority
+
+
+def candidates(share: GpuShare, pods: Mapping[str, PodFacts],
+               settings: ReclaimSettings = ReclaimSettings()) -> tuple[Candidate, ...]:
+    """Pods above their requests on this GPU and owed nothing there, in eviction order: lowest priority, then
+    youngest. Pods at or above the protected priority are left out."""
     used: dict[str, int] = {}
     above: dict[str, int] = {}
+    owed: set[str] = set()
     names: dict[str, tuple[str, str]] = {}
     for tenant in share.tenants:
         c = tenant.container
         used[c.pod_uid] = used.get(c.pod_uid, 0) + tenant.used_bytes
         above[c.pod_uid] = above.get(c.pod_uid, 0) + tenant.above_request_bytes
         names[c.pod_uid] = (c.namespace, c.pod)
+        if tenant.owed_bytes > 0:
+            owed.add(c.pod_uid)  # evicting a pod that is owed memory would not keep its guarantee
     found = []
     for uid, extra in above.items():
-        if extra <= 0:
+        facts = pods.get(uid, _UNKNOWN_POD)
+        if extra <= 0 or uid in owed or _protected(facts, settings):
             continue
-        facts = pods.get(uid, PodFacts(names[uid][1], 0, 0.0))
         found.append(Candidate(names[uid][0], names[uid][1], uid, facts.priority, facts.started, used[uid], extra,
                                facts.terminating))
     return tuple(sorted(found, key=lambda c: (c.priority, -c.started, c.namespace, c.pod)))
+
+
+def plan(share: GpuShare, pods: Mapping[str, PodFacts], settings: ReclaimSettings) -> ReclaimPlan | None:
+    """What one reading of a GPU asks for: None when the owed memory fits."""
+    if share.shortfall_bytes <= 0:
+        return None
+    return ReclaimPlan(share.gpu_uuid, share.shortfall_bytes, share.free_bytes,
+                       tuple(t for t in share.tenants if t.owed_bytes > 0), candidates(share, pods, settings),
+                       settings.policy)
+
+
+def _advance(episode: Episode | None, shortfall: int, now: float) -> Episode | None:
+    """The episode after a pass that saw `shortfall` (not yet ended by the hysteresis)."""
+    if episode is None:
+        return Episode(since=now, short_since=now) if shortfall > 0 else None
+    if shortfall <= 0:
+        return replace(episode, short_since=None)  # the shortage was broken: the window starts over
+    if episode.short_since is None:
+        return replace(episode, short_since=now)
+    return episode
+
+
+def _due(episode: Episode, now: float, settings: ReclaimSettings) -> bool:
+    if episode.short_since is None or now - episode.short_since < settings.grace_seconds:
+        return False  # no shortage now, or not yet held for the whole window
+    if episode.acted_at is None:
+        return True
+    # reported once (off), or waiting for the last evictions to free their memory
+    return settings.policy is ReclaimPolicy.EVICT and now - episode.acted_at >= settings.grace_seconds
 
 
 def decide(
@@ -181,47 +250,39 @@ def decide(
     plans: list[ReclaimPlan] = []
     after: dict[str, Episode] = {}
     for share in gpu_shares:
-        shortfall = share.shortfall_bytes
-        episode = episodes.get(share.gpu_uuid)
-        if shortfall <= -settings.hysteresis_bytes:
+        if share.shortfall_bytes <= -settings.hysteresis_bytes:
             continue  # the guarantee fits with room to spare: any episode is over
+        episode = _advance(episodes.get(share.gpu_uuid), share.shortfall_bytes, now)
         if episode is None:
-            if shortfall <= 0:
-                continue
-            episode = Episode(since=now)
+            continue
         after[share.gpu_uuid] = episode
-        if shortfall <= 0 or now - episode.since < settings.grace_seconds:
-            continue  # within the band, or not yet held for the grace period
-        if episode.acted_at is not None and (
-            settings.policy is ReclaimPolicy.OFF or now - episode.acted_at < settings.grace_seconds
-        ):
-            continue  # reported once (off), or waiting for the last evictions to free their memory
-        found = candidates(share, pods)
-        plans.append(
-            ReclaimPlan(
-                share.gpu_uuid,
-                shortfall,
-                share.free_bytes,
-                tuple(t for t in share.tenants if t.owed_bytes > 0),
-                found,
-                settings.policy,
-            )
-        )
-        after[share.gpu_uuid] = replace(episode, acted_at=now)
+        made = plan(share, pods, settings) if _due(episode, now, settings) else None
+        if made is not None:
+            plans.append(made)
+            after[share.gpu_uuid] = replace(episode, acted_at=now)
     return plans, after
 
 
+def covered(plan: ReclaimPlan, going: Iterable[str] = ()) -> bool:
+    """Whether the pods going already (terminating, or `going`: evicted or gone this pass) free the shortfall."""
+    gone = set(going)
+    freeing = sum(c.used_bytes for c in plan.candidates if c.terminating or c.pod_uid in gone)
+    return freeing >= plan.shortfall_bytes
+
+
+def next_victim(plan: ReclaimPlan, refused: Iterable[str] = (), going: Iterable[str] = ()) -> Candidate | None:
+    """The next pod to evict: the first candidate not refused (uids: PDB, failed) and not going already; None when
+    those going cover the shortfall, or no candidate is left."""
+    gone = set(going)
+    if covered(plan, gone):
+        return None
+    skip = set(refused) | gone
+    return next((c for c in plan.candidates if c.pod_uid not in skip and not c.terminating), None)
+
+
 def to_evict(plan: ReclaimPlan, refused: Iterable[str] = ()) -> list[Candidate]:
-    """The candidates to evict, in order, skipping those refused (uids), until what they use covers the shortfall.
-    Pods going already count as freeing what they use, and are not evicted again."""
-    skip = set(refused)
+    """The whole order `next_victim` gives on one reading, when every eviction succeeds (what policy off reports)."""
     chosen: list[Candidate] = []
-    freed = sum(c.used_bytes for c in plan.candidates if c.terminating)
-    for candidate in plan.candidates:
-        if freed >= plan.shortfall_bytes:
-            break
-        if candidate.pod_uid in skip or candidate.terminating:
-            continue
-        chosen.append(candidate)
-        freed += candidate.used_bytes
+    while (victim := next_victim(plan, refused, [c.pod_uid for c in chosen])) is not None:
+        chosen.append(victim)
     return chosen

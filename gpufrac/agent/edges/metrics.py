@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from gpufrac.agent.decide.capacity import Usable
 from gpufrac.agent.decide.model import UsageSample, ViolationKind
+from gpufrac.agent.decide.runtime_support import METRIC_REASONS
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.buildinfo import build_info
 
@@ -223,6 +224,17 @@ class AgentMetrics:
             "Times the NRI plugin registered with the runtime (the first, then one per reconnection)",
             registry=self.registry,
         )
+        self.runtime_problem = Gauge(
+            "gpufrac_node_runtime_problem",
+            "1 while the node's runtime cannot deliver fractions as it should, by reason: ContainerdTooOld "
+            "(containerd before 2.1 drops NRI plugins' CDI devices) and NoCdiSpecForGpu (a GPU no CDI spec names), "
+            "where fractions get no working GPU and the node condition is False; NriUnavailable (no NRI socket: "
+            "GPUs reach fractions by the env var any pod may set). 0 with the NRI plugin off",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in METRIC_REASONS:
+            self.runtime_problem.labels(reason=reason)
         for mode in ComputeMode:
             self.daemon_restarts.labels(mode=str(mode))
         for kind in ViolationKind:

@@ -8,6 +8,7 @@ import pynvml
 
 from gpufrac.agent.decide.errors import NvmlError
 from gpufrac.agent.decide.model import GpuInfo, GpuMemory, GpuProcess, Inventory
+from gpufrac.agent.decide.reclaim import UsageReading
 
 
 def _text(value: bytes | str) -> str:
@@ -96,18 +97,44 @@ class NvmlSource:
                 for index in range(pynvml.nvmlDeviceGetCount()):
                     handle = pynvml.nvmlDeviceGetHandleByIndex(index)
                     uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
-                    try:
-                        info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
-                        reserved = int(info.reserved)
-                    except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported,
-                            pynvml.NVMLError_ArgumentVersionMismatch):
-                        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
-                        reserved = 0
-                    result[uuid] = GpuMemory(uuid, int(info.total), reserved, int(info.used), int(info.free))
+                    result[uuid] = self._memory(handle, uuid)
                 return result
             except pynvml.NVMLError as err:
                 self._reset()
                 raise NvmlError(f"NVML: {err}") from err
+
+    def reading(self) -> UsageReading:
+        """One reading of what each GPU's processes use and of its free memory, taken together: per GPU, the
+        process list and the memory info are read back to back, so that free and usage describe the same moment
+        (reclaim compares them), not two moments an audit pass apart."""
+        with self._lock:
+            try:
+                self._ensure()
+                processes: list[GpuProcess] = []
+                memory = {}
+                for index in range(pynvml.nvmlDeviceGetCount()):
+                    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                    uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+                    processes.extend(
+                        GpuProcess(uuid, int(p.pid), int(p.usedGpuMemory) if p.usedGpuMemory is not None else None,
+                                   None)
+                        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid != 0)
+                    memory[uuid] = self._memory(handle, uuid)
+                return UsageReading(tuple(processes), memory)
+            except pynvml.NVMLError as err:
+                self._reset()
+                raise NvmlError(f"NVML: {err}") from err
+
+    @staticmethod
+    def _memory(handle: object, uuid: str) -> GpuMemory:
+        try:
+            info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+            reserved = int(info.reserved)
+        except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported,
+                pynvml.NVMLError_ArgumentVersionMismatch):
+            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            reserved = 0
+        return GpuMemory(uuid, int(info.total), reserved, int(info.used), int(info.free))
 
     def _utilization(self, handle: object, uuid: str) -> dict[int, int]:
         last = self._last_sample_us.get(uuid, 0)

@@ -39,9 +39,15 @@ def read_start_time(proc_root: Path, pid: int) -> int:
         raise ProcReadError(f"reading {proc_root / str(pid) / 'stat'}: no start time") from err
 
 
-def is_mps_server(proc_root: Path, pid: int) -> bool:
-    """Whether the process is an MPS server (its CUDA context is memory no fraction can use)."""
-    return "nvidia-cuda-mps-server" in _programs(proc_root / str(pid))
+def read_parent_pid(proc_root: Path, pid: int) -> int:
+    """A process' parent (/proc/<pid>/stat, field 4): who started it, which a process cannot choose (its name it
+    can: an MPS server is known by its parent, the agent's control daemon, never by its argv)."""
+    text = _read(proc_root / str(pid) / "stat").decode(errors="replace")
+    fields = text[text.rfind(")") + 2:].split()
+    try:
+        return int(fields[1])
+    except (IndexError, ValueError) as err:
+        raise ProcReadError(f"reading {proc_root / str(pid) / 'stat'}: no parent") from err
 
 
 def read_memory_limit(path: Path) -> int | None:

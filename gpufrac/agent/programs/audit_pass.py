@@ -16,7 +16,7 @@ from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.edges.podwatch import PodCache
 from gpufrac.agent.edges.procfs import read_cgroup, read_environ
 from gpufrac.agent.programs.agent_config import AgentConfig
-from gpufrac.agent.programs.guarantee import Guarantee, GuaranteeKube
+from gpufrac.agent.programs.guarantee import Guarantee, GuaranteeKube, MemorySource
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 EVICTABLE = frozenset(ViolationKind) - {ViolationKind.MIXED_MODES}
 
 
-class GpuSource(Protocol):
+class GpuSource(MemorySource, Protocol):
     def inventory(self) -> Inventory: ...
 
     def processes(self) -> list[GpuProcess]: ...

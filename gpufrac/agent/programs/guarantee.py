@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpufrac.agent.decide import capacity, reclaim
-from gpufrac.agent.decide.audit import Findings, Snapshot
+from gpufrac.agent.decide.audit import Findings, Snapshot, attribute
 from gpufrac.agent.decide.errors import NvmlError, ProcReadError
 from gpufrac.agent.decide.events import EventSink, pod_event
 from gpufrac.agent.decide.model import (
@@ -29,9 +29,19 @@ from gpufrac.agent.decide.model import (
     ViolationKind,
 )
 from gpufrac.agent.decide.overlimit import OverLimitAction, newest
-from gpufrac.agent.decide.reclaim import Candidate, PodFacts, ReclaimPlan, ReclaimPolicy, ReclaimSettings, Tenant
+from gpufrac.agent.decide.owed import owed_on_node
+from gpufrac.agent.decide.reclaim import (
+    Candidate,
+    GpuShare,
+    PodFacts,
+    ReclaimPlan,
+    ReclaimPolicy,
+    ReclaimSettings,
+    Tenant,
+    UsageReading,
+)
 from gpufrac.agent.edges.metrics import AgentMetrics
-from gpufrac.agent.edges.procfs import is_mps_server, read_start_time
+from gpufrac.agent.edges.procfs import read_cgroup, read_parent_pid, read_start_time
 from gpufrac.core.contract import mib_ceil
 from gpufrac.kube.errors import KubeError
 
@@ -44,6 +54,7 @@ RECLAIM_LABEL = "gpufrac.io/reclaim"  # on reclaim's Events: evicted, reclaimed-
 class GuaranteeConfig:
     over_limit_action: OverLimitAction = OverLimitAction.EVENT
     reclaim: ReclaimSettings = field(default_factory=ReclaimSettings)
+    mps_context_keep_seconds: float = 3600.0  # how long a larger MPS context figure outlives smaller readings
 
     @property
     def may_evict(self) -> bool:
@@ -51,7 +62,7 @@ class GuaranteeConfig:
 
 
 class MemorySource(Protocol):
-    def memory(self) -> dict[str, GpuMemory]: ...
+    def reading(self) -> UsageReading: ...
 
 
 class GuaranteeKube(EventSink, Protocol):
@@ -112,6 +123,7 @@ class Guarantee:
         *,
         clock: Callable[[], float] = time.monotonic,
         kill: Callable[[int, int], None] = os.kill,
+        mps_daemons: Callable[[], Iterable[int]] = tuple,
     ) -> None:
         self._kube = kube
         self._gpus = gpus
@@ -121,8 +133,9 @@ class Guarantee:
         self.config = config
         self._clock = clock
         self._kill = kill
+        self._mps_daemons = mps_daemons  # the PIDs of the MPS control daemons the agent runs or supervises
         self._episodes: dict[str, reclaim.Episode] = {}
-        self._mps_context: dict[str, int] = {}  # the most each GPU's MPS servers were seen holding
+        self._mps_context: dict[str, capacity.Remembered] = {}  # the most each GPU's MPS servers were seen holding
         self._killed: set[tuple[int, int]] = set()  # (pid, start time): a killed process NVML still lists
         self._evicted: set[str] = set()  # pod UIDs evicted for their total
         self.labels: dict[str, str] = {}  # the usable-memory labels, published with the agent's others
@@ -131,32 +144,48 @@ class Guarantee:
 
     def run(self, inventory: Inventory, snapshot: Snapshot, findings: Findings,
             pods: Sequence[Mapping[str, Any]]) -> None:
+        reading = self._read() or UsageReading((), {})
+        usable = self.measure(inventory, reading.memory, reading.processes)
+        self.hold_totals(findings.violations)
+        shortfalls = self.reclaim(reading, snapshot, pods)
+        self._metrics.gpu_memory.set(usable, shortfalls)
+
+    def _read(self) -> UsageReading | None:
         try:
-            memory = self._gpus.memory()
+            return self._gpus.reading()
         except NvmlError as err:
             log.warning("%s", err)
-            memory = {}
-        usable = self.measure(inventory, memory, snapshot.processes)
-        self.hold_totals(findings.violations)
-        shortfalls = self.reclaim(snapshot, findings, memory, pods)
-        self._metrics.gpu_memory.set(usable, shortfalls)
+            return None
 
     def measure(self, inventory: Inventory, memory: Mapping[str, GpuMemory],
                 processes: Sequence[GpuProcess]) -> list[capacity.Usable]:
-        """Usable memory per GPU; the labels are kept for the next publish. An MPS server's context is remembered
-        at its largest: servers come and go with their clients, the memory they take each time does not change."""
+        """Usable memory per GPU; the labels are kept for the next publish. The MPS servers are the agent's own
+        daemons' children (or in their cgroups), whatever any process calls itself; their context is remembered
+        at its largest, a maximum that decays (`capacity.remember_contexts`)."""
+        held = capacity.mps_contexts(processes, self._mps_servers(processes))
+        self._mps_context = capacity.remember_contexts(self._mps_context, held, self._clock(),
+                                                       self.config.mps_context_keep_seconds)
+        usable = capacity.usable(inventory.gpus, memory, {u: r.held_bytes for u, r in self._mps_context.items()})
+        self.labels = capacity.usable_labels(usable)
+        return usable
+
+    def _mps_servers(self, processes: Sequence[GpuProcess]) -> list[int]:
+        daemons = {pid for pid in self._mps_daemons() if pid}
+        daemon_cgroups = set()
+        for pid in daemons:
+            try:
+                daemon_cgroups.add(read_cgroup(self._proc_root, pid))
+            except ProcReadError:
+                continue  # not visible from here: its children are still known by their parent
         servers = []
         for process in processes:
             try:
-                if is_mps_server(self._proc_root, process.pid):
+                if read_parent_pid(self._proc_root, process.pid) in daemons or \
+                        read_cgroup(self._proc_root, process.pid) in daemon_cgroups:
                     servers.append(process.pid)
-            except OSError:
-                continue
-        for uuid, held in capacity.mps_contexts(processes, servers).items():
-            self._mps_context[uuid] = max(self._mps_context.get(uuid, 0), held)
-        usable = capacity.usable(inventory.gpus, memory, self._mps_context)
-        self.labels = capacity.usable_labels(usable)
-        return usable
+            except ProcReadError:
+                continue  # exited meanwhile
+        return servers
 
     # ---- container totals ----
 
@@ -225,18 +254,39 @@ class Guarantee:
 
     # ---- reclaim above request ----
 
-    def reclaim(self, snapshot: Snapshot, findings: Findings, memory: Mapping[str, GpuMemory],
-                pods: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-        """Decide (pure) and carry out; returns each GPU's shortfall, for the metric."""
-        shares = reclaim.shares(findings.attributed, snapshot.containers.values(), snapshot.gpus, memory)
-        plans, self._episodes = reclaim.decide(
-            shares, pod_facts(pods), self._episodes, self._clock(), self.config.reclaim
-        )
+    def reclaim(self, reading: UsageReading, snapshot: Snapshot, pods: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+        """Decide (pure) on one reading and carry out; returns each GPU's shortfall, for the metric."""
+        facts = pod_facts(pods)
+        owed = owed_on_node(pods)
+        shares = self._shares(reading, snapshot, owed)
+        plans, self._episodes = reclaim.decide(shares, facts, self._episodes, self._clock(), self.config.reclaim)
         for plan in plans:
-            self._carry_out(plan)
+            self._carry_out(plan, lambda uuid: self._replan(uuid, snapshot, owed, facts))
         return {share.gpu_uuid: share.shortfall_bytes for share in shares}
 
-    def _carry_out(self, plan: ReclaimPlan) -> None:
+    def _shares(self, reading: UsageReading, snapshot: Snapshot, owed: Sequence[Any]) -> list[GpuShare]:
+        """The GPUs' shares from one reading: its processes attributed by their cgroups, read now."""
+        by_id = {c.container_id: c for c in owed if c.container_id} | dict(snapshot.containers)
+        cgroups = {}
+        for process in reading.processes:
+            try:
+                cgroups[process.pid] = read_cgroup(self._proc_root, process.pid)
+            except ProcReadError:
+                continue  # exited since the reading
+        attributed = attribute(reading.processes, by_id, cgroups, {})
+        return reclaim.shares(attributed, owed, snapshot.gpus, reading.memory)
+
+    def _replan(self, gpu_uuid: str, snapshot: Snapshot, owed: Sequence[Any],
+                facts: Mapping[str, PodFacts]) -> ReclaimPlan | None:
+        """A GPU's plan from a fresh reading; None when the owed memory fits now, or NVML cannot be read (the next
+        pass decides again)."""
+        reading = self._read()
+        if reading is None:
+            return None
+        share = next((s for s in self._shares(reading, snapshot, owed) if s.gpu_uuid == gpu_uuid), None)
+        return None if share is None else reclaim.plan(share, facts, self.config.reclaim)
+
+    def _carry_out(self, plan: ReclaimPlan, replan: Callable[[str], ReclaimPlan | None]) -> None:
         if not plan.candidates:
             self._metrics.reclaims.labels(outcome="no-candidate").inc()
             self._short(plan, "no pod uses more than its request there, so nothing can be reclaimed")
@@ -247,35 +297,39 @@ class Guarantee:
                 self._candidate_event(candidate, plan, "GPUReclaimWouldEvict", "would-evict",
                                       "reclaim.policy is off: would evict this pod")
             return
-        freed, blocked = self._evict_until_freed(plan)
-        if freed < plan.shortfall_bytes:
+        last, blocked = self._evict_until_freed(plan, replan)
+        if last is not None:
             why = f"evictions refused for {', '.join(blocked)}" if blocked else "the evictions failed"
-            self._short(plan, f"{why}; the agent tries again after reclaim.gracePeriodSeconds")
+            self._short(last, f"{why}; the agent tries again after reclaim.gracePeriodSeconds")
 
-    def _evict_until_freed(self, plan: ReclaimPlan) -> tuple[int, list[str]]:
-        """Evict candidates in the plan's order until the shortfall is freed: the bytes freed, and the pods whose
-        eviction was refused."""
-        freed = sum(c.used_bytes for c in plan.candidates if c.terminating)  # evicted before, still going
+    def _evict_until_freed(self, plan: ReclaimPlan, replan: Callable[[str], ReclaimPlan | None],
+                           ) -> tuple[ReclaimPlan | None, list[str]]:
+        """Evict one victim at a time, as `reclaim.next_victim` picks it from a fresh reading, until the pods going
+        free the shortfall: None then, else the last plan (still short), and the pods whose eviction was refused."""
+        refused: set[str] = set()
+        going: set[str] = set()
         blocked: list[str] = []
-        for candidate in plan.candidates:
-            if freed >= plan.shortfall_bytes:
-                break
-            if candidate.terminating:
-                continue
-            outcome, said = self._evict(candidate.namespace, candidate.pod)
+        current: ReclaimPlan | None = plan
+        while current is not None and (victim := reclaim.next_victim(current, refused, going)) is not None:
+            outcome, said = self._evict(victim.namespace, victim.pod)
             if outcome is None:
                 self._metrics.reclaims.labels(outcome="failed").inc()
+                refused.add(victim.pod_uid)
             elif outcome is EvictionOutcome.BLOCKED:
                 self._metrics.reclaims.labels(outcome="blocked").inc()
-                blocked.append(f"{candidate.namespace}/{candidate.pod}")
-                self._candidate_event(candidate, plan, "GPUReclaimBlocked", "blocked", "could not evict this pod",
+                refused.add(victim.pod_uid)
+                blocked.append(f"{victim.namespace}/{victim.pod}")
+                self._candidate_event(victim, current, "GPUReclaimBlocked", "blocked", "could not evict this pod",
                                       f"; the eviction was refused ({said}): the next candidate is tried, and this "
                                       "pod again after reclaim.gracePeriodSeconds")
             else:  # evicted, or gone already: either way its memory is being freed
-                freed += candidate.used_bytes
+                going.add(victim.pod_uid)
                 if outcome is EvictionOutcome.EVICTED:
-                    self._evicted_for(candidate, plan)
-        return freed, blocked
+                    self._evicted_for(victim, current)
+            current = replan(plan.gpu_uuid)
+        if current is None or reclaim.covered(current, going):
+            return None, blocked
+        return current, blocked
 
     def _evicted_for(self, candidate: Candidate, plan: ReclaimPlan) -> None:
         self._metrics.reclaims.labels(outcome="evicted").inc()

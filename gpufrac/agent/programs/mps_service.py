@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import signal
 import threading
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from gpufrac.agent.decide.mps_config import daemon_spec
 from gpufrac.agent.edges.mps_status import write_status
 from gpufrac.agent.edges.supervisor import MpsSupervisor
 from gpufrac.agent.programs.daemon_options import add_daemon_arguments, daemon_settings, restart_policy
+from gpufrac.agent.programs.stop_signal import stop_on_signals
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.buildinfo import build
 from gpufrac.core.jsonlog import add_log_arguments, setup_logging
@@ -103,14 +103,7 @@ def serve(args: argparse.Namespace, stop: threading.Event) -> int:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, fmt=args.log_format)
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("%s: stopping (the daemon gets `quit`)", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals(log, "the daemon gets `quit`")
     try:
         return serve(args, stop)
     except AgentError as err:

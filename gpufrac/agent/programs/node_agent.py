@@ -7,8 +7,6 @@ import argparse
 import logging
 import os
 import re
-import signal
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,12 +16,16 @@ from gpufrac.agent.decide.events import EventSink
 from gpufrac.agent.decide.overlimit import OverLimitAction
 from gpufrac.agent.decide.reclaim import ReclaimPolicy, ReclaimSettings
 from gpufrac.agent.edges.metrics import AgentMetrics
+from gpufrac.agent.edges.node_facts import Where, log_node_check
+from gpufrac.agent.edges.node_facts_watch import RuntimeWatch
 from gpufrac.agent.edges.nri.config import NriConfig
 from gpufrac.agent.edges.nri.devices import DEFAULT_CDI_DIRS, CdiSpecs
 from gpufrac.agent.programs.agent_config import AgentConfig, DaemonOwner
 from gpufrac.agent.programs.daemon_options import add_daemon_arguments, restart_policy
+from gpufrac.agent.programs.dra_driver import add_dra_arguments, dra_service
 from gpufrac.agent.programs.guarantee import GuaranteeConfig
 from gpufrac.agent.programs.node_loop import Agent
+from gpufrac.agent.programs.stop_signal import stop_on_signals
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import MIB
 from gpufrac.core.jsonlog import add_log_arguments, setup_logging
@@ -83,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reclaim-hysteresis-mib", type=int, default=_RECLAIM.hysteresis_bytes // MIB,
                         metavar="MIB", help="free memory beyond what is owed that ends a GPU's contention (no flapping "
                                             "at the threshold)")
+    parser.add_argument("--reclaim-protected-priority", type=int, default=_RECLAIM.protected_priority,
+                        metavar="PRIORITY", help="pods whose spec.priority is at least this are never evicted by "
+                                                 "reclaim (default: none protected)")
     parser.add_argument("--ready-condition-type", action="append", metavar="TYPE",
                         help="node condition published with gpufrac.io/Ready's status, besides it (repeatable; "
                              f"default {' and '.join(KAI_CONDITION_TYPES)}, the names KAI's NvFractions mode gates "
@@ -115,6 +120,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a namespace whose pods keep their NVIDIA_VISIBLE_DEVICES (the GPU stack's own: device "
                              "plugin, DCGM exporter); repeatable; default kube-system; the agent's own namespace "
                              "($POD_NAMESPACE) always")
+    parser.add_argument("--nri-device-checkpoint", type=Path, default=_NRI.device_checkpoint, metavar="PATH",
+                        help="the kubelet's device manager checkpoint (the kubelet's path is fixed, whatever its "
+                             "--root-dir): GPUs it allocated to a container (NVIDIA's device plugin) are left to it; "
+                             "mount its directory read-only")
+    add_dra_arguments(parser)
     parser.add_argument("--cdi-spec-dir", type=Path, action="append", metavar="PATH",
                         help="a directory of CDI specs, as the runtime's cdi_spec_dirs (repeatable; default "
                              f"{', '.join(map(str, DEFAULT_CDI_DIRS))})")
@@ -149,7 +159,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         mps_daemons=args.mps_daemons,
         guarantee=GuaranteeConfig(
             args.over_limit_action,
-            ReclaimSettings(args.reclaim_policy, args.reclaim_grace_period, args.reclaim_hysteresis_mib * MIB),
+            ReclaimSettings(args.reclaim_policy, args.reclaim_grace_period, args.reclaim_hysteresis_mib * MIB,
+                            args.reclaim_protected_priority),
         ),
         image=args.image,
     )
@@ -170,14 +181,31 @@ def nri_service(args: argparse.Namespace, agent: Agent, kube: EventSink, metrics
         return None
     if not re.fullmatch(r"[0-9]{2}", args.nri_index):
         raise ConfigError(f"--nri-index {args.nri_index}: expected two digits, such as 10")
+    from gpufrac.agent.edges.nri.plugin import PluginState
     from gpufrac.agent.programs.nri_service import NriService
 
     trusted = set(_NRI.trusted_namespaces if args.nri_trusted_namespace is None else args.nri_trusted_namespace)
     if os.environ.get("POD_NAMESPACE"):  # the agent's and the MPS daemons' pods hold every GPU through their env
         trusted.add(os.environ["POD_NAMESPACE"])
     config = NriConfig(args.nri_socket, index=args.nri_index, lock_file=args.nri_lock_file,
-                       void_env_grants=args.nri_void_env_grants, trusted_namespaces=frozenset(trusted))
-    return NriService(config, agent, kube, metrics, cdi=CdiSpecs(args.cdi_spec_dir or DEFAULT_CDI_DIRS))
+                       void_env_grants=args.nri_void_env_grants, trusted_namespaces=frozenset(trusted),
+                       device_checkpoint=args.nri_device_checkpoint)
+    service = NriService(config, agent, kube, metrics, cdi=CdiSpecs(args.cdi_spec_dir or DEFAULT_CDI_DIRS))
+
+    def no_socket() -> str | None:  # the runtime has no NRI (not: another agent holds the lock for a moment)
+        return service.problem() if service.plugin.state is PluginState.NO_SOCKET else None
+
+    agent.runtime_problems = RuntimeWatch(args.node, CdiSpecs(args.cdi_spec_dir or DEFAULT_CDI_DIRS),
+                                          lambda: service.plugin.runtime, no_socket, lambda: agent.inventory,
+                                          metrics, kube)
+    return service
+
+
+def node_check_where(args: argparse.Namespace) -> Where:
+    """What `gpufrac node-check` looks at, from the agent's own settings (no runtime binary in its container)."""
+    return Where(modes=args.modes, nri_enabled=args.nri, nri_socket=args.nri_socket,
+                 cdi_dirs=tuple(args.cdi_spec_dir or DEFAULT_CDI_DIRS), containerd="", mps_binary=args.mps_binary,
+                 mps_root=args.mps_root)
 
 
 def probe_server(bind: str, metrics: AgentMetrics, agent: Agent) -> ProbeServer:
@@ -202,27 +230,26 @@ def run(args: argparse.Namespace) -> int:
         if plugin is not None:
             plugin.start()
         nri = nri_service(args, agent, kube, metrics)
+        log_node_check(node_check_where(args), log)
         if nri is not None:
             nri.start()
+        dra = dra_service(args, agent, kube.api_client)
+        if dra is not None:
+            dra.start()
     except AgentError as err:
         log.error("%s", err)
         return 2
     except Exception as err:  # a kubeconfig that cannot be loaded, for instance
         log.error("cannot start the agent: %s", err)
         return 2
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("%s: stopping (MPS daemons get `quit`)", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals(log, "MPS daemons get `quit`")
     server.start()
     log.info("gpufrac agent on node %s; metrics on %s", config.node, args.metrics_bind)
     try:
         return agent.run(stop)
     finally:
+        if dra is not None:
+            dra.stop()
         if nri is not None:
             nri.stop()
         if plugin is not None:

@@ -58,7 +58,8 @@ class Agent:
         )
         self.publisher = NodePublisher(kube, config.node, extra_condition_types=config.extra_condition_types)
         self.daemons = MpsDaemons(config, kube, metrics, clock=clock, sleep=sleep)
-        guarantee = Guarantee(kube, gpus, metrics, config.node, config.proc_root, config.guarantee, clock=clock)
+        guarantee = Guarantee(kube, gpus, metrics, config.node, config.proc_root, config.guarantee, clock=clock,
+                              mps_daemons=lambda: [s.pid for s in self.daemons.statuses().values() if s.pid])
         self.audit = AuditPass(config, kube, gpus, metrics, self.pods, guarantee)
         self.inventory: Inventory | None = None
         self.nvml_error: str | None = None
@@ -70,6 +71,8 @@ class Agent:
         self.ticked = threading.Event()  # set after the first tick: the NRI plugin registers only then
         # Why GPUs do not reach containers through the NRI plugin (None: they do, or it is off); set by the plugin.
         self.delivery_problem: Callable[[], str | None] = lambda: None
+        # The delivery path's problems (containerd < 2.1, a GPU without CDI spec): the NRI plugin's RuntimeWatch.
+        self.runtime_problems: Callable[[], list[tuple[str, str]]] = list
 
     @property
     def supervisors(self) -> dict[ComputeMode, Daemon]:
@@ -146,6 +149,7 @@ class Agent:
             memory_problem=self._memory_problem(),
             delivery_problem=self.delivery_problem(),
             skew=skew,
+            runtime_problems=self.runtime_problems(),
         )
 
     def _labels(self, enforced: dict[ComputeMode, Enforcement]) -> dict[str, str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gpufrac.agent.decide.events import EventSink, refusal_event
 from gpufrac.agent.decide.nri_decision import ContainerInfo, Injection, NodeFacts, Outcome, PodInfo, Refusal
+from gpufrac.agent.decide.runtime_support import DeliveryFacts
 from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.edges.nri.config import NriConfig
 from gpufrac.agent.edges.nri.devices import CdiSpecs, gpu_device_nodes
@@ -44,7 +45,9 @@ class NriService:
     def facts(self) -> NodeFacts:
         inventory = self.agent.inventory
         gpus = inventory.gpus if inventory is not None else ()
-        return NodeFacts(gpus, self._cdi.names(), gpu_device_nodes(gpus, self._dev_root), dict(self.agent.not_served))
+        runtime = self.plugin.runtime  # as the runtime named itself in Configure; "" before the first registration
+        return NodeFacts(gpus, self._cdi.names(), gpu_device_nodes(gpus, self._dev_root), dict(self.agent.not_served),
+                         delivery=DeliveryFacts(runtime) if runtime else None)
 
     # ---- the plugin's DecisionSink ----
 

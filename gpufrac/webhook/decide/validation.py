@@ -66,14 +66,14 @@ def _is_bind_key(key: str, portion: str | None) -> bool:
     return False
 
 
-def _authorship(old: dict[str, Any] | None, new: dict[str, Any], user: UserInfo, policy: Policy) -> list[Violation]:
+def authorship(old: dict[str, Any] | None, new: dict[str, Any], user: UserInfo, policy: Policy) -> list[Violation]:
     new_keys = user_fraction_keys(podview.annotations(new))
     if old is None:
-        return _authorship_on_create(new_keys, user, policy)
-    return _authorship_on_update(old, new, new_keys, user, policy)
+        return authorship_on_create(new_keys, user, policy)
+    return authorship_on_update(old, new, new_keys, user, policy)
 
 
-def _authorship_on_create(new_keys: dict[str, str], user: UserInfo, policy: Policy) -> list[Violation]:
+def authorship_on_create(new_keys: dict[str, str], user: UserInfo, policy: Policy) -> list[Violation]:
     """Only the scheduler writes its bind-time keys, and it never creates pods."""
     if policy.is_scheduler(user):
         return []
@@ -81,7 +81,7 @@ def _authorship_on_create(new_keys: dict[str, str], user: UserInfo, policy: Poli
             for key, value in new_keys.items() if _bind_only(key)]
 
 
-def _authorship_on_update(old: dict[str, Any], new: dict[str, Any], new_keys: dict[str, str], user: UserInfo,
+def authorship_on_update(old: dict[str, Any], new: dict[str, Any], new_keys: dict[str, str], user: UserInfo,
                           policy: Policy) -> list[Violation]:
     """No fraction annotation and not the label changes after CREATE, but what the scheduler adds at bind."""
     out: list[Violation] = []
@@ -135,7 +135,7 @@ def _bind_only(key: str) -> bool:
     return key.startswith(ann.NVIDIA_PREFIX) and key.endswith(tuple(f".{f}" for f in ann.BIND_ONLY_FIELDS))
 
 
-def _webhook_output(obj: dict[str, Any], fractions: PodFractions) -> list[Violation]:
+def webhook_output(obj: dict[str, Any], fractions: PodFractions) -> list[Violation]:
     """The `gpufrac.io/` annotations and label must be exactly what the webhook derives from the fraction keys."""
     out: list[Violation] = []
     expected = canonical_annotations(fractions)
@@ -172,7 +172,7 @@ def _expected_mounts(mode: ComputeMode, policy: Policy) -> tuple[tuple[dict[str,
     return tuple((mount, volumes[mount["name"]]) for mount in injected_mounts(mode, policy))
 
 
-def _injection(obj: dict[str, Any], fractions: PodFractions, policy: Policy) -> list[Violation]:
+def injection(obj: dict[str, Any], fractions: PodFractions, policy: Policy) -> list[Violation]:
     """Each fractional container carries exactly the env and mount the mutating webhook injects."""
     out: list[Violation] = []
     volumes = {v["name"]: v for v in podview.volumes(obj)}
@@ -202,7 +202,7 @@ KAI_SHARING_FIX = ("run KAI >= 0.18 in its NvFractions mode (Helm global.gpuShar
                    "global.gpuSharingMode=Disabled from 0.18); docs/kai.md lists the KAI versions and settings")
 
 
-def _kai_older_sharing_mode(obj: dict[str, Any]) -> list[Violation]:
+def kai_older_sharing_mode(obj: dict[str, Any]) -> list[Violation]:
     """A pod KAI's older GPU-sharing admission mutated: its GPU would come from ConfigMaps gpufrac does not know,
     with no memory limit, so it is denied with the KAI setting to change (instead of "did not run")."""
     prefix = podview.annotations(obj).get(KAI_SHARED_GPU_CONFIGMAP)
@@ -238,7 +238,7 @@ def _is_mps_path(path: str, policy: Policy) -> bool:
     return False
 
 
-def _foreign_mps_volume(volume: dict[str, Any], policy: Policy) -> list[Violation]:
+def foreign_mps_volume(volume: dict[str, Any], policy: Policy) -> list[Violation]:
     """A volume gpufrac did not write that reaches the node's MPS directories: a hostPath into them, or a volume
     of gpufrac's CSI driver."""
     host_path = volume.get("hostPath")
@@ -264,10 +264,10 @@ def _our_volumes(policy: Policy) -> tuple[dict[str, ComputeMode | None], dict[st
     return ours, written
 
 
-def _boundaries(obj: dict[str, Any], fractions: PodFractions, policy: Policy) -> list[Violation]:
+def boundaries(obj: dict[str, Any], fractions: PodFractions, policy: Policy) -> list[Violation]:
     """What would let a fractional pod, or a container beside a fraction, reach past the fraction: each named rule
     below, the pod's first, then each container's, container by container."""
-    out = [*_boundary_host_namespaces(obj), *_boundary_foreign_volumes(obj, policy)]
+    out = [*boundary_host_namespaces(obj), *boundary_foreign_volumes(obj, policy)]
     for ref in podview.containers(obj):
         container = _PodContainer.of(ref, fractions, policy)
         for rule in _CONTAINER_BOUNDARIES:
@@ -275,22 +275,22 @@ def _boundaries(obj: dict[str, Any], fractions: PodFractions, policy: Policy) ->
     return out
 
 
-def _boundary_host_namespaces(obj: dict[str, Any]) -> list[Violation]:
+def boundary_host_namespaces(obj: dict[str, Any]) -> list[Violation]:
     pod_spec = podview.spec(obj)
     return [Violation("pod", f"sets {field}: true; a pod with GPU fractions cannot share the host's process or IPC "
                              "namespace, which would reach other pods' GPU work")
             for field in ("hostPID", "hostIPC") if pod_spec.get(field) is True]
 
 
-def _boundary_foreign_volumes(obj: dict[str, Any], policy: Policy) -> list[Violation]:
+def boundary_foreign_volumes(obj: dict[str, Any], policy: Policy) -> list[Violation]:
     _, written = _our_volumes(policy)
     return [violation for volume in podview.volumes(obj) if written.get(volume["name"]) != volume
-            for violation in _foreign_mps_volume(volume, policy)]
+            for violation in foreign_mps_volume(volume, policy)]
 
 
 @dataclass(frozen=True)
 class _PodContainer:
-    """A container of a fractional pod, as the container rules of `_boundaries` see it."""
+    """A container of a fractional pod, as the container rules of `boundaries` see it."""
 
     ref: podview.ContainerRef
     where: str  # how a denial names it
@@ -305,14 +305,14 @@ class _PodContainer:
                    None if ephemeral else fractions.containers.get(ref.name), fractions, _our_volumes(policy)[0])
 
 
-def _boundary_whole_gpus(c: _PodContainer) -> list[Violation]:
+def boundary_whole_gpus(c: _PodContainer) -> list[Violation]:
     if ann.WHOLE_GPU_RESOURCE not in podview.resource_names(c.ref):
         return []
     return [Violation(c.where, f"asks for whole GPUs ({ann.WHOLE_GPU_RESOURCE}) in a pod with GPU fractions; put "
                                "whole-GPU and fractional work in separate pods")]
 
 
-def _boundary_mps_mounts(c: _PodContainer) -> list[Violation]:
+def boundary_mps_mounts(c: _PodContainer) -> list[Violation]:
     """Each MPS directory only into a fraction of its mode; the shared memory only into a fraction."""
     out: list[Violation] = []
     for mount in podview.volume_mounts(c.ref):
@@ -326,7 +326,7 @@ def _boundary_mps_mounts(c: _PodContainer) -> list[Violation]:
     return out
 
 
-def _boundary_privileged(c: _PodContainer) -> list[Violation]:
+def boundary_privileged(c: _PodContainer) -> list[Violation]:
     """Any container of a fractional pod, not only the fractional one: a privileged sidecar would hand the pod every
     GPU of the node."""
     if podview.security_context(c.ref).get("privileged") is not True:
@@ -335,7 +335,7 @@ def _boundary_privileged(c: _PodContainer) -> list[Violation]:
                                "part of a pod with GPU fractions; remove securityContext.privileged")]
 
 
-def _boundary_capabilities(c: _PodContainer) -> list[Violation]:
+def boundary_capabilities(c: _PodContainer) -> list[Violation]:
     escalating = sorted({cap for cap in podview.added_capabilities(c.ref)
                          if cap.upper().removeprefix("CAP_") in ESCALATING_CAPABILITIES})
     if not escalating:
@@ -344,16 +344,16 @@ def _boundary_capabilities(c: _PodContainer) -> list[Violation]:
                                "fraction of its pod; remove it")]
 
 
-def _boundary_limit_env(c: _PodContainer) -> list[Violation]:
-    return _limit_env_outside_fractions(c.where, c.ref, c.fractions) if c.fraction is None else []
+def boundary_limit_env(c: _PodContainer) -> list[Violation]:
+    return limit_env_outside_fractions(c.where, c.ref, c.fractions) if c.fraction is None else []
 
 
 # In this order for each container, as a denial lists them.
 _CONTAINER_BOUNDARIES: tuple[Callable[[_PodContainer], list[Violation]], ...] = (
-    _boundary_whole_gpus, _boundary_mps_mounts, _boundary_privileged, _boundary_capabilities, _boundary_limit_env)
+    boundary_whole_gpus, boundary_mps_mounts, boundary_privileged, boundary_capabilities, boundary_limit_env)
 
 
-def _limit_env_outside_fractions(where: str, ref: podview.ContainerRef, fractions: PodFractions) -> list[Violation]:
+def limit_env_outside_fractions(where: str, ref: podview.ContainerRef, fractions: PodFractions) -> list[Violation]:
     """A container beside the fractions may not see a GPU nor carry the limits' env."""
     out: list[Violation] = []
     for entry in podview.env(ref):
@@ -371,17 +371,17 @@ def _limit_env_outside_fractions(where: str, ref: podview.ContainerRef, fraction
 def validate_pod(obj: dict[str, Any], old: dict[str, Any] | None, user: UserInfo, policy: Policy) -> list[Violation]:
     """Every rule for a pod being created (old is None) or updated."""
     fractions, out = resolve(obj, bound=old is not None, allow_multiple=policy.allow_multiple_fraction_containers)
-    authorship = _authorship(old, obj, user, policy)
-    if not out and not authorship:
+    who_wrote = authorship(old, obj, user, policy)
+    if not out and not who_wrote:
         # Otherwise the canonical values differ only as a consequence of what is already denied: saying so
         # too would bury the cause.
-        out += _webhook_output(obj, fractions)
-    out += authorship
+        out += webhook_output(obj, fractions)
+    out += who_wrote
     if fractions.is_fractional:
         if old is None:
             # What KAI's older mode changed would otherwise read as gpufrac's injection undone: name the cause.
-            out += _kai_older_sharing_mode(obj) or _injection(obj, fractions, policy)
-        out += _boundaries(obj, fractions, policy)
+            out += kai_older_sharing_mode(obj) or injection(obj, fractions, policy)
+        out += boundaries(obj, fractions, policy)
     return out
 
 
@@ -389,9 +389,9 @@ def validate_template(template: dict[str, Any], policy: Policy) -> list[Violatio
     """The rules a pod made from this template meets on CREATE before anything is injected: its values, the
     scheduler's keys (a controller creates these pods, never the scheduler), and the boundaries of a fraction."""
     fractions, out = resolve(template, bound=False, allow_multiple=policy.allow_multiple_fraction_containers)
-    out += _authorship(None, template, UserInfo(""), policy)
+    out += authorship(None, template, UserInfo(""), policy)
     if fractions.is_fractional:
-        out += _boundaries(template, fractions, policy)
+        out += boundaries(template, fractions, policy)
     return out
 
 
@@ -415,3 +415,7 @@ def validate_binding(binding: dict[str, Any]) -> list[Violation]:
     return [annotation(k, annotations[k], "cannot be set through a Binding (it would skip the gpufrac checks); "
                                           "set it on the pod before binding")
             for k in sorted(annotations) if ann.is_fraction_key(k)]
+
+
+# The names tests/hardening/test_properties.py imports (from before the rule modules named these checks publicly).
+_authorship, _boundaries, _webhook_output = authorship, boundaries, webhook_output

@@ -165,7 +165,7 @@ def _read_body(environ: dict[str, Any]) -> bytes:
 
 
 def _restart_client_deadline(environ: dict[str, Any]) -> None:
-    """A client has a deadline to send its request (server.DeadlineSSLSocket); time spent waiting for the
+    """A client has a deadline to send its request (tls.DeadlineSSLSocket); time spent waiting for the
     large-review turn is the server's, not the client's."""
     restart = getattr(environ.get("gunicorn.socket"), "restart_deadline", None)
     if restart is not None:

@@ -14,6 +14,10 @@ evict. `policy: off` written unquoted is YAML's false: it means off too. */}}
 - {{ .Values.reclaim.gracePeriodSeconds | quote }}
 - --reclaim-hysteresis-mib
 - {{ .Values.reclaim.hysteresisMiB | quote }}
+{{- if not (kindIs "invalid" .Values.reclaim.protectedPriority) }}
+- --reclaim-protected-priority
+- {{ .Values.reclaim.protectedPriority | int64 | quote }}
+{{- end }}
 {{- end }}
 
 {{/* "true" when the agent can evict: overLimitAction evict, reclaim evict, or --evict-on-violation in extraArgs. */}}

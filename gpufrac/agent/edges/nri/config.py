@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpufrac.agent.edges.kubelet_checkpoint import DEFAULT_CHECKPOINT
+
 DEFAULT_SOCKET = Path("/var/run/nri/nri.sock")
 DEFAULT_LOCK_FILE = Path("/run/gpufrac/nri/plugin.lock")
 
@@ -18,3 +20,4 @@ class NriConfig:
     retry_interval: float = 1.0  # between tries while the socket is absent or refuses us
     void_env_grants: bool = True  # containers that are no fraction get NVIDIA_VISIBLE_DEVICES=void
     trusted_namespaces: frozenset[str] = frozenset({"kube-system"})  # whose pods keep their env grants
+    device_checkpoint: Path = DEFAULT_CHECKPOINT  # the kubelet's: which whole GPUs it allocated to which container

@@ -32,6 +32,7 @@ from gpufrac.agent.decide.nri_decision import (
     decide,
     serving_container,
 )
+from gpufrac.agent.edges.kubelet_checkpoint import KubeletCheckpoint
 from gpufrac.agent.edges.nri.config import NriConfig
 from gpufrac.agent.edges.nri.wire import ProtocolError, RegistrationError, Session, SyncedContainer
 
@@ -60,6 +61,7 @@ class NriPlugin:
         self._facts = facts
         self._sink = sink
         self._policy = Policy(config.void_env_grants, config.trusted_namespaces)
+        self._checkpoint = KubeletCheckpoint(config.device_checkpoint)  # read at each creation: allocated just before
         self._lock = threading.Lock()
         self._serving: dict[str, ServingContainer] = {}
         self._session: Session | None = None
@@ -90,7 +92,8 @@ class NriPlugin:
 
     def create_container(self, pod: PodInfo, container: ContainerInfo) -> Injection | Refusal:
         with self._lock:  # one decision at a time: two creations must not both take a GPU for different modes
-            facts = replace(self._facts(), serving=tuple(self._serving.values()))
+            facts = replace(self._facts(), serving=tuple(self._serving.values()),
+                            allocations=self._checkpoint.allocations())
             result = decide(pod, container, facts, self._policy)
             if isinstance(result, Injection) and result.serving is not None:
                 self._serving[container.id] = result.serving

@@ -196,7 +196,9 @@ def pod_info(pod: Any) -> PodInfo:
 
 def container_info(container: Any) -> ContainerInfo:
     env = dict(entry.partition("=")[::2] for entry in container.env)
-    return ContainerInfo(container.id, container.name, env)
+    return ContainerInfo(container.id, container.name, env, dict(container.annotations),
+                         tuple(device.name for device in container.CDI_devices),
+                         tuple(mount.destination for mount in container.mounts), tuple(container.env))
 
 
 def adjustment(injection: Injection) -> Any:

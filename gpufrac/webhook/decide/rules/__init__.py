@@ -1,13 +1,14 @@
 """The rule table (`table`): every rule the validating webhook applies, and where it runs (docs/architecture.md,
 "Which rule runs where"), with the CEL that carries it in the ValidatingAdmissionPolicies.
 
-Pure. One module per part: `values` (the CEL of each annotation value's rule), `variables` (the policies' shared
-per-container view and settings), `pod_values`, `authorship` and `boundaries` (the CEL of the rules of
-`fractions.rules` and of `validation`), `table` (the rows).
+Pure. One module per rule in `catalog/` (its Python check, its CEL and its messages); what they share: `rule` (what a
+rule is), `values` (the CEL of each annotation value), `variables` (the policies' per-container view and settings),
+`parts` (CEL pieces several rules use), `table` (the rules, in order).
 """
 
-from gpufrac.webhook.decide.rules.table import RULES, Rule, Scope
+from gpufrac.webhook.decide.rules.rule import Phase, Rule, Scope
+from gpufrac.webhook.decide.rules.table import MODULES, RULES
 from gpufrac.webhook.decide.rules.values import MODES
 from gpufrac.webhook.decide.rules.variables import SETTINGS, VARIABLES
 
-__all__ = ["MODES", "RULES", "SETTINGS", "VARIABLES", "Rule", "Scope"]
+__all__ = ["MODES", "MODULES", "RULES", "SETTINGS", "VARIABLES", "Phase", "Rule", "Scope"]

@@ -1,8 +1,10 @@
 """The ValidatingAdmissionPolicies (and their Bindings) generated from the rule table, and the table as docs.
 
-Pure. `gpufrac policies` writes them: as plain YAML for a given configuration (`--format yaml`), or as the chart's
-template (`--format helm`, the file charts/gpufrac/templates/policies/validatingadmissionpolicies.yaml, which a test
-compares with this output), whose settings come from the chart's values.
+The edge that renders the decisions' rules as objects (the rules, their CEL included, are in
+gpufrac/webhook/decide/rules/catalog/, one module each). `gpufrac policies` writes them: as plain YAML for a given
+configuration (`--format yaml`), or as the chart's template (`--format helm`, the file
+charts/gpufrac/templates/policies/validatingadmissionpolicies.yaml, which a test compares with this output), whose
+settings come from the chart's values.
 """
 
 from __future__ import annotations
@@ -16,9 +18,8 @@ from typing import Any
 import yaml
 
 from gpufrac.core.contract import Delivery
-from gpufrac.webhook.decide import fractions as fr
 from gpufrac.webhook.decide.policy import Policy
-from gpufrac.webhook.decide.rules import RULES, VARIABLES, Rule, Scope
+from gpufrac.webhook.decide.rules import RULES, VARIABLES, Phase, Rule, Scope
 
 CHART_TEMPLATE = "templates/policies/validatingadmissionpolicies.yaml"
 NAME_PREFIX = "gpufrac"
@@ -42,12 +43,8 @@ SHAPES = (
     PolicyShape("pods-status", ("UPDATE",), ("pods/status",), (Scope.STATUS,)),
     PolicyShape("pods-binding", ("CREATE",), ("pods/binding",), (Scope.BINDING,)),
 )
-# How `validation.validate_pod` composes its answer, which the policies' one validation repeats: the value rules
-# (`fractions.resolve`, which on CREATE the mutating webhook denies alone, before anything else), the webhook's own
-# output only when nothing else is denied (otherwise the canonical values differ only as a consequence of what is
-# already denied), who may write what, then the rest.
-_ONLY_WHEN_CLEAN = "webhookOutput"
-_AUTHORSHIP = ("devicesOnCreate", "immutable")
+# How `validation.validate_pod` composes its answer, which the policies' one validation repeats, phase by phase
+# (`rules.Phase`): each rule says its phase and rank in its own module.
 DENIALS = "denials"  # the variable holding every message, in the webhook's order
 
 
@@ -91,11 +88,6 @@ def rules_of(shape: PolicyShape) -> list[Rule]:
     return [r for r in RULES if r.cel is not None and r.scope in shape.scopes]
 
 
-def is_value_rule(rule: Rule) -> bool:
-    """A rule `fractions.resolve` evaluates (the mutating webhook's denials on CREATE)."""
-    return all(f.__module__.startswith(fr.__name__ + ".") for f in rule.webhook)
-
-
 def _joined(rules: list[Rule]) -> str:
     return " + ".join(f"variables.{r.name}" for r in rules) or "[]"
 
@@ -103,10 +95,9 @@ def _joined(rules: list[Rule]) -> str:
 def _denials(rules: list[Rule]) -> list[tuple[str, str]]:
     """The variables that gather every rule's messages as the webhook lists them (`validation.validate_pod`): one
     validation then reports them all, where one validation per rule would report only the first that fails."""
-    values = [r for r in rules if is_value_rule(r)]
-    authorship = [r for r in rules if r.name in _AUTHORSHIP]
-    output = [r for r in rules if r.name == _ONLY_WHEN_CLEAN]
-    rest = [r for r in rules if r not in values and r not in authorship and r not in output]
+    values, authorship, output = ([r for r in rules if r.phase is phase]
+                                  for phase in (Phase.VALUE, Phase.AUTHORSHIP, Phase.OUTPUT))
+    rest = [r for r in rules if r.phase in (Phase.FRACTIONAL, Phase.OWN)]
     if not values and not authorship and not output:
         return [(DENIALS, _joined(rest))]
     clean = "size(variables.valueDenials) + size(variables.authorshipDenials) == 0"

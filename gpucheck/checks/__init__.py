@@ -1,0 +1,1 @@
+"""The checks, one module per group of rows; gpucheck.run orders them."""

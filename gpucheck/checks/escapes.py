@@ -1,0 +1,85 @@
+"""Rows 9a and 9b, escapes 2 and 3 of docs/security.md's matrix: the sm-sharing daemon's own pinned limit holds a
+client whatever its env says, and a UUID-keyed env only lowers it.
+
+gpufrac's agent tells the sm-sharing daemon each GPU's limit with the documented control commands
+(`set_default_device_pinned_mem_limit <uuid> <n>M` for servers to come, `set_device_pinned_mem_limit <server pid>
+<uuid> <n>M` for one running); these rows do the same and then start clients as a tenant's process could:
+
+- 9a: one client with no pinned env at all (it dropped its env, escape 2), one whose env keys by index a GPU it cannot
+  see (`0=…,1=…` with `CUDA_VISIBLE_DEVICES` narrowed to one GPU: CUDA drops the whole value, escape 3); both must be
+  held to the daemon's limit A;
+- 9b: the daemon at 2A, one client keyed by its GPU's UUID asking A (held to A: a UUID key is applied on this
+  driver), one asking 4A (held to 2A: the env cannot raise the daemon's value).
+
+They run last: the daemon keeps the limits they set until it stops.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+from gpucheck.checks.daemons import Daemons
+from gpucheck.checks.memory import MemoryLimits
+from gpucheck.client_process import Client
+from gpucheck.contract import ENV_PINNED_MEM_LIMIT, ENV_PIPE_DIRECTORY, SM_SHARING
+from gpucheck.judge import probe_max_mib
+from gpucheck.session import Session
+
+DROPPED = "9a", "daemon-side limit: env dropped or narrowed"
+UUID_KEYED = "9b", "daemon-side limit: a UUID-keyed env lowers it"
+
+
+class DaemonSideLimits:
+    def __init__(self, session: Session, daemons: Daemons, memory: MemoryLimits) -> None:
+        self.s = session
+        self.daemons = daemons
+        self.memory = memory
+
+    def run(self) -> None:
+        s = self.s
+        reason = s.node.no_cuda() or self.daemons.problem(SM_SHARING) or (None if s.node.gpu_uuid else "no GPU UUID")
+        if reason:
+            s.skip((DROPPED, UUID_KEYED), reason)
+            return
+        a, _ = s.node.limits()
+        s.guarded(DROPPED[0], lambda: self.dropped(a))
+        s.guarded(UUID_KEYED[0], lambda: self.uuid_keyed(a))
+
+    def tell(self, pinned_mib: int) -> list[dict[str, str]]:
+        """The daemon's limit for this GPU: the default for servers to come and each running server's."""
+        uuid, pipe = self.s.node.gpu_uuid, self.daemons.pipe_dir(SM_SHARING)
+        commands = [f"set_default_device_pinned_mem_limit {uuid} {pinned_mib}M"]
+        commands += [f"set_device_pinned_mem_limit {pid} {uuid} {pinned_mib}M" for pid in self.daemons.server_pids()]
+        said = []
+        for command in commands:
+            assert self.s.node.mps_control is not None
+            done = subprocess.run([self.s.node.mps_control], input=command + "\n", capture_output=True, text=True,
+                                  timeout=self.s.bounded(20), check=False,
+                                  env={**self.s.base_env(), ENV_PIPE_DIRECTORY: pipe})
+            answer = (done.stdout + done.stderr).strip()
+            said.append({"command": command, "exit": str(done.returncode), "answer": answer[:200]})
+            if done.returncode != 0 or answer.lower().startswith(("error", "unknown", "invalid")):
+                raise RuntimeError(f"{command!r}: {answer or f'exit {done.returncode}'}")
+        return said
+
+    def client(self, name: str, limit: int, env: dict[str, str]) -> Client:
+        s = self.s
+        return s.start_client(name, {"probe_max_mib": probe_max_mib(limit), "hold": True},
+                              s.client_env(self.daemons.pipe_dir(SM_SHARING), env))
+
+    def dropped(self, a: int) -> None:
+        said = self.tell(a)
+        gpu = self.s.node.gpu_uuid
+        clients = [self.client("daemon-no-env", a, {}),
+                   self.client("daemon-narrowed-index", a, {ENV_PINNED_MEM_LIMIT: f"0={4 * a}M,1={4 * a}M"})]
+        self.memory.row(DROPPED[0], DROPPED[1], clients, (a, a),
+                        {"daemon": said, "env": [None, f"0={4 * a}M,1={4 * a}M"], "visible": gpu})
+
+    def uuid_keyed(self, a: int) -> None:
+        said = self.tell(2 * a)
+        gpu = self.s.node.gpu_uuid
+        envs = [f"{gpu}={a}M", f"{gpu}={4 * a}M"]
+        clients = [self.client("uuid-lower", a, {ENV_PINNED_MEM_LIMIT: envs[0]}),
+                   self.client("uuid-higher", 2 * a, {ENV_PINNED_MEM_LIMIT: envs[1]})]
+        self.memory.row(UUID_KEYED[0], UUID_KEYED[1], clients, (a, 2 * a),
+                        {"daemon": said, "env": envs})

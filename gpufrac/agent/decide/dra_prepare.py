@@ -1,0 +1,203 @@
+"""What NodePrepareResources does with one claim: which GPU and mode each allocated device is, the limits it
+carries, the per-claim CDI spec, or the refusal that says why the node will not run it. Pure.
+
+The scheduler checked the ResourceSlice's capacity and counters; the node checks again what the allocator is known
+to have got wrong on Kubernetes 1.36 (a GPU serving two modes at once, a share not subtracted) and refuses rather
+than run a container without its limits. What a claim gets is what an annotated fraction gets from the webhook:
+`NVIDIA_GPU_MEMORY_REQUEST`/`_LIMIT` in MiB (the toolkit's memory-limit hook reads them), and where the node serves
+the mode through an MPS daemon the pipe directory, the daemons' shared memory, the pinned-memory limit and, for
+sm-sharing, the thread percentage. The GPU itself is the toolkit's CDI device where the node's specs name it (so
+its hooks run), else its device nodes.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpufrac.agent.decide.dra_claims import (
+    AllocatedDevice,
+    ClaimAllocation,
+    ClaimError,
+    ClaimRef,
+    limit_for,
+    quantity_mib,
+)
+from gpufrac.agent.decide.dra_slices import COMPUTE, DRIVER, MEMORY, WHOLE, SliceGpu, parse_device_name, pool_name
+from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.contract import SHM_MOUNT_PATH, LimitEnv, format_pinned_mem_limit, mps_pipe_dir, mps_shm_dir
+
+CDI_VERSION = "0.6.0"
+CDI_KIND = f"{DRIVER}/claim"
+TOOLKIT_KINDS = ("nvidia.com/gpu", "k8s.device-plugin.nvidia.com/gpu")  # whose device carries the toolkit's hooks
+CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+@dataclass(frozen=True)
+class DraNode:
+    """What the node has, for Prepare."""
+
+    name: str
+    gpus: Mapping[int, SliceGpu]  # by NVML index
+    mps_root: str
+    mps_modes: frozenset[str]  # the modes an MPS daemon serves on this node now
+    cdi_devices: frozenset[str]  # the CDI names the node's specs define (`nvidia.com/gpu=GPU-…`)
+    host_devices: frozenset[str]  # the control device nodes the host has
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    request: str
+    pool: str
+    device: str
+    share_id: str | None
+    gpu_index: int
+    gpu_uuid: str
+    mode: str  # time-slicing, sm-sharing or whole
+    request_mib: int
+    limit_mib: int
+    compute_percent: int
+    cdi_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    claim: ClaimRef
+    devices: tuple[PreparedDevice, ...]
+
+
+def cdi_device_name(claim_uid: str, device: str) -> str:
+    return f"{claim_uid}-{device}"
+
+
+def spec_file_name(claim_uid: str) -> str:
+    """As NVIDIA's driver names its transient specs: one file per claim, found and removed by the claim's UID."""
+    return f"{DRIVER}-claim_{claim_uid}.json"
+
+
+def _toolkit_device(gpu: SliceGpu, cdi_devices: frozenset[str]) -> str | None:
+    for kind in TOOLKIT_KINDS:
+        for name in (f"{kind}={gpu.gpu.uuid}", f"{kind}={gpu.gpu.index}"):
+            if name in cdi_devices:
+                return name
+    return None
+
+
+def _compute(device: AllocatedDevice) -> int:
+    text = device.consumed.get(COMPUTE)
+    if text is None:
+        return 100
+    if not text.isdigit() or not 1 <= int(text) <= 100:
+        raise ClaimError(f"device {device.device}: consumed compute {text!r} is not a percentage from 1 to 100")
+    return int(text)
+
+
+def _one_device(allocation: ClaimAllocation, device: AllocatedDevice, node: DraNode) -> PreparedDevice:
+    parsed = parse_device_name(device.device)
+    if device.pool != pool_name(node.name) or parsed is None:
+        raise ClaimError(f"device {device.pool}/{device.device} is not one this node publishes")
+    gpu = node.gpus.get(parsed.index)
+    if gpu is None:
+        raise ClaimError(f"device {device.device}: GPU {parsed.index} is not on node {node.name} (any more)")
+    consumed = device.consumed.get(MEMORY)
+    request = gpu.usable_mib if consumed is None or parsed.mode == WHOLE else quantity_mib(consumed, "consumed memory")
+    limit = limit_for(allocation, device.request) or request
+    if limit < request or limit > gpu.usable_mib:
+        raise ClaimError(f"device {device.device}: the memory limit {limit} MiB must lie between the request "
+                         f"{request} MiB and the GPU's usable {gpu.usable_mib} MiB")
+    if parsed.mode == ComputeMode.SM_SHARING and parsed.mode not in node.mps_modes:
+        raise ClaimError(f"device {device.device}: node {node.name} runs no sm-sharing MPS daemon now, so the "
+                         "claim's compute and memory limits would not hold")
+    toolkit = _toolkit_device(gpu, node.cdi_devices)
+    # A whole GPU the toolkit names needs nothing of ours (and CDI refuses a device without edits).
+    cdi = [] if parsed.mode == WHOLE and toolkit else [cdi_device_name(allocation.claim.uid, device.device)]
+    return PreparedDevice(request=device.request, pool=device.pool, device=device.device, share_id=device.share_id,
+                          gpu_index=gpu.gpu.index, gpu_uuid=gpu.gpu.uuid, mode=parsed.mode, request_mib=request,
+                          limit_mib=limit, compute_percent=_compute(device) if parsed.mode != WHOLE else 100,
+                          cdi_ids=((toolkit,) if toolkit else ()) + tuple(f"{CDI_KIND}={name}" for name in cdi))
+
+
+def _conflict(device: PreparedDevice, node: DraNode, others: Iterable[PreparedClaim]) -> str | None:
+    """The backstop: a GPU serves one mode (or one whole-GPU claim) at a time, and its shares fit in its memory."""
+    held = 0
+    for other in others:
+        for theirs in other.devices:
+            if theirs.gpu_index != device.gpu_index:
+                continue
+            if theirs.mode != device.mode or WHOLE in (theirs.mode, device.mode):
+                return (f"GPU {device.gpu_index} ({device.gpu_uuid}) serves {theirs.mode} to claim {other.claim}; "
+                        f"a {device.mode} claim cannot share it (the scheduler's counter should have kept them apart)")
+            held += theirs.request_mib
+    usable = node.gpus[device.gpu_index].usable_mib
+    if held + device.request_mib > usable:
+        return (f"GPU {device.gpu_index} ({device.gpu_uuid}) has {usable - held} MiB left of {usable} MiB for "
+                f"prepared claims; this claim asks {device.request_mib} MiB")
+    return None
+
+
+def prepare(allocation: ClaimAllocation, node: DraNode, others: Iterable[PreparedClaim]) -> PreparedClaim:
+    """The claim's devices, checked; ClaimError (one line) when the node refuses it."""
+    devices = tuple(_one_device(allocation, device, node) for device in allocation.devices)
+    shares = [d for d in devices if d.mode != WHOLE]
+    if shares and len(devices) > 1:
+        raise ClaimError(f"claim {allocation.claim} has {len(devices)} devices and a share among them: a container "
+                         "takes one fractional GPU per claim (its limit env names one GPU)")
+    others = [o for o in others if o.claim.uid != allocation.claim.uid]
+    for device in devices:
+        problem = _conflict(device, node, others)
+        if problem:
+            raise ClaimError(problem)
+    return PreparedClaim(allocation.claim, devices)
+
+
+def _env(device: PreparedDevice, node: DraNode) -> list[str]:
+    if device.mode == WHOLE:
+        return []
+    env = {LimitEnv.MEMORY_REQUEST: str(device.request_mib), LimitEnv.MEMORY_LIMIT: str(device.limit_mib)}
+    if device.mode in node.mps_modes:
+        env[LimitEnv.PIPE_DIRECTORY] = mps_pipe_dir(node.mps_root, ComputeMode(device.mode))
+        env[LimitEnv.PINNED_MEM_LIMIT] = format_pinned_mem_limit({0: device.limit_mib})  # the one GPU it sees
+        if device.mode == ComputeMode.SM_SHARING:
+            env[LimitEnv.ACTIVE_THREAD_PERCENTAGE] = str(device.compute_percent)
+    return [f"{key}={value}" for key, value in env.items()]
+
+
+def _edits(device: PreparedDevice, node: DraNode) -> dict[str, Any]:
+    edits: dict[str, Any] = {}
+    env = _env(device, node)
+    if all(cdi.startswith(CDI_KIND + "=") for cdi in device.cdi_ids):
+        # No toolkit device names this GPU: its device nodes, and the env NVIDIA's runtime reads.
+        env.append(f"{LimitEnv.VISIBLE_DEVICES}={device.gpu_uuid}")
+        edits["deviceNodes"] = [{"path": path} for path in
+                                (f"/dev/nvidia{device.gpu_index}", *sorted(node.host_devices))]
+    if env:
+        edits["env"] = env
+    if device.mode != WHOLE and device.mode in node.mps_modes:
+        pipe = mps_pipe_dir(node.mps_root, ComputeMode(device.mode))
+        edits["mounts"] = [
+            {"hostPath": pipe, "containerPath": pipe, "options": ["rbind", "rw", "nosuid", "nodev"]},
+            {"hostPath": mps_shm_dir(node.mps_root), "containerPath": SHM_MOUNT_PATH,
+             "options": ["rbind", "rw", "nosuid", "nodev"]},
+        ]
+    return edits
+
+
+def own_cdi_id(device: PreparedDevice) -> str | None:
+    """The device's name in the claim's spec, if it has one there."""
+    return next((cdi.split("=", 1)[1] for cdi in device.cdi_ids if cdi.startswith(CDI_KIND + "=")), None)
+
+
+def cdi_spec(prepared: PreparedClaim, node: DraNode) -> dict[str, Any] | None:
+    """The claim's CDI spec: a device `<claim uid>-<device>` per allocated device that needs edits of ours; None
+    when none does (whole GPUs the toolkit's spec names)."""
+    devices = [{"name": name, "containerEdits": _edits(device, node)}
+               for device in prepared.devices if (name := own_cdi_id(device)) is not None]
+    return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices} if devices else None
+
+
+def control_devices(existing: Iterable[str]) -> frozenset[str]:
+    """The control device nodes a client needs, of those the host has."""
+    have = {posixpath.normpath(path) for path in existing}
+    return frozenset(path for path in CONTROL_DEVICES if path in have)

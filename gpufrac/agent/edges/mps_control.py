@@ -1,0 +1,45 @@
+"""Commands to a running MPS control daemon, through its own client (`nvidia-cuda-mps-control` without `-f`).
+
+One process per command, with `CUDA_MPS_PIPE_DIRECTORY` naming the daemon's pipe directory: the client writes the
+command to the daemon's control socket and prints its answer. A daemon that is not there, a command it refuses
+(`Unknown command`, an error line) or a client that hangs is a `MpsControlError` with the command and the answer.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpufrac.core.contract import LimitEnv
+
+COMMAND_TIMEOUT = 10.0  # seconds: the control daemon answers at once, unless it is wedged
+
+
+class MpsControlError(Exception):
+    pass
+
+
+def send(binary: str, pipe_dir: Path, command: str, *, timeout: float = COMMAND_TIMEOUT) -> str:
+    """The daemon's answer to one command."""
+    try:
+        done = subprocess.run([binary], input=command + "\n", capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, LimitEnv.PIPE_DIRECTORY: str(pipe_dir)}, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise MpsControlError(f"{command!r} to the MPS daemon in {pipe_dir}: {err}") from err
+    answer = done.stdout.strip()
+    if done.returncode != 0 or answer.lower().startswith(("unknown command", "error", "invalid")):
+        raise MpsControlError(f"{command!r} to the MPS daemon in {pipe_dir}: "
+                              f"{(answer or done.stderr.strip() or f'exit {done.returncode}')[:200]}")
+    return answer
+
+
+def send_all(binary: str, pipe_dir: Path, commands: Sequence[str]) -> None:
+    for command in commands:
+        send(binary, pipe_dir, command)
+
+
+def server_pids(binary: str, pipe_dir: Path) -> list[int]:
+    """The MPS servers the daemon runs (`get_server_list`: one PID a line)."""
+    return [int(line) for line in send(binary, pipe_dir, "get_server_list").split() if line.isdigit()]

@@ -1,0 +1,249 @@
+"""The DRA driver `gpu.gpufrac.io` inside `gpufrac agent --dra`: Prepare and Unprepare for the kubelet, and the
+node's ResourceSlices kept in step with its GPUs.
+
+Crash-safe order: Prepare writes the claim's CDI spec, then records the claim in the state file; Unprepare removes
+the spec, then the record. A restarted agent reads the record, answers a repeated Prepare with what it prepared
+(rewriting a spec that went missing) and removes what Unprepare names, recorded or not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gpufrac.agent.decide import dra_state
+from gpufrac.agent.decide.capacity import usable_label
+from gpufrac.agent.decide.dra_claims import ClaimError, ClaimRef, read_claim
+from gpufrac.agent.decide.dra_prepare import DraNode, PreparedClaim, cdi_spec, control_devices, prepare
+from gpufrac.agent.decide.dra_slices import DRIVER, SliceGpu, resource_slices
+from gpufrac.agent.decide.errors import ConfigError
+from gpufrac.agent.decide.model import Inventory
+from gpufrac.agent.edges.dra.files import DEFAULT_CDI_DIR, DEFAULT_STATE_FILE, ClaimSpecs, StateFile
+from gpufrac.agent.edges.dra.services import DeviceAnswer
+from gpufrac.agent.edges.nri.devices import DEFAULT_CDI_DIRS, CdiSpecs
+from gpufrac.kube.errors import ConflictError, KubeError
+
+if TYPE_CHECKING:
+    from gpufrac.agent.edges.dra.server import DraPlugin
+    from gpufrac.agent.programs.node_loop import Agent
+
+log = logging.getLogger(__name__)
+
+
+class SliceApi(Protocol):
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def list_slices(self, node: str) -> list[dict[str, Any]]: ...
+
+    def create_slice(self, body: dict[str, Any]) -> None: ...
+
+    def replace_slice(self, body: dict[str, Any], resource_version: str) -> None: ...
+
+    def delete_slice(self, name: str) -> None: ...
+
+
+def _answers(claim: PreparedClaim) -> tuple[DeviceAnswer, ...]:
+    return tuple(DeviceAnswer(d.request, d.pool, d.device, d.cdi_ids, d.share_id) for d in claim.devices)
+
+
+def _slice_content(body: dict[str, Any]) -> Any:
+    spec = dict(body["spec"])
+    spec["pool"] = {k: v for k, v in spec["pool"].items() if k != "generation"}
+    return spec
+
+
+class DraDriver:
+    """The kubelet's claims in, CDI specs and a state record out; one claim at a time (the record is one file)."""
+
+    def __init__(self, node: Callable[[], DraNode | None], api: SliceApi, specs: ClaimSpecs, state: StateFile,
+                 driver_version: Callable[[], str] = lambda: "") -> None:
+        self._node = node
+        self._api = api
+        self._specs = specs
+        self._state = state
+        self._driver_version = driver_version
+        self._lock = threading.Lock()
+        self._published: list[Any] | None = None
+        text = state.read()
+        try:
+            self.prepared: dict[str, PreparedClaim] = dra_state.load(text) if text is not None else {}
+        except dra_state.StateError as err:
+            raise ConfigError(f"{state.path}: {err}; the claims it recorded cannot be unprepared") from err
+        if self.prepared:
+            log.info("DRA driver: %d claims prepared before this start (%s)", len(self.prepared), state.path)
+
+    # ---- the kubelet's calls ----
+
+    def prepare(self, claim: ClaimRef) -> tuple[DeviceAnswer, ...] | str:
+        with self._lock:
+            try:
+                return self._prepare(claim)
+            except (ClaimError, KubeError, OSError) as err:
+                return str(err)
+
+    def _prepare(self, claim: ClaimRef) -> tuple[DeviceAnswer, ...] | str:
+        node = self._node()
+        done = self.prepared.get(claim.uid)
+        if done is not None:
+            if node is not None and not self._specs.exists(claim.uid):
+                self._write_spec(done, node)  # the spec went missing (a reboot cleared /var/run): write it again
+            return _answers(done)
+        if node is None:
+            return "the agent has not read this node's GPUs yet (NVML); the kubelet retries"
+        obj = self._api.get_claim(claim.namespace, claim.name)
+        uid = ((obj or {}).get("metadata") or {}).get("uid")
+        if obj is None or uid != claim.uid:
+            return f"claim {claim} is gone from the API server"
+        result = prepare(read_claim(obj), node, self.prepared.values())
+        self._write_spec(result, node)
+        self.prepared[claim.uid] = result
+        self._save()
+        log.info("DRA prepared claim %s: %s", claim, ", ".join(
+            f"{d.device} ({d.mode}, {d.request_mib} MiB, limit {d.limit_mib} MiB)" for d in result.devices))
+        return _answers(result)
+
+    def _write_spec(self, claim: PreparedClaim, node: DraNode) -> None:
+        spec = cdi_spec(claim, node)
+        if spec is not None:
+            self._specs.write(claim.claim.uid, spec)
+
+    def unprepare(self, claim: ClaimRef) -> str | None:
+        with self._lock:
+            try:
+                self._specs.remove(claim.uid)
+                if self.prepared.pop(claim.uid, None) is not None:
+                    self._save()
+                    log.info("DRA unprepared claim %s", claim)
+            except OSError as err:
+                return f"unpreparing claim {claim}: {err}"
+        return None
+
+    def _save(self) -> None:
+        self._state.write(dra_state.dump(self.prepared.values()))
+
+    # ---- the ResourceSlices ----
+
+    def publish(self) -> bool:
+        """Make the node's slices say what its GPUs are now; True when it wrote something. Raises KubeError."""
+        node = self._node()
+        if node is None:
+            return False
+        wanted = resource_slices(node.name, node.gpus.values(), self._driver_version(), generation=0)
+        content = [_slice_content(body) for body in wanted]
+        if content == self._published:
+            return False
+        existing = {s["metadata"]["name"]: s for s in self._api.list_slices(node.name)}
+        generation = 1 + max((int(s["spec"]["pool"].get("generation", 0)) for s in existing.values()), default=0)
+        for body in resource_slices(node.name, node.gpus.values(), self._driver_version(), generation):
+            current = existing.pop(body["metadata"]["name"], None)
+            if current is None:
+                self._api.create_slice(body)
+            else:
+                self._api.replace_slice(body, current["metadata"]["resourceVersion"])
+        for stale in existing:
+            self._api.delete_slice(stale)
+        self._published = content
+        log.info("DRA: published the ResourceSlices of node %s (pool generation %d, %d GPUs)", node.name,
+                 generation, len(node.gpus))
+        return True
+
+    def republish(self) -> None:
+        """Write the slices again at the next publish, changed or not: the kubelet deletes a driver's slices when it
+        restarts or loses the driver, and registers it again afterwards (this is called then)."""
+        self._published = None
+
+    def keep_published(self, stop: threading.Event, interval: float) -> None:
+        """Publish now and whenever the GPUs change (usable memory moves as MPS servers take their contexts)."""
+        while not stop.is_set():
+            try:
+                self.publish()
+            except ConflictError:
+                self._published = None  # someone else wrote one: read them again at once
+                continue
+            except KubeError as err:
+                log.warning("DRA: publishing the ResourceSlices failed, retrying in %.0f s: %s", interval, err)
+                self._published = None
+            stop.wait(interval)
+
+
+# ---- what the agent knows, as Prepare needs it ----
+
+def slice_gpus(inventory: Inventory, usable_labels: dict[str, str]) -> dict[int, SliceGpu]:
+    """Per GPU its usable memory: the agent's usable-memory label of its model (the smallest of that model's GPUs on
+    the node, net of the driver's reserve and the MPS servers' contexts), else NVML's total."""
+    gpus = {}
+    for gpu in inventory.gpus:
+        label = usable_labels.get(usable_label(gpu.name), "")
+        usable = int(label) << 20 if label.isdigit() else gpu.memory_total_bytes
+        gpus[gpu.index] = SliceGpu(gpu, usable)
+    return gpus
+
+
+def dra_node(name: str, inventory: Inventory | None, usable_labels: dict[str, str], mps_root: str,
+             mps_modes: Iterable[str], cdi_devices: frozenset[str], dev: Path = Path("/dev")) -> DraNode | None:
+    if inventory is None:
+        return None
+    return DraNode(name=name, gpus=slice_gpus(inventory, usable_labels), mps_root=mps_root,
+                   mps_modes=frozenset(mps_modes), cdi_devices=cdi_devices,
+                   host_devices=control_devices(f"/dev/{path.name}" for path in dev.glob("nvidia*")))
+
+
+def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dra", action=argparse.BooleanOptionalAction, default=False,
+                        help=f"serve the DRA driver {DRIVER}: publish this node's GPUs as ResourceSlices and prepare "
+                             "the ResourceClaims the scheduler allocates on them (Kubernetes 1.34+; 1.36 for "
+                             "consumable capacity)")
+    parser.add_argument("--dra-state-file", type=Path, default=DEFAULT_STATE_FILE, metavar="PATH",
+                        help="the claims this node prepared, read back after a restart (a host path)")
+    parser.add_argument("--dra-cdi-dir", type=Path, default=DEFAULT_CDI_DIR, metavar="PATH",
+                        help="where each claim's CDI spec is written (one of the runtime's cdi_spec_dirs)")
+
+
+class DraService:
+    """The driver, its gRPC plugin and its slice publisher, started and stopped with the agent."""
+
+    def __init__(self, driver: DraDriver, plugin: DraPlugin, interval: float) -> None:
+        self.driver = driver
+        self.plugin = plugin
+        self._interval = interval
+        self._stop = threading.Event()
+        self._publisher = threading.Thread(target=driver.keep_published, args=(self._stop, interval),
+                                           name="dra-slices", daemon=True)
+
+    def start(self) -> None:
+        self.plugin.start()
+        self._publisher.start()
+
+    def stop(self) -> None:
+        """Prepared claims stay (their containers keep running); the kubelet retires the slices of a driver gone."""
+        self._stop.set()
+        self.plugin.stop()
+        self._publisher.join(timeout=self._interval + 5)
+
+
+def dra_service(args: argparse.Namespace, agent: Agent, api_client: Any) -> DraService | None:
+    if not args.dra:
+        return None
+    from gpufrac.agent.edges.dra.kube import DraKube
+    from gpufrac.agent.edges.dra.server import DraPlugin, plugin_paths
+
+    config = agent.config
+    cdi = CdiSpecs(args.cdi_spec_dir or DEFAULT_CDI_DIRS)
+
+    def node() -> DraNode | None:
+        served = [str(mode) for mode, status in agent.daemon_statuses().items() if status.up]
+        return dra_node(config.node, agent.inventory, agent.audit.guarantee.labels, str(config.mps_root), served,
+                        cdi.names())
+
+    def driver_version() -> str:
+        return agent.inventory.driver_version if agent.inventory is not None else ""
+
+    driver = DraDriver(node, DraKube(api_client), ClaimSpecs(args.dra_cdi_dir), StateFile(args.dra_state_file),
+                       driver_version)
+    endpoint, registration = plugin_paths(args.kubelet_dir, DRIVER)
+    plugin = DraPlugin(DRIVER, endpoint, registration, driver, on_registered=driver.republish)
+    return DraService(driver, plugin, max(config.interval, 5.0))

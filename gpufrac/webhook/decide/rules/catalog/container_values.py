@@ -1,0 +1,47 @@
+"""The rule `containerValues`: the webhook's Python check, its CEL for the policies, its messages."""
+
+from __future__ import annotations
+
+from gpufrac.webhook.decide import fractions as fr
+from gpufrac.webhook.decide.rules.rule import Phase, Rule, Scope
+from gpufrac.webhook.decide.rules.values import (
+    CPORTION,
+    DEV,
+    LIM,
+    MODE,
+    PORTION,
+    REQ,
+    amount_problem,
+    compute_portion_problem,
+    devices_problem,
+    mode_value_problem,
+    portion_limit_problem,
+)
+from gpufrac.webhook.decide.rules.variables import (
+    own_field,
+    per_key,
+)
+
+_DECIMAL_DIGITS = ("a number in scientific notation whose plain form has more than 5 digits after the point "
+                   "(123456e-6): CEL has no exact decimals")
+
+
+def cel() -> str:
+    parts = [
+        per_key(own_field(REQ), amount_problem),
+        per_key(own_field(LIM), amount_problem),
+        per_key(own_field(MODE), mode_value_problem),
+        per_key(own_field(DEV), devices_problem),
+        per_key(own_field(PORTION), portion_limit_problem),
+        per_key(own_field(CPORTION), compute_portion_problem),
+    ]
+    return " + ".join(parts)
+
+
+RULE = Rule(
+    "containerValues", "per-container memory, mode, devices, compute portion and portion-limit values",
+    Scope.POD, Phase.VALUE, 160,
+    (fr.read_container_request, fr.read_amount, fr.read_devices, fr.read_compute_portion),
+    cel(),
+    webhook_only="partly: " + _DECIMAL_DIGITS,
+)

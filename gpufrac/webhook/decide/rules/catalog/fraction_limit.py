@@ -1,0 +1,23 @@
+"""The rule `fractionLimit`: the webhook's Python check, its CEL for the policies, its messages."""
+
+from __future__ import annotations
+
+from gpufrac.core import annotations as ann
+from gpufrac.webhook.decide import fractions as fr
+from gpufrac.webhook.decide.rules.rule import Phase, Rule, Scope
+from gpufrac.webhook.decide.rules.values import (
+    portion_limit_problem,
+    shorthand_rule,
+)
+
+_DECIMAL_DIGITS = ("a number in scientific notation whose plain form has more than 5 digits after the point "
+                   "(123456e-6): CEL has no exact decimals")
+
+
+RULE = Rule(
+    "fractionLimit", "gpu-fraction.limit lies strictly between gpu-fraction and 1, at most 5 digits",
+    Scope.POD, Phase.VALUE, 60,
+    (fr.read_portion_limit,),
+    shorthand_rule(ann.FRACTION_LIMIT, portion_limit_problem),
+    webhook_only="partly: " + _DECIMAL_DIGITS,
+)

@@ -1,0 +1,18 @@
+"""The rule `memoryLimit`: the webhook's Python check, its CEL for the policies, its messages."""
+
+from __future__ import annotations
+
+from gpufrac.core import annotations as ann
+from gpufrac.webhook.decide import fractions as fr
+from gpufrac.webhook.decide.rules.rule import Phase, Rule, Scope
+from gpufrac.webhook.decide.rules.values import (
+    memory_limit_problem,
+    shorthand_rule,
+)
+
+RULE = Rule(
+    "memoryLimit", "gpu-memory.limit has a unit and is at least gpu-memory",
+    Scope.POD, Phase.VALUE, 70,
+    (fr.read_memory_limit,),
+    shorthand_rule(ann.MEMORY_LIMIT, memory_limit_problem),
+)

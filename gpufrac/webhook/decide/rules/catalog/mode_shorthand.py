@@ -1,0 +1,21 @@
+"""The rule `modeShorthand`: the webhook's Python check, its CEL for the policies, its messages."""
+
+from __future__ import annotations
+
+from gpufrac.core import annotations as ann
+from gpufrac.webhook.decide import fractions as fr
+from gpufrac.webhook.decide.cel import when
+from gpufrac.webhook.decide.rules.rule import Phase, Rule, Scope
+from gpufrac.webhook.decide.rules.values import (
+    mode_value_problem,
+    shorthand_rule,
+)
+
+RULE = Rule(
+    "modeShorthand", "the pod-level compute mode is a mode (on a pod with a fraction)",
+    Scope.POD, Phase.VALUE, 90,
+    (fr.read_mode,),
+    when("size(variables.fractional) > 0", shorthand_rule(ann.COMPUTE_MODE, mode_value_problem)),
+    webhook_only=("partly: on a pod without a fraction the webhook judges the value only beside another wrong value (a "
+                  "lone mode is allowed with a warning, `fractions.lone_compute_mode`)"),
+)

@@ -1,0 +1,38 @@
+"""The rule `portionLimitNamesFirstContainer`: the webhook's Python check, its CEL for the policies, its messages."""
+
+from __future__ import annotations
+
+from gpufrac.core import annotations as ann
+from gpufrac.webhook.decide import fractions as fr
+from gpufrac.webhook.decide.cel import annotation_message, cat, has_ann, lit, one, when
+from gpufrac.webhook.decide.rules.rule import Phase, Rule, Scope
+from gpufrac.webhook.decide.rules.values import (
+    PORTION,
+    field_key,
+)
+from gpufrac.webhook.decide.rules.variables import (
+    field_value,
+    has_field,
+)
+
+
+def cel() -> str:
+    """`fractions.rule_portion_limit_names_the_first_container`: without gpu-fraction-container-name, a portion limit
+    on a container the keys name, other than the first."""
+    t = "variables.target"
+    problem = cat(lit("applies to container "), t, lit(f", which the {ann.NVIDIA_PREFIX}"), t,
+                  lit(".* annotations name, but KAI reads a portion limit as the first container's ("),
+                  "variables.regular[0]", lit(f") unless {ann.CONTAINER_NAME} says otherwise: set "
+                                              f"{ann.CONTAINER_NAME} to "), t)
+    key = f"({has_ann(ann.FRACTION_LIMIT)} ? {lit(ann.FRACTION_LIMIT)} : {field_key(t, PORTION)})"
+    return when(f"!{has_ann(ann.CONTAINER_NAME)} && {t} != '' && size(variables.regular) > 0 && "
+                f"{t} != variables.regular[0] && {t} in variables.entries && {has_field(t, PORTION)}",
+                one(annotation_message(key, field_value(t, PORTION), problem)))
+
+
+RULE = Rule(
+    "portionLimitNamesFirstContainer", "a portion limit on another container than the first names it",
+    Scope.POD, Phase.VALUE, 190,
+    (fr.rule_portion_limit_names_the_first_container,),
+    cel(),
+)

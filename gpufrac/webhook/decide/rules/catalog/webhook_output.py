@@ -1,0 +1,68 @@
+"""The rule `webhookOutput`: the webhook's Python check, its CEL for the policies, its messages."""
+
+from __future__ import annotations
+
+from gpufrac.core import annotations as ann
+from gpufrac.core.annotations import CanonicalField, ComputeMode
+from gpufrac.core.contract import (
+    FRACTIONAL_LABEL,
+    FRACTIONAL_VALUE,
+)
+from gpufrac.webhook.decide import fractions as fr
+from gpufrac.webhook.decide import validation as va
+from gpufrac.webhook.decide.cel import annotation_message, cat, lit, one, when
+from gpufrac.webhook.decide.rules.parts import active_thread_percent
+from gpufrac.webhook.decide.rules.rule import Phase, Rule, Scope
+from gpufrac.webhook.decide.rules.variables import (
+    at_container,
+    canonical_key,
+    has_memory,
+    mode_of,
+)
+
+
+def cel() -> str:
+    """`validation._webhook_output`, asked only when nothing above is denied (as the webhook does)."""
+    expected = {
+        CanonicalField.COMPUTE_MODE: ("true", mode_of("c")),
+        CanonicalField.REQUEST_MIB: (has_memory("c"), f"string({at_container('requestMib', 'c')})"),
+        CanonicalField.LIMIT_MIB: (has_memory("c"), f"string({at_container('limitMib', 'c')})"),
+        CanonicalField.MPS_PINNED_MEM_LIMIT: (
+            has_memory("c"),
+            f"{list(range(fr.MAX_DEVICES))}.filter(i, i < variables.numDevices)"
+            f".map(i, string(i) + '=' + string({at_container('limitMib', 'c')}) + 'M').join(',')"),
+        CanonicalField.ACTIVE_THREAD_PERCENT: (f"{mode_of('c')} == {lit(str(ComputeMode.SM_SHARING))}",
+                                               active_thread_percent("c")),
+    }
+    parts = []
+    for field, (needed, value) in expected.items():
+        key = canonical_key("c", field)
+        actual = f"variables.anns[{key}]"
+        must = cat("'must be '", value, "', as gpufrac computes it from the fraction annotations'")
+        written = " (only the gpufrac webhook writes them)"
+        wrong = annotation_message(key, actual, cat(must, lit(written)))
+        missing = annotation_message(key, None, cat(must, lit(", but it is missing" + written)))
+        parts.append(f"variables.fractional.filter(c, {needed} && ({key}) in variables.anns && {actual} != {value})"
+                     f".map(c, {wrong})")
+        parts.append(f"variables.fractional.filter(c, {needed} && !(({key}) in variables.anns)).map(c, {missing})")
+    expected_key = " || ".join(f"(({needed}) && k == {canonical_key('c', field)})"
+                               for field, (needed, _) in expected.items())
+    stray = annotation_message("k", "variables.anns[k]", lit("is not one gpufrac writes for this pod; remove it"))
+    parts.append(f"variables.anns.filter(k, k.startsWith({lit(ann.GPUFRAC_DOMAIN)}) && "
+                 f"!variables.fractional.exists(c, {expected_key})).map(k, {stray})")
+    label = f"variables.labels[?{lit(FRACTIONAL_LABEL)}].orValue('')"
+    parts.append(when(f"size(variables.fractional) > 0 && !({lit(FRACTIONAL_LABEL)} in variables.labels && "
+                      f"{label} == {lit(FRACTIONAL_VALUE)})",
+                      one(lit(f"label {FRACTIONAL_LABEL}: must be {FRACTIONAL_VALUE} on a pod with GPU fractions "
+                              "(the node agent finds them by it); it is set by the gpufrac mutating webhook"))))
+    parts.append(when(f"size(variables.fractional) == 0 && {lit(FRACTIONAL_LABEL)} in variables.labels",
+                      one(lit(f"label {FRACTIONAL_LABEL}: is only for pods with GPU fractions; remove it"))))
+    return " + ".join(parts)
+
+
+RULE = Rule(
+    "webhookOutput", "the canonical annotations and the label are exactly what gpufrac derives",
+    Scope.POD, Phase.OUTPUT, 260,
+    (va.webhook_output,),
+    cel(),
+)

@@ -1,0 +1,132 @@
+"""Issue 30, the daemon side: the agent tells the sm-sharing MPS daemon each GPU's limits (decide.mps_limits,
+programs.mps_limits), the fake daemon records them, and a client asking for more gets the daemon's value."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.toolkit.wait import wait_until
+from gpufrac.agent.decide import mps_limits
+from gpufrac.agent.decide.model import RunningContainer
+from gpufrac.agent.decide.mps_config import daemon_spec
+from gpufrac.agent.edges.mps_control import send
+from gpufrac.agent.edges.supervisor import MpsSupervisor, RestartPolicy
+from gpufrac.agent.programs.mps_limits import DaemonSideLimits
+from gpufrac.core.annotations import ComputeMode
+from testkit.agent import UUID_A, UUID_B, container, gpu_info
+from testkit.fakes.mps_client import ClientLimits, connect, records
+
+SM = ComputeMode.SM_SHARING
+GPUS = (gpu_info(0, UUID_A), gpu_info(1, UUID_B))
+PINNED, THREADS = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+
+
+def sm(name: str, limit: int, device: str = UUID_A, threads: int | None = 50) -> RunningContainer:
+    return container(name, pod=f"p-{name}", mode=SM, request_mib=limit, limit_mib=limit, devices=(device,),
+                     active_thread_percent=threads)
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, mps_binary: str) -> Iterator[MpsSupervisor]:
+    spec = daemon_spec(SM, mps_v3=True, binary=mps_binary, mps_root=tmp_path / "mps", log_root=tmp_path / "log",
+                       config_dir=tmp_path / "config")
+    sup = MpsSupervisor(spec, RestartPolicy(0.01, 0.08, 5, 300.0), quit_timeout=5)
+    sup.start()
+    wait_until(lambda: sup.status().up, timeout=10, what="the fake sm-sharing daemon")
+    yield sup
+    sup.stop()
+
+
+# ---- the plan (pure) ----
+
+def test_the_plan_holds_each_gpu_to_its_fractions_and_says_where_one_limit_stands_for_several() -> None:
+    equal = mps_limits.plan([sm("a", 4096), sm("b", 4096), sm("c", 8192, UUID_B, threads=30)], GPUS)
+    assert equal.default_commands() == [f"set_default_device_pinned_mem_limit {UUID_A} 4096M",
+                                        f"set_default_device_pinned_mem_limit {UUID_B} 8192M",
+                                        "set_default_active_thread_percentage 50"]
+    assert equal.server_commands([7]) == [f"set_device_pinned_mem_limit 7 {UUID_A} 4096M",
+                                          f"set_device_pinned_mem_limit 7 {UUID_B} 8192M",
+                                          "set_active_thread_percentage 7 50"]
+    assert "threads are held to 50%, the largest of" in (mps_limits.holds(equal, applied=True) or "")
+    same = mps_limits.plan([sm("a", 4096), sm("b", 4096)], GPUS)
+    assert mps_limits.holds(same, applied=True) is None
+    mixed = mps_limits.plan([sm("a", 4096), sm("b", 12288)], GPUS)
+    message = mps_limits.holds(mixed, applied=True) or ""
+    assert f"GPU {UUID_A} holds clients to 12288Mi, the largest of team-a/p-a/a 4096Mi, team-a/p-b/b 12288Mi" in message
+    assert "did not take" in (mps_limits.holds(same, applied=False) or "")
+
+
+def test_time_slicing_and_unbound_fractions_are_not_the_sm_daemons() -> None:
+    ts = container("t", mode=ComputeMode.TIME_SLICING, devices=(UUID_A,))
+    assert mps_limits.plan([ts], GPUS) == mps_limits.DaemonPlan((), None, {}, ())
+    by_index = mps_limits.plan([sm("a", 4096, "1"), sm("x", 4096, "GPU-gone")], GPUS)
+    assert [c.uuid for c in by_index.ceilings] == [UUID_B]
+    assert by_index.unknown_devices == ("GPU-gone",)
+
+
+# ---- against the fake daemon ----
+
+def test_the_daemon_side_holds_each_containers_limits_and_a_client_asking_more_gets_the_daemons(
+        daemon: MpsSupervisor) -> None:
+    limits = DaemonSideLimits(daemon.spec.argv[0], daemon.spec.pipe_dir)
+    limits.apply([sm("a", 4096), sm("b", 4096)], GPUS)
+    assert limits.problem is None
+    told = records(daemon.spec.log_dir, "limit")
+    assert told[-1]["defaults"] == {"pinned": {UUID_A: 4096}, "threads": 50}
+
+    pipe = daemon.spec.pipe_dir
+    assert connect(pipe, UUID_A, env={PINNED: f"{UUID_A}=81920M", THREADS: "100"}).pinned_mib == 4096
+    assert connect(pipe, UUID_A, env={PINNED: f"{UUID_A}=81920M", THREADS: "100"}).thread_percent == 50
+    assert connect(pipe, UUID_A, env={}).pinned_mib == 4096  # `env -i`: the daemon's value still holds
+    # index keys in a process that narrowed its view: CUDA drops the env, the daemon side does not move
+    assert connect(pipe, UUID_A, visible=(UUID_A,), env={PINNED: "0=2048M,1=2048M"}).pinned_mib == 4096
+    # the env lowers, never raises
+    assert connect(pipe, UUID_A, env={PINNED: f"{UUID_A}=2048M", THREADS: "20"}) == ClientLimits(2048, 20)
+    clients = records(daemon.spec.log_dir, "client")
+    assert clients[0] == {**clients[0], "asked": 81920, "held": 4096, "got": 4096}
+
+
+def test_without_the_daemon_side_a_client_without_env_has_the_whole_gpu(daemon: MpsSupervisor) -> None:
+    """The control: what row 2 (env dropped) and row 3 (narrowed view) get where only the env carries the limit."""
+    pipe = daemon.spec.pipe_dir
+    assert connect(pipe, UUID_A, env={}).pinned_mib is None
+    assert connect(pipe, UUID_A, visible=(UUID_A,), env={PINNED: "0=2048M,1=2048M"}).pinned_mib is None
+
+
+def test_a_running_server_is_told_by_pid_when_the_fractions_change(daemon: MpsSupervisor) -> None:
+    limits = DaemonSideLimits(daemon.spec.argv[0], daemon.spec.pipe_dir)
+    limits.apply([sm("a", 4096)], GPUS)
+    assert connect(daemon.spec.pipe_dir, UUID_A).pinned_mib == 4096  # spawns the server with the defaults
+    limits.apply([sm("a", 4096), sm("b", 6144, UUID_B)], GPUS)
+    told = records(daemon.spec.log_dir, "limit")[-1]
+    (server,) = told["servers"].values()
+    assert server["pinned"] == {UUID_A: 4096, UUID_B: 6144}
+    assert connect(daemon.spec.pipe_dir, UUID_B, env={PINNED: f"{UUID_B}=81920M"}).pinned_mib == 6144
+    before = len(records(daemon.spec.log_dir, "command"))
+    limits.apply([sm("a", 4096), sm("b", 6144, UUID_B)], GPUS)  # nothing changed: only the server list is asked
+    assert [r["command"] for r in records(daemon.spec.log_dir, "command")[before:]] == ["get_server_list"]
+
+
+def test_a_daemon_that_is_not_there_is_a_problem_for_the_condition(tmp_path: Path, mps_binary: str) -> None:
+    limits = DaemonSideLimits(mps_binary, tmp_path / "nowhere")
+    limits.apply([sm("a", 4096)], GPUS)
+    assert limits.problem is not None and "did not take its limits" in limits.problem
+    assert "Cannot find MPS control daemon" in limits.problem
+
+
+def test_a_restarted_daemon_is_told_again(daemon: MpsSupervisor) -> None:
+    limits = DaemonSideLimits(daemon.spec.argv[0], daemon.spec.pipe_dir)
+    limits.apply([sm("a", 4096)], GPUS)
+    first = daemon.pid
+    crash = daemon.spec.log_dir / "fake-crash"
+    crash.touch()
+    wait_until(lambda: daemon.status().restarts >= 1, timeout=10, what="the fake daemon to crash")
+    crash.unlink()
+    wait_until(lambda: daemon.status().up and daemon.pid != first, timeout=10, what="the restarted daemon")
+    assert send(daemon.spec.argv[0], daemon.spec.pipe_dir,
+                f"get_default_device_pinned_mem_limit {UUID_A}") == "0"  # a new daemon forgot the defaults
+    limits.apply([sm("a", 4096)], GPUS)
+    assert connect(daemon.spec.pipe_dir, UUID_A, env={PINNED: f"{UUID_A}=81920M"}).pinned_mib == 4096

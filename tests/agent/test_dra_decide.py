@@ -1,0 +1,219 @@
+"""The DRA driver's pure decisions: the ResourceSlices it publishes, a claim read from the API object, Prepare's
+devices, limits, CDI spec and refusals, and the state file's record."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpufrac.agent.decide import dra_state
+from gpufrac.agent.decide.dra_claims import ClaimError, read_claim
+from gpufrac.agent.decide.dra_prepare import DraNode, PreparedClaim, cdi_spec, prepare, spec_file_name
+from gpufrac.agent.decide.dra_slices import DeviceName, SliceGpu, parse_device_name, resource_slices
+from gpufrac.agent.decide.model import GpuInfo
+
+GIB = 1 << 30
+NODE = "node-a"
+
+
+def gpus(count: int = 2, usable_mib: int = 81_000) -> dict[int, SliceGpu]:
+    return {i: SliceGpu(GpuInfo(i, f"GPU-{i}0000000-aaaa", "NVIDIA H100 80GB HBM3", 80 * GIB), usable_mib << 20)
+            for i in range(count)}
+
+
+def node(**changes: Any) -> DraNode:
+    values: dict[str, Any] = {"name": NODE, "gpus": gpus(), "mps_root": "/run/gpufrac/mps",
+                              "mps_modes": frozenset({"time-slicing", "sm-sharing"}),
+                              "cdi_devices": frozenset({"nvidia.com/gpu=GPU-00000000-aaaa", "nvidia.com/gpu=0"}),
+                              "host_devices": frozenset({"/dev/nvidiactl", "/dev/nvidia-uvm"})}
+    values.update(changes)
+    return DraNode(**values)
+
+
+def claim(device: str, *, uid: str = "uid-1", memory: str | None = "40Gi", compute: str | None = None,
+          configs: list[dict[str, Any]] | None = None, pool: str = NODE, driver: str = "gpu.gpufrac.io",
+          ) -> dict[str, Any]:
+    consumed = {k: v for k, v in (("memory", memory), ("compute", compute)) if v is not None}
+    result: dict[str, Any] = {"request": "gpu", "driver": driver, "pool": pool, "device": device,
+                              "shareID": "share-" + uid}
+    if consumed:
+        result["consumedCapacity"] = consumed
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"namespace": "team", "name": f"claim-{uid}", "uid": uid},
+            "status": {"allocation": {"devices": {"results": [result], "config": configs or []}}}}
+
+
+def limit_config(limit: str, source: str = "FromClaim", requests: list[str] | None = None,
+                 **extra: Any) -> dict[str, Any]:
+    parameters = {"apiVersion": "gpu.gpufrac.io/v1alpha1", "kind": "GpuConfig", "memoryLimit": limit, **extra}
+    return {"source": source, "requests": requests or [],
+            "opaque": {"driver": "gpu.gpufrac.io", "parameters": parameters}}
+
+
+def prepared(obj: dict[str, Any], at: DraNode | None = None, others: tuple[PreparedClaim, ...] = ()) -> PreparedClaim:
+    return prepare(read_claim(obj), at or node(), others)
+
+
+def env_of(spec: dict[str, Any] | None) -> dict[str, str]:
+    assert spec is not None
+    [device] = spec["devices"]
+    return dict(item.split("=", 1) for item in device["containerEdits"].get("env", []))
+
+
+# ---- the ResourceSlices ----
+
+def test_slices_publish_a_device_per_mode_and_a_whole_gpu_per_gpu_all_on_one_counter() -> None:
+    counters, devices = resource_slices(NODE, gpus().values(), "615.10", generation=3)
+    assert counters["spec"]["pool"] == devices["spec"]["pool"] == {"name": NODE, "generation": 3,
+                                                                    "resourceSliceCount": 2}
+    assert [c["name"] for c in counters["spec"]["sharedCounters"]] == ["gpu-0", "gpu-1"]
+    assert "devices" not in counters["spec"] and "sharedCounters" not in devices["spec"]
+    by_name = {d["name"]: d for d in devices["spec"]["devices"]}
+    assert sorted(by_name) == ["gpu-0", "gpu-0-sm-sharing", "gpu-0-time-slicing",
+                               "gpu-1", "gpu-1-sm-sharing", "gpu-1-time-slicing"]
+    for name, device in by_name.items():
+        index = name.split("-")[1]
+        assert device["consumesCounters"] == [{"counterSet": f"gpu-{index}", "counters": {"owner": {"value": "1"}}}]
+        assert device["capacity"]["memory"]["value"] == "81000Mi"
+    ts, sm, whole = by_name["gpu-0-time-slicing"], by_name["gpu-0-sm-sharing"], by_name["gpu-0"]
+    assert ts["allowMultipleAllocations"] and sm["allowMultipleAllocations"] and "allowMultipleAllocations" not in whole
+    assert ts["capacity"]["memory"]["requestPolicy"]["validRange"] == {"min": "1Mi", "max": "81000Mi", "step": "1Mi"}
+    assert "compute" not in ts["capacity"] and sm["capacity"]["compute"]["value"] == "100"
+    assert sm["attributes"]["mode"] == {"string": "sm-sharing"} and whole["attributes"]["mode"] == {"string": "whole"}
+    assert sm["attributes"]["uuid"] == {"string": "GPU-00000000-aaaa"}
+
+
+@pytest.mark.parametrize(("name", "parsed"), [
+    ("gpu-0-time-slicing", DeviceName(0, "time-slicing")), ("gpu-12-sm-sharing", DeviceName(12, "sm-sharing")),
+    ("gpu-3", DeviceName(3, "whole")), ("gpu-03", None), ("gpu-1-exclusive", None), ("gpu-1-whole", None),
+    ("cpu-1", None), ("gpu--1", None), ("gpu-x-sm-sharing", None),
+])
+def test_device_names_read_back(name: str, parsed: DeviceName | None) -> None:
+    assert parse_device_name(name) == parsed
+
+
+# ---- reading a claim ----
+
+def test_a_claim_reads_only_this_drivers_results_and_its_own_config_wins_over_its_class() -> None:
+    obj = claim("gpu-0-time-slicing", configs=[limit_config("60Gi", source="FromClaim"),
+                                               limit_config("50Gi", source="FromClass")])
+    obj["status"]["allocation"]["devices"]["results"].append(
+        {"request": "nic", "driver": "nic.example.com", "pool": NODE, "device": "eth0"})
+    allocation = read_claim(obj)
+    assert [d.device for d in allocation.devices] == ["gpu-0-time-slicing"]
+    assert allocation.devices[0].consumed == {"memory": "40Gi"} and allocation.limit_mib == {"": 60 * 1024}
+
+
+@pytest.mark.parametrize(("obj", "message"), [
+    ({"metadata": {"namespace": "team", "name": "c", "uid": "u"}, "status": {}}, "is not allocated"),
+    (claim("gpu-0", driver="other.example.com"), "has no device of driver gpu.gpufrac.io"),
+    (claim("gpu-0", configs=[{"opaque": {"driver": "gpu.gpufrac.io", "parameters": {"kind": "Other"}}}]),
+     "must be apiVersion gpu.gpufrac.io/v1alpha1, kind GpuConfig"),
+    (claim("gpu-0", configs=[limit_config("48Gi", cores=30)]), "unknown fields ['cores']"),
+    (claim("gpu-0", configs=[limit_config("lots")]), "'lots' is not a Kubernetes quantity"),
+])
+def test_a_claim_that_does_not_read_is_refused_in_one_line(obj: dict[str, Any], message: str) -> None:
+    with pytest.raises(ClaimError, match=message.replace("[", r"\[").replace("]", r"\]")) as err:
+        prepared(obj)
+    assert "\n" not in str(err.value)
+
+
+# ---- Prepare ----
+
+def test_a_time_slicing_claim_gets_the_toolkits_device_and_its_limits_in_mib() -> None:
+    result = prepared(claim("gpu-0-time-slicing", configs=[limit_config("48Gi")]))
+    [device] = result.devices
+    assert (device.gpu_uuid, device.mode, device.request_mib, device.limit_mib) == (
+        "GPU-00000000-aaaa", "time-slicing", 40 * 1024, 48 * 1024)
+    assert device.cdi_ids == ("nvidia.com/gpu=GPU-00000000-aaaa", "gpu.gpufrac.io/claim=uid-1-gpu-0-time-slicing")
+    spec = cdi_spec(result, node())
+    assert spec is not None and spec["kind"] == "gpu.gpufrac.io/claim"
+    assert spec["devices"][0]["name"] == "uid-1-gpu-0-time-slicing"
+    assert "deviceNodes" not in spec["devices"][0]["containerEdits"]  # the toolkit's device brings them, and hooks
+    assert env_of(spec) == {"NVIDIA_GPU_MEMORY_REQUEST": "40960", "NVIDIA_GPU_MEMORY_LIMIT": "49152",
+                            "CUDA_MPS_PIPE_DIRECTORY": "/run/gpufrac/mps/time-slicing",
+                            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=49152M"}
+    assert spec_file_name("uid-1") == "gpu.gpufrac.io-claim_uid-1.json"
+
+
+def test_an_sm_sharing_claim_gets_the_mps_directories_and_its_thread_percentage() -> None:
+    spec = cdi_spec(prepared(claim("gpu-1-sm-sharing", memory="10Gi", compute="30")), node())
+    assert env_of(spec) == {"NVIDIA_GPU_MEMORY_REQUEST": "10240", "NVIDIA_GPU_MEMORY_LIMIT": "10240",
+                            "CUDA_MPS_PIPE_DIRECTORY": "/run/gpufrac/mps/sm-sharing",
+                            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=10240M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
+                            "NVIDIA_VISIBLE_DEVICES": "GPU-10000000-aaaa"}
+    assert spec is not None
+    edits = spec["devices"][0]["containerEdits"]
+    # GPU 1 has no toolkit device on this node: its device node and the control devices the host has.
+    assert [d["path"] for d in edits["deviceNodes"]] == ["/dev/nvidia1", "/dev/nvidia-uvm", "/dev/nvidiactl"]
+    assert [(m["hostPath"], m["containerPath"]) for m in edits["mounts"]] == [
+        ("/run/gpufrac/mps/sm-sharing", "/run/gpufrac/mps/sm-sharing"), ("/run/gpufrac/mps/shm", "/dev/shm")]
+
+
+def test_without_an_mps_daemon_time_slicing_keeps_the_driver_limits_and_sm_sharing_is_refused() -> None:
+    driver_only = node(mps_modes=frozenset())
+    spec = cdi_spec(prepared(claim("gpu-0-time-slicing"), driver_only), driver_only)
+    assert env_of(spec) == {"NVIDIA_GPU_MEMORY_REQUEST": "40960", "NVIDIA_GPU_MEMORY_LIMIT": "40960"}
+    with pytest.raises(ClaimError, match="runs no sm-sharing MPS daemon"):
+        prepared(claim("gpu-0-sm-sharing"), driver_only)
+
+
+def test_a_whole_gpu_the_toolkit_names_is_only_the_toolkits_device() -> None:
+    result = prepared(claim("gpu-0", memory=None))
+    assert result.devices[0].cdi_ids == ("nvidia.com/gpu=GPU-00000000-aaaa",)
+    assert result.devices[0].request_mib == 81_000 and cdi_spec(result, node()) is None
+
+
+def test_the_backstop_refuses_a_second_mode_or_a_share_that_does_not_fit_on_the_gpu() -> None:
+    first = prepared(claim("gpu-0-time-slicing", uid="a"))
+    second = prepared(claim("gpu-0-time-slicing", uid="b", memory="40000Mi"), others=(first,))
+    assert second.devices[0].gpu_index == 0
+    with pytest.raises(ClaimError, match=r"GPU 0 \(GPU-00000000-aaaa\) serves time-slicing to claim team/claim-a"):
+        prepared(claim("gpu-0-sm-sharing", uid="c", memory="1Gi"), others=(first,))
+    with pytest.raises(ClaimError, match="serves time-slicing"):
+        prepared(claim("gpu-0", uid="d", memory=None), others=(first,))
+    with pytest.raises(ClaimError, match="has 40 MiB left of 81000 MiB for prepared claims; this claim asks 1024"):
+        prepared(claim("gpu-0-time-slicing", uid="e", memory="1Gi"), others=(first, second))
+    assert prepared(claim("gpu-1-sm-sharing", uid="f"), others=(first, second)).devices[0].gpu_index == 1
+
+
+def test_preparing_a_claim_again_does_not_conflict_with_its_own_record() -> None:
+    first = prepared(claim("gpu-0-time-slicing", uid="a", memory="80000Mi"))
+    assert prepared(claim("gpu-0-time-slicing", uid="a", memory="80000Mi"), others=(first,)) == first
+
+
+@pytest.mark.parametrize(("obj", "message"), [
+    (claim("gpu-0-time-slicing", pool="node-b"), "device node-b/gpu-0-time-slicing is not one this node publishes"),
+    (claim("gpu-7-time-slicing"), "GPU 7 is not on node node-a"),
+    (claim("gpu-0-time-slicing", configs=[limit_config("20Gi")]), "the memory limit 20480 MiB must lie between"),
+    (claim("gpu-0-time-slicing", configs=[limit_config("90Gi")]), "and the GPU's usable 81000 MiB"),
+    (claim("gpu-0-sm-sharing", compute="0"), "consumed compute '0' is not a percentage"),
+])
+def test_prepare_refuses_what_the_node_cannot_run(obj: dict[str, Any], message: str) -> None:
+    with pytest.raises(ClaimError, match=message):
+        prepared(obj)
+
+
+def test_a_share_with_a_second_device_in_one_claim_is_refused() -> None:
+    obj = claim("gpu-0-time-slicing")
+    obj["status"]["allocation"]["devices"]["results"].append(
+        {"request": "more", "driver": "gpu.gpufrac.io", "pool": NODE, "device": "gpu-1"})
+    with pytest.raises(ClaimError, match="has 2 devices and a share among them"):
+        prepared(obj)
+
+
+# ---- the state file ----
+
+def test_the_state_file_gives_back_what_was_prepared() -> None:
+    claims = [prepared(claim("gpu-0-time-slicing", uid="a", configs=[limit_config("48Gi")])),
+              prepared(claim("gpu-1-sm-sharing", uid="b", compute="25"))]
+    assert dra_state.load(dra_state.dump(claims)) == {"a": claims[0], "b": claims[1]}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("{", "do not read"), ('{"version": 9, "claims": []}', "state version 9"), ('{"version": 1}', "do not read"),
+])
+def test_a_state_file_that_does_not_read_says_so(text: str, message: str) -> None:
+    with pytest.raises(dra_state.StateError, match=message):
+        dra_state.load(text)

@@ -1,0 +1,291 @@
+"""The DRA driver against a real kube-apiserver 1.36 (resource.k8s.io/v1) and a real gRPC client on its unix
+sockets, as the kubelet drives it: the ResourceSlices it publishes are accepted and kept in step, Prepare reads the
+claim's allocation from the API and answers with CDI devices and a spec file, a restarted driver finds its prepared
+claims, Unprepare undoes it, and the mode backstop refuses one claim without failing the call's others.
+
+The GPUs are the one thing made up (an Inventory); no kubelet or scheduler runs: the test writes the allocation
+into the claim's status, as the scheduler does."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+
+from e2e.cluster import ControlPlane
+from e2e.state import private_workdir
+from e2e.toolkit.errors import ClusterError, ToolsMissingError
+from e2e.toolkit.tools import Tools
+from e2e.toolkit.wait import wait_until
+from gpufrac.agent.decide.dra_claims import ClaimRef, read_claim
+from gpufrac.agent.decide.dra_prepare import DraNode
+from gpufrac.agent.decide.errors import ConfigError
+from gpufrac.agent.decide.model import GpuInfo, Inventory
+from gpufrac.agent.edges.dra.files import ClaimSpecs, StateFile
+from gpufrac.agent.edges.dra.kube import DraKube
+from gpufrac.agent.edges.dra.server import DraPlugin, plugin_paths
+from gpufrac.agent.edges.dra.stubs import dra_pb2, dra_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
+from gpufrac.agent.programs import node_agent
+from gpufrac.agent.programs.dra_driver import DraDriver, dra_node, dra_service
+from gpufrac.kube.client import load_api_client
+from testkit.agent import FakeNode
+from testkit.chart import HELM, render
+from testkit.pods import EXAMPLES as ALL_EXAMPLES
+
+GIB = 1 << 30
+NODE = "dra-node"
+INVENTORY = Inventory("615.10", 13040, tuple(GpuInfo(i, f"GPU-{i}1111111-bbbb", "NVIDIA H100 80GB HBM3", 80 * GIB)
+                                            for i in range(2)))
+EXAMPLES = ALL_EXAMPLES / "dra"
+USABLE = {"gpufrac.io/gpu-memory-usable-mib.NVIDIA-H100-80GB-HBM3": "81000"}
+
+
+@pytest.fixture(scope="module")
+def plane() -> Iterator[ControlPlane]:
+    try:
+        tools = Tools.find()
+    except ToolsMissingError as exc:
+        pytest.skip(f"no kube-apiserver to test against (make tools): {exc}")
+    cp = ControlPlane(private_workdir("dra-driver"), tools=tools, register_webhook=False, policies=False)
+    try:
+        cp.start()
+    except ClusterError as exc:
+        pytest.fail(f"the control plane did not start: {exc}", pytrace=False)
+    yield cp
+    cp.stop(remove_workdir=True)
+
+
+@dataclass
+class World:
+    plane: ControlPlane
+    api: DraKube
+    node: DraNode
+    specs: ClaimSpecs
+    state: StateFile
+    sockets: Path
+
+    def driver(self, node: DraNode | None = None) -> DraDriver:
+        return DraDriver(lambda: node or self.node, self.api, self.specs, self.state, lambda: "615.10")
+
+    def kubectl(self, *args: str, input: str | None = None) -> str:
+        return self.plane.kubectl(*args, user="admin", input=input, check=True).stdout
+
+
+@pytest.fixture
+def world(plane: ControlPlane, tmp_path: Path) -> Iterator[World]:
+    node = dra_node(NODE, INVENTORY, USABLE, "/run/gpufrac/mps", ["time-slicing", "sm-sharing"],
+                    frozenset({"nvidia.com/gpu=GPU-01111111-bbbb"}), dev=tmp_path)
+    assert node is not None
+    # Short: a unix socket path has at most 107 bytes, and pytest's tmp_path can be long.
+    sockets = Path(f"/tmp/dra-{uuid.uuid4().hex[:8]}")
+    yield World(plane, DraKube(load_api_client(str(plane.kubeconfigs["admin"]))), node,
+                ClaimSpecs(tmp_path / "cdi"), StateFile(tmp_path / "state" / "prepared.json"), sockets)
+    plane.kubectl("delete", "resourceslices", "--all", user="admin")
+    plane.kubectl("delete", "resourceclaims", "--all", "-n", "default", user="admin")
+    for socket in sockets.glob("**/*.sock"):
+        socket.unlink()
+
+
+def slices(world: World) -> dict[str, dict[str, Any]]:
+    items = json.loads(world.kubectl("get", "resourceslices", "-o", "json"))["items"]
+    return {item["metadata"]["name"]: item for item in items}
+
+
+def allocated_claim(world: World, name: str, device: str, memory: str, limit: str | None = None,
+                    pool: str = NODE) -> str:
+    """A claim as the scheduler leaves it: created, then its status.allocation written. Its UID."""
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": name, "namespace": "default"},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                 "deviceClassName": "time-slicing.gpu.gpufrac.io",
+                 "capacity": {"requests": {"memory": memory}}}}]}}}
+    world.kubectl("create", "-f", "-", input=json.dumps(claim))
+    uid = json.loads(world.kubectl("get", "resourceclaim", name, "-n", "default", "-o", "json"))["metadata"]["uid"]
+    config = [] if limit is None else [{"source": "FromClaim", "requests": ["gpu"], "opaque": {
+        "driver": "gpu.gpufrac.io",
+        "parameters": {"apiVersion": "gpu.gpufrac.io/v1alpha1", "kind": "GpuConfig", "memoryLimit": limit}}}]
+    status = {"status": {"allocation": {"devices": {"results": [{
+        "request": "gpu", "driver": "gpu.gpufrac.io", "pool": pool, "device": device,
+        "shareID": str(uuid.uuid4()), "consumedCapacity": {"memory": memory}}], "config": config},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [pool]}]}]}}}}
+    world.kubectl("patch", "resourceclaim", name, "-n", "default", "--subresource=status", "--type=merge",
+                  "-p", json.dumps(status))
+    return str(uid)
+
+
+def dial(socket: Path) -> grpc.Channel:
+    return grpc.insecure_channel(f"unix://{socket}")
+
+
+def test_the_slices_are_accepted_and_republished_only_when_the_gpus_change(world: World) -> None:
+    driver = world.driver()
+    assert driver.publish() is True
+    published = slices(world)
+    assert sorted(published) == [f"{NODE}-gpufrac-counters", f"{NODE}-gpufrac-devices"]
+    devices = published[f"{NODE}-gpufrac-devices"]["spec"]["devices"]
+    assert [d["name"] for d in devices] == ["gpu-0-time-slicing", "gpu-0-sm-sharing", "gpu-0",
+                                            "gpu-1-time-slicing", "gpu-1-sm-sharing", "gpu-1"]
+    assert {d["capacity"]["memory"]["value"] for d in devices} == {"81000Mi"}
+    assert driver.publish() is False  # nothing changed: nothing written
+
+    smaller = dra_node(NODE, INVENTORY, {k: "80000" for k in USABLE}, "/run/gpufrac/mps", [], frozenset())
+    restarted = world.driver(smaller)  # a new process: it does not know what the last one published
+    assert restarted.publish() is True
+    again = slices(world)
+    assert {s["spec"]["pool"]["generation"] for s in again.values()} == {2}
+    assert {d["capacity"]["memory"]["value"] for d in again[f"{NODE}-gpufrac-devices"]["spec"]["devices"]} == {
+        "80000Mi"}
+
+
+def test_prepare_over_grpc_writes_the_spec_and_a_restarted_driver_unprepares_it(world: World) -> None:
+    uid = allocated_claim(world, "half", "gpu-0-time-slicing", "40Gi", limit="48Gi")
+    endpoint, registration = plugin_paths(world.sockets, "gpu.gpufrac.io")
+    plugin = DraPlugin("gpu.gpufrac.io", endpoint, registration, world.driver())
+    plugin.start()
+    try:
+        with dial(registration) as channel:
+            info = pluginregistration_pb2_grpc.RegistrationStub(channel).GetInfo(pluginregistration_pb2.InfoRequest())
+        assert (info.type, info.name, info.endpoint, list(info.supported_versions)) == (
+            "DRAPlugin", "gpu.gpufrac.io", str(endpoint), ["v1.DRAPlugin"])
+        with dial(endpoint) as channel:
+            stub = dra_pb2_grpc.DRAPluginStub(channel)
+            claims = [dra_pb2.Claim(namespace="default", name="half", uid=uid)]
+            answer = stub.NodePrepareResources(dra_pb2.NodePrepareResourcesRequest(claims=claims)).claims[uid]
+    finally:
+        plugin.stop()
+    assert answer.error == ""
+    [device] = answer.devices
+    assert (list(device.request_names), device.pool_name, device.device_name) == (["gpu"], NODE, "gpu-0-time-slicing")
+    assert list(device.cdi_device_ids) == ["nvidia.com/gpu=GPU-01111111-bbbb",
+                                           f"gpu.gpufrac.io/claim={uid}-gpu-0-time-slicing"]
+    spec = json.loads(world.specs.path(uid).read_text())
+    env = spec["devices"][0]["containerEdits"]["env"]
+    assert "NVIDIA_GPU_MEMORY_REQUEST=40960" in env and "NVIDIA_GPU_MEMORY_LIMIT=49152" in env
+
+    world.kubectl("delete", "resourceclaim", "half", "-n", "default")  # a restart needs no API to answer again
+    restarted = world.driver()
+    assert [d.cdi_ids for d in restarted.prepared[uid].devices] == [tuple(device.cdi_device_ids)]
+    world.specs.remove(uid)  # /var/run was cleared (a reboot): a repeated Prepare writes the spec again
+    ref = ClaimRef("default", "half", uid)
+    assert restarted.prepare(ref) == restarted.prepare(ref) and world.specs.exists(uid)
+    assert restarted.unprepare(ref) is None and restarted.unprepare(ref) is None
+    assert not world.specs.exists(uid) and world.driver().prepared == {}
+
+
+def test_one_refused_claim_does_not_fail_the_others_of_the_call(world: World) -> None:
+    first = allocated_claim(world, "ts", "gpu-0-time-slicing", "10Gi")
+    second = allocated_claim(world, "sm", "gpu-0-sm-sharing", "10Gi")  # the allocator bug the backstop is for
+    third = allocated_claim(world, "other-gpu", "gpu-1-sm-sharing", "10Gi")
+    endpoint, _ = plugin_paths(world.sockets, "gpu.gpufrac.io")
+    plugin = DraPlugin("gpu.gpufrac.io", endpoint, None, world.driver())
+    plugin.start()
+    try:
+        with dial(endpoint) as channel:
+            claims = [dra_pb2.Claim(namespace="default", name=n, uid=u)
+                      for n, u in (("ts", first), ("sm", second), ("other-gpu", third), ("gone", "uid-gone"))]
+            answers = dra_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+                dra_pb2.NodePrepareResourcesRequest(claims=claims)).claims
+    finally:
+        plugin.stop()
+    assert answers[first].error == "" and answers[third].error == ""
+    assert answers[second].error.startswith("GPU 0 (GPU-01111111-bbbb) serves time-slicing to claim default/ts")
+    assert answers["uid-gone"].error == "claim default/gone (uid-gone) is gone from the API server"
+    assert sorted(world.driver().prepared) == sorted([first, third])
+
+
+def test_a_state_file_that_does_not_read_stops_the_start_with_one_line(world: World) -> None:
+    world.state.write("{not json")
+    with pytest.raises(ConfigError, match=r"prepared\.json: the prepared claims do not read"):
+        world.driver()
+
+
+@pytest.mark.skipif(not HELM.exists(), reason="helm not built (make tools)")
+def test_the_charts_device_classes_are_accepted_by_the_api_server(world: World) -> None:
+    classes = [o for o in render("--set", "dra.enabled=true") if o["kind"] == "DeviceClass"]
+    created = world.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                                    "items": classes}))
+    try:
+        assert sorted(created.split()) == sorted(
+            ["deviceclass.resource.k8s.io/gpu.gpufrac.io", "deviceclass.resource.k8s.io/sm-sharing.gpu.gpufrac.io",
+             "deviceclass.resource.k8s.io/time-slicing.gpu.gpufrac.io", "created", "created", "created"])
+    finally:
+        world.kubectl("delete", "deviceclasses", "--all")
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_the_examples_are_valid_objects_of_this_api_server(world: World, example: str) -> None:
+    created = world.kubectl("create", "--dry-run=server", "-n", "default", "-f", str(EXAMPLES / example))
+    assert created.count("(server dry run)") == 2, created
+    [template] = [d for d in yaml.safe_load_all((EXAMPLES / example).read_text()) if d["kind"] != "Deployment"]
+    # Whatever opaque config an example gives reads as this driver reads it.
+    configs = [{"source": "FromClaim", **c} for c in template["spec"]["spec"]["devices"].get("config", [])]
+    allocation = read_claim({"metadata": {"namespace": "default", "name": "c", "uid": "u"},
+                             "status": {"allocation": {"devices": {"config": configs, "results": [
+                                 {"request": "gpu", "driver": "gpu.gpufrac.io", "pool": NODE, "device": "gpu-0"}]}}}})
+    assert allocation.limit_mib == ({"gpu": 48 * 1024} if configs else {})
+
+
+def test_each_registration_by_the_kubelet_makes_the_driver_write_its_slices_again(world: World) -> None:
+    """The kubelet deletes a driver's slices when it restarts or loses the driver, then registers it again."""
+    driver = world.driver()
+    assert driver.publish() is True
+    world.kubectl("delete", "resourceslices", "--all")
+    endpoint, registration = plugin_paths(world.sockets, "gpu.gpufrac.io")
+    plugin = DraPlugin("gpu.gpufrac.io", endpoint, registration, driver, on_registered=driver.republish)
+    plugin.start()
+    try:
+        with dial(registration) as channel:
+            pluginregistration_pb2_grpc.RegistrationStub(channel).NotifyRegistrationStatus(
+                pluginregistration_pb2.RegistrationStatus(plugin_registered=True))
+    finally:
+        plugin.stop()
+    assert plugin.registration.registered.is_set()
+    assert driver.publish() is True
+    assert sorted(slices(world)) == [f"{NODE}-gpufrac-counters", f"{NODE}-gpufrac-devices"]
+
+
+def test_gpufrac_agent_dra_serves_the_live_agents_gpus_and_mps_daemons(world: World, fake_node: FakeNode,
+                                                                        tmp_path: Path) -> None:
+    """`gpufrac agent --dra` as node_agent.run wires it: the node's facts come from the running agent (the fake
+    NVML's GPUs, its usable-memory labels, its MPS daemons), the slices go to the API server, and an sm-sharing
+    claim gets the MPS daemon's pipe directory."""
+    agent = fake_node.agent()
+    stop = threading.Event()
+    loop = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+    loop.start()
+    wait_until(lambda: agent.inventory is not None and all(s.up for s in agent.daemon_statuses().values())
+               and agent.audit.guarantee.labels, 20, "the agent's GPUs, daemons and usable memory", interval=0.05)
+    parser = argparse.ArgumentParser()
+    node_agent.add_arguments(parser)
+    node = fake_node.config.node  # the agent's: what its slices and pool are named after
+    args = parser.parse_args(["--node", node, "--dra", "--kubelet-dir", str(world.sockets),
+                              "--dra-cdi-dir", str(tmp_path / "cdi"), "--dra-state-file", str(tmp_path / "s.json"),
+                              "--cdi-spec-dir", str(tmp_path / "no-specs")])
+    service = dra_service(args, agent, load_api_client(str(world.plane.kubeconfigs["admin"])))
+    assert service is not None
+    service.start()
+    try:
+        wait_until(lambda: len(slices(world)) == 2, 20, "the agent's slices", interval=0.1)
+        usable = {int(v) for v in agent.audit.guarantee.labels.values()}
+        devices = slices(world)[f"{node}-gpufrac-devices"]["spec"]["devices"]
+        assert {d["attributes"]["uuid"]["string"] for d in devices} == {g.uuid for g in agent.inventory.gpus}
+        assert {d["capacity"]["memory"]["value"] for d in devices} == {f"{mib}Mi" for mib in usable}
+        uid = allocated_claim(world, "sm", "gpu-1-sm-sharing", "1Gi", pool=node)
+        devices_answer = service.driver.prepare(ClaimRef("default", "sm", uid))
+        assert not isinstance(devices_answer, str), devices_answer
+        env = json.loads(ClaimSpecs(tmp_path / "cdi").path(uid).read_text())["devices"][0]["containerEdits"]["env"]
+        assert f"CUDA_MPS_PIPE_DIRECTORY={fake_node.config.mps_root}/sm-sharing" in env
+    finally:
+        service.stop()
+        stop.set()
+        loop.join(30)

@@ -1,0 +1,70 @@
+"""The chart's DRA front door (dra.enabled, docs/dra.md): off by default; on, three DeviceClasses whose CEL selects
+exactly the devices of their mode among those the agent publishes, and the agent's rights to publish its
+ResourceSlices and read the claims it prepares."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpufrac.agent.decide.dra_slices import SliceGpu, resource_slices
+from gpufrac.agent.decide.model import GpuInfo
+from testkit.cel import evaluate
+from testkit.chart import find, needs_helm, one, render, template
+
+pytestmark = needs_helm
+
+DRA = ["--set", "dra.enabled=true"]
+CLASSES = {"time-slicing.gpu.gpufrac.io": "time-slicing", "sm-sharing.gpu.gpufrac.io": "sm-sharing",
+           "gpu.gpufrac.io": "whole"}
+
+
+def published_devices() -> list[dict[str, Any]]:
+    """The devices of a two-GPU node, as the CEL of a DeviceClass sees each: its driver and its attributes by
+    domain (an unqualified attribute belongs to the driver's domain)."""
+    gpus = [SliceGpu(GpuInfo(i, f"GPU-{i}", "NVIDIA H100", 80 << 30), 80 << 30) for i in range(2)]
+    _, devices = resource_slices("node-a", gpus, "615.10", 1)
+    return [{"name": d["name"], "driver": "gpu.gpufrac.io",
+             "attributes": {"gpu.gpufrac.io": {k: next(iter(v.values())) for k, v in d["attributes"].items()}}}
+            for d in devices["spec"]["devices"]]
+
+
+def test_dra_is_off_by_default() -> None:
+    objs = render()
+    assert find(objs, "DeviceClass") == []
+    assert not [o for o in find(objs, "ClusterRole") if o["metadata"]["name"].endswith("-dra")]
+
+
+@pytest.mark.parametrize(("name", "mode"), CLASSES.items())
+def test_each_device_class_selects_exactly_its_modes_devices(name: str, mode: str) -> None:
+    device_class = one(render(*DRA), "DeviceClass", name)
+    [selector] = device_class["spec"]["selectors"]
+    expression = selector["cel"]["expression"]
+    chosen = [d["name"] for d in published_devices() if evaluate(expression, device=d)]
+    suffix = "" if mode == "whole" else f"-{mode}"
+    assert chosen == [f"gpu-0{suffix}", f"gpu-1{suffix}"]
+    other_driver = {**published_devices()[0], "driver": "gpu.example.com"}
+    assert not evaluate(expression, device=other_driver)
+
+
+def test_the_agent_may_publish_slices_and_read_claims_and_nothing_more() -> None:
+    objs = render(*DRA)
+    role = one(objs, "ClusterRole", "gpufrac-agent-dra")
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
+    assert rules == {
+        (("resource.k8s.io",), ("resourceslices",)): {"get", "list", "watch", "create", "update", "patch", "delete"},
+        (("resource.k8s.io",), ("resourceclaims",)): {"get", "list", "watch"},
+    }
+    binding = one(objs, "ClusterRoleBinding", "gpufrac-agent-dra")
+    assert binding["roleRef"]["name"] == "gpufrac-agent-dra"
+    assert [(s["kind"], s["name"]) for s in binding["subjects"]] == [("ServiceAccount", "gpufrac-agent")]
+
+
+@pytest.mark.parametrize(("flag", "message"), [
+    ("dra.cdiDir=var/run/cdi", "/dra/cdiDir"),
+    ("dra.enabled=maybe", "/dra/enabled"),
+])
+def test_bad_dra_values_are_refused_by_the_schema(flag: str, message: str) -> None:
+    refused = template("--set-string" if "maybe" in flag else "--set", flag, check=False)
+    assert refused.returncode != 0 and message in refused.stderr

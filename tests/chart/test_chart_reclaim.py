@@ -1,0 +1,33 @@
+"""reclaim.protectedPriority reaches the agent's reclaim settings, and only when set (tests/chart)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from gpufrac.agent.decide.reclaim import ReclaimSettings
+from gpufrac.agent.programs.node_agent import add_arguments, config_from_args
+from testkit.chart import CHART, container, helm, needs_helm, one, render
+
+pytestmark = needs_helm
+
+
+def reclaim_settings(*values: str) -> ReclaimSettings:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    docs = render(*(a for v in values for a in ("--set", v)))
+    args = [a.replace("$(NODE_NAME)", "n") for a in container(one(docs, "DaemonSet", "gpufrac-agent"))["args"]]
+    return config_from_args(parser.parse_args(args[1:])).guarantee.reclaim
+
+
+@pytest.mark.parametrize(("values", "protected"), [((), None), (("reclaim.protectedPriority=1000",), 1000),
+                                                   (("reclaim.protectedPriority=0",), 0),
+                                                   (("reclaim.protectedPriority=-5",), -5)])
+def test_protected_priority_reaches_the_agent(values, protected):
+    assert reclaim_settings(*values).protected_priority == protected
+
+
+def test_a_protected_priority_that_is_not_a_number_is_refused():
+    failed = helm("template", "g", str(CHART), "--set", "reclaim.protectedPriority=high", check=False)
+    assert failed.returncode != 0 and "protectedPriority" in failed.stderr

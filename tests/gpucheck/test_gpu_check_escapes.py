@@ -1,0 +1,56 @@
+"""Rows 9a and 9b (gpucheck/checks/escapes.py) against the fakes: the fake MPS daemon told a pinned limit, the fake
+libcuda.so.1 holding its clients to the lower of the daemon's and their env's, and dropping an index-keyed env that
+names a GPU the client cannot see, as NVIDIA measured on r615."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpucheck.rows import FAIL, PASS
+from testkit.fakes.build import MPS_CONTROL, fake_cuda_library, fake_nvml_library
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_NODE = ROOT / "testkit" / "fakes" / "gpu_check_node.json"
+
+
+def run_rows(tmp_path: Path, env: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    (tmp_path / "processes").mkdir()
+    full_env = {**os.environ, "GPUFRAC_FAKE_NVML": str(FAKE_NODE), "GPUFRAC_FAKE_GPU_PROCESSES": str(tmp_path /
+                "processes"), "GPUFRAC_FAKE_CUDA_LOCK": str(tmp_path / "gpu.lock"), "GPUFRAC_FAKE_CUDA_RATE": "2e8",
+                **(env or {})}
+    result = subprocess.run([sys.executable, str(ROOT / "gpucheck" / "__main__.py"), "--only", "9",
+                             "--spin-seconds", "0.5", "--nvml", str(fake_nvml_library()), "--mps-control",
+                             str(MPS_CONTROL), "--cuda", str(fake_cuda_library()), "--workdir", str(tmp_path / "work"),
+                             "--out", str(tmp_path / "report.json")],
+                            capture_output=True, text=True, env=full_env, timeout=240, check=False)
+    assert (tmp_path / "report.json").is_file(), result.stdout[-3000:] + result.stderr[-3000:]
+    return {c["id"]: c for c in json.loads((tmp_path / "report.json").read_text())["checks"]}
+
+
+def told(tmp_path: Path) -> list[str]:
+    path = tmp_path / "work" / "log" / "sm-sharing" / "fake-mps-record.jsonl"
+    return [e["command"] for e in map(json.loads, path.read_text().splitlines()) if e.get("event") == "limit"]
+
+
+def test_the_daemon_side_holds_a_client_without_env_and_one_whose_index_keys_it_cannot_see(tmp_path: Path) -> None:
+    rows = run_rows(tmp_path)
+    assert rows["9a"]["status"] == PASS, rows["9a"]
+    assert rows["9b"]["status"] == PASS, rows["9b"]
+    held = [c["probe"]["allocated_mib"] for c in rows["9a"]["numbers"]["clients"]]
+    limit = rows["9a"]["numbers"]["clients"][0]["limit_mib"]
+    assert all(limit // 2 <= mib <= limit for mib in held), (held, limit)
+    lower, higher = (c["probe"]["allocated_mib"] for c in rows["9b"]["numbers"]["clients"])
+    assert lower <= limit < higher <= 2 * limit  # the UUID key lowered one; the other asked 4A and got the daemon's 2A
+    assert any(c.startswith("set_default_device_pinned_mem_limit GPU-") for c in told(tmp_path))
+
+
+def test_a_daemon_side_that_holds_nothing_fails_both_rows(tmp_path: Path) -> None:
+    """The control: an MPS that holds no client to a pinned limit (the env's nor the daemon's) fails 9a and 9b."""
+    rows = run_rows(tmp_path, {"GPUFRAC_FAKE_CUDA_IGNORE_PINNED_LIMIT": "1"})
+    assert rows["9a"]["status"] == FAIL and "not held" in rows["9a"]["details"], rows["9a"]
+    assert rows["9b"]["status"] == FAIL, rows["9b"]

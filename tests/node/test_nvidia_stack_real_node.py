@@ -1,0 +1,282 @@
+"""gpufrac beside NVIDIA's own node stack on the real node: NVIDIA's device plugin registering `nvidia.com/gpu`,
+the CDI spec `nvidia-ctk cdi generate` wrote, containerd's `nvidia` runtime handler (nvidia-container-runtime,
+configured by `nvidia-ctk runtime configure`) in the toolkit's default setting and in the hardened one
+(`accept-nvidia-visible-devices-envvar-when-unprivileged = false`), with gpufrac installed by the README's
+`helm install` and its default values.
+
+What a container sees is read from inside it (gpu_devices.PROBE_COMMAND): each /dev/nvidia* node, its numbers and
+whether its device cgroup lets the container open it (ENXIO: allowed, no driver behind it; EPERM: denied). The
+fake GPUs carry NVIDIA's numbers (195:N), so a node that is present but not granted shows (EPERM), and the app
+image carries the CUDA base image's `NVIDIA_VISIBLE_DEVICES=all`, so NVIDIA's runtime would hand every GPU to a
+container whose env nobody voided: `test_the_leak_the_plain_pod_tests_guard_against_shows` proves both can fail.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from e2e.install import Helm
+from e2e.names import USER_NAMESPACE
+from e2e.node import APP_IMAGE, DEFAULT_STRATEGY, GPU_UUIDS, RealCluster
+from e2e.pods import SEED_BINDS, SEED_ENV, SEED_EXAMPLES, bind, exec_in, wait_running
+from e2e.pods import create as create_as
+from e2e.testing import example, unique
+from e2e.toolkit import gpu_devices, nvidia_device_plugin, nvidia_toolkit
+from e2e.toolkit.wait import wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.real_node]
+
+RESOURCES = Path(__file__).parent / "resources"
+CONTROL = set(gpu_devices.CONTROL_DEVICES)
+KAI_RESERVATION_NAMESPACE = "kai-resource-reservation"
+TRUSTED_NAMESPACE = "kube-system"  # in the chart's default nri.trustedNamespaces: env grants kept
+GRANTED = "ENXIO"  # the device cgroup allows the node (no driver answers it)
+DENIED = "EPERM"
+# Every NVIDIA_VISIBLE_DEVICES entry of the container's env (a name can be there twice: the image's and the pod's;
+# NVIDIA's runtime reads the last).
+PRINT_ENV = "tr '\\0' '\\n' < /proc/1/environ | grep '^NVIDIA_VISIBLE_DEVICES=' | sed 's/^/ENV /'"
+
+
+# ---- helpers -------------------------------------------------------------------------------------------------
+
+
+def probe_pod(name: str, namespace: str, *, gpus: int = 0, runtime_class: str | None = None,
+              env: dict[str, str] | None = None) -> dict:
+    """tests/node/resources/probe-pod.yaml: a pod for the default scheduler that prints what it sees and exits."""
+    manifest = yaml.safe_load((RESOURCES / "probe-pod.yaml").read_text())
+    manifest["metadata"] = {"name": name, "namespace": namespace}
+    ctr = manifest["spec"]["containers"][0]
+    ctr["image"] = APP_IMAGE
+    ctr["command"] = ["sh", "-c", f"{gpu_devices.PROBE_COMMAND}; {PRINT_ENV}"]
+    if gpus:
+        ctr["resources"] = {"limits": {nvidia_device_plugin.RESOURCE: str(gpus)}}
+    if env:
+        ctr["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    if runtime_class:
+        manifest["spec"]["runtimeClassName"] = runtime_class
+    return manifest
+
+
+def fresh_namespace(node: RealCluster, name: str) -> str:
+    """A namespace of the test's own (its default ServiceAccount made, so that pods are admitted)."""
+    node.kubectl("create", "namespace", name, user="admin", check=False)
+    wait_until(lambda: node.kubectl("get", "serviceaccount", "default", "-n", name, user="admin").rc == 0, 60,
+               f"namespace {name}'s default ServiceAccount", interval=0.5)
+    return name
+
+
+REFUSED = "refused"  # run_probe's env value for a container gpufrac refused to create
+
+
+def run_probe(node: RealCluster, manifest: dict, *, refusal_ok: bool = False) -> tuple[dict[str, tuple[str, str]], str]:
+    """Runs the probe pod to completion: ({device: ('major:minor', open result)}, its NVIDIA_VISIBLE_DEVICES as the
+    last entry of its env, which NVIDIA's runtime reads). `refusal_ok`: a container the runtime would not create
+    (CreateContainerError, gpufrac's NRI plugin refusing it) counts as seeing nothing: ({}, REFUSED)."""
+    name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
+    res = node.kubectl("create", "-f", "-", user="admin", input=json.dumps(manifest))
+    assert res.rc == 0, res.stderr
+
+    def outcome() -> str | None:
+        pod = json.loads(node.kubectl("get", "pod", name, "-n", namespace, "-o", "json", user="admin").stdout)
+        waiting = (pod["status"].get("containerStatuses") or [{}])[0].get("state", {}).get("waiting", {})
+        if refusal_ok and waiting.get("reason") == "CreateContainerError":
+            return f"{REFUSED}: {waiting.get('message', '')}"
+        phase = pod["status"].get("phase")
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    try:
+        done = wait_until(outcome, 120, f"pod {namespace}/{name} done", interval=0.5)
+        if done.startswith(REFUSED):
+            return {}, REFUSED
+        out = node.kubectl("logs", "-n", namespace, name, user="admin", check=True).stdout
+        assert done == "Succeeded", out
+    finally:
+        node.kubectl("delete", "pod", "-n", namespace, name, "--wait=false", user="admin")
+    env = [line.split("=", 1)[1] for line in out.splitlines() if line.startswith("ENV NVIDIA_VISIBLE_DEVICES=")]
+    return gpu_devices.parse_probe(out), env[-1] if env else ""
+
+
+def gpus_seen(seen: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
+    return {k: v for k, v in seen.items() if k not in CONTROL}
+
+
+def assert_exactly_gpus(seen: dict[str, tuple[str, str]], count: int) -> None:
+    """`count` GPU device nodes with NVIDIA's numbers, each one granted, and the control devices granted."""
+    gpus = gpus_seen(seen)
+    assert len(gpus) == count, seen
+    for dev, (numbers, result) in gpus.items():
+        assert numbers == f"{gpu_devices.NVIDIA_MAJOR}:{int(dev.removeprefix('nvidia'))}", seen
+        assert result == GRANTED, seen
+    assert {k for k in seen if k in CONTROL} == CONTROL and all(seen[c][1] == GRANTED for c in CONTROL), seen
+
+
+# ---- fixtures --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stack(node: RealCluster, installed: Helm) -> Iterator[RealCluster]:
+    """The node with gpufrac installed by helm (default values), NVIDIA's device plugin in the node's default
+    strategy (cdi-cri, as the GPU Operator runs it) and the toolkit in its default setting; put back so after this
+    module."""
+    yield node
+    if node.toolkit is not None and node.toolkit.hardened():
+        node.toolkit.set_hardened(False)
+    if node.device_list_strategy != DEFAULT_STRATEGY:
+        node.start_device_plugin(DEFAULT_STRATEGY)
+
+
+@pytest.fixture
+def strategy(stack: RealCluster, request: pytest.FixtureRequest) -> str:
+    """NVIDIA's device plugin restarted with the device list strategy `request.param`."""
+    if stack.device_list_strategy != request.param:
+        stack.start_device_plugin(request.param)
+    return str(request.param)
+
+
+@pytest.fixture(params=["default", "hardened"])
+def toolkit_setting(stack: RealCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The toolkit's config.toml in NVIDIA's default setting or the hardened one (the runtime reads it on every
+    container: no restart)."""
+    assert stack.toolkit is not None
+    stack.toolkit.set_hardened(request.param == "hardened")
+    yield str(request.param)
+    stack.toolkit.set_hardened(False)
+
+
+def runtime_class_for(strategy: str) -> str | None:
+    """envvar grants reach a container only through NVIDIA's runtime; CDI ones through containerd itself."""
+    return nvidia_toolkit.RUNTIME_HANDLER if strategy == "envvar" else None
+
+
+# ---- the device plugin ---------------------------------------------------------------------------------------
+
+
+def test_the_nodes_gpus_are_allocatable_from_nvidias_device_plugin(stack: RealCluster):
+    assert stack.allocatable().get(nvidia_device_plugin.RESOURCE) == str(len(GPU_UUIDS))
+    stack.stop_device_plugin()
+    try:
+        # The kubelet drops the plugin's devices from allocatable once its socket is gone: they were its.
+        wait_until(lambda: stack.allocatable().get(nvidia_device_plugin.RESOURCE) == "0", 60,
+                   "nvidia.com/gpu allocatable 0 without the device plugin", interval=0.5)
+    finally:
+        stack.start_device_plugin(DEFAULT_STRATEGY)
+    assert "Registered device plugin for 'nvidia.com/gpu' with Kubelet" in stack.log("nvidia-device-plugin").read_text()
+
+
+def test_an_xid_error_takes_that_gpu_out_of_allocatable(stack: RealCluster):
+    """Health checks on (no DP_DISABLE_HEALTHCHECKS): the plugin's NVML event set gets the fake's critical XID (79,
+    fallen off the bus) and the kubelet stops offering that GPU."""
+    state = stack.gpu_state()
+    try:
+        state.xid_error(GPU_UUIDS[3], 79)
+        wait_until(lambda: stack.allocatable().get(nvidia_device_plugin.RESOURCE) == str(len(GPU_UUIDS) - 1), 60,
+                   "the GPU with the XID error out of allocatable", interval=0.5)
+    finally:
+        stack.gpu_state()  # the fake's state afresh, without the XID
+        stack.start_device_plugin(DEFAULT_STRATEGY)  # a restarted plugin finds every GPU healthy again
+    assert stack.allocatable().get(nvidia_device_plugin.RESOURCE) == str(len(GPU_UUIDS))
+
+
+def test_the_device_plugins_cdi_strategy_writes_its_spec_of_the_fake_gpus(stack: RealCluster):
+    stack.start_device_plugin("cdi-cri")
+    spec = json.loads(nvidia_device_plugin.spec_path(stack.cdi_dir).read_text())
+    assert spec["kind"] == nvidia_device_plugin.CDI_KIND
+    assert sorted(d["name"] for d in spec["devices"]) == sorted(GPU_UUIDS)
+
+
+# ---- whole GPUs from the device plugin --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["envvar", "cdi-cri"], indirect=True)
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_tenant_pod_asking_whole_gpus_sees_exactly_that_many(stack: RealCluster, strategy: str, count: int,
+                                                               toolkit_setting: str):
+    namespace = fresh_namespace(stack, unique(f"tenant-{strategy}"))
+    try:
+        seen, _ = run_probe(stack, probe_pod("whole", namespace, gpus=count, runtime_class=runtime_class_for(strategy)))
+    finally:
+        stack.kubectl("delete", "namespace", namespace, "--wait=false", user="admin")
+    if strategy == "envvar" and toolkit_setting == "hardened":
+        # NVIDIA's hardened setting takes no GPU list from an unprivileged container's env, whoever wrote it (the
+        # device plugin here): NVIDIA's answer is a CDI or volume-mounts strategy, not gpufrac's to change.
+        assert gpus_seen(seen) == {}, seen
+    else:
+        assert_exactly_gpus(seen, count)
+
+
+@pytest.mark.parametrize("strategy", ["envvar", "cdi-cri"], indirect=True)
+def test_a_kai_reservation_pod_keeps_its_gpu(stack: RealCluster, strategy: str):
+    fresh_namespace(stack, KAI_RESERVATION_NAMESPACE)
+    seen, env = run_probe(stack, probe_pod(unique("reservation"), KAI_RESERVATION_NAMESPACE, gpus=1,
+                                           runtime_class=runtime_class_for(strategy)))
+    assert_exactly_gpus(seen, 1)
+    if strategy == "envvar":  # KAI's reservation pod reads its GPU's UUID from this env
+        assert env in GPU_UUIDS, env
+
+
+# ---- gpufrac's fractions and plain pods, under each runtime handler and toolkit setting ---------------------------
+
+
+@pytest.mark.parametrize("handler", ["runc", nvidia_toolkit.RUNTIME_HANDLER])
+def test_the_seed_fractions_see_exactly_their_gpus_from_the_generated_spec(stack: RealCluster, toolkit_setting: str,
+                                                                          handler: str):
+    generated = stack.cdi_spec.read_text()
+    assert "nvidia-cdi-hook" in generated  # nvidia-ctk's spec: its hooks (no hand-written spec has them)
+    for seed in ("inference", "notebook"):
+        name = unique(f"{seed}-{handler}-{toolkit_setting}")
+        manifest = example(SEED_EXAMPLES[seed][0], name)
+        manifest["spec"]["terminationGracePeriodSeconds"] = 1
+        if handler != "runc":
+            manifest["spec"]["runtimeClassName"] = handler
+        res = create_as(stack, manifest)
+        assert res.rc == 0, res.stderr
+        try:
+            bind(stack, name, SEED_BINDS[seed])
+            wait_running(stack, name)
+            out = exec_in(stack, name, gpu_devices.PROBE_COMMAND + "; env")
+        finally:
+            stack.kubectl("delete", "pod", "-n", USER_NAMESPACE, name, "--wait=false", user="admin")
+        bound = SEED_BINDS[seed]["nvidia.com/container.app.gpus.devices"].split(",")
+        seen = gpu_devices.parse_probe(out)
+        assert sorted(gpus_seen(seen)) == sorted(f"nvidia{GPU_UUIDS.index(u)}" for u in bound), (seed, seen)
+        assert_exactly_gpus(seen, len(bound))
+        env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line and not line.startswith("DEV "))
+        assert {k: env.get(k) for k in SEED_ENV[seed]} == SEED_ENV[seed], (seed, env)
+
+
+@pytest.mark.parametrize("handler", ["runc", nvidia_toolkit.RUNTIME_HANDLER])
+@pytest.mark.parametrize("named_in", ["image", "pod"])
+def test_a_plain_pod_naming_all_gpus_sees_none(stack: RealCluster, toolkit_setting: str, handler: str, named_in: str):
+    """The CUDA image's own NVIDIA_VISIBLE_DEVICES=all, or the pod's env naming it again (the container then has the
+    name twice: NVIDIA's runtime reads the last entry): no GPU either way, or the creation refused."""
+    namespace = fresh_namespace(stack, unique("plain"))
+    try:
+        seen, env = run_probe(stack, probe_pod("plain", namespace,
+                                               env={"NVIDIA_VISIBLE_DEVICES": "all"} if named_in == "pod" else None,
+                                               runtime_class=None if handler == "runc" else handler),
+                              refusal_ok=True)
+    finally:
+        stack.kubectl("delete", "namespace", namespace, "--wait=false", user="admin")
+    assert seen == {}, seen
+    assert env in ("void", REFUSED), env  # what NVIDIA's runtime would read grants nothing
+
+
+def test_the_leak_the_plain_pod_tests_guard_against_shows(stack: RealCluster):
+    """The same plain pod where gpufrac leaves env grants alone (a trusted namespace): NVIDIA's runtime hands it
+    every GPU from the image's NVIDIA_VISIBLE_DEVICES=all, granted. And a device node that reaches a container
+    without a grant (a hostPath) is there but cannot be opened. Both would pass unnoticed with /dev/null's
+    numbers and an image without CUDA's env."""
+    seen, _ = run_probe(stack, probe_pod(unique("leak"), TRUSTED_NAMESPACE,
+                                         runtime_class=nvidia_toolkit.RUNTIME_HANDLER))
+    assert_exactly_gpus(seen, len(GPU_UUIDS))
+
+    manifest = probe_pod(unique("hostpath"), TRUSTED_NAMESPACE)
+    manifest["spec"]["volumes"] = [{"name": "gpu", "hostPath": {"path": "/dev/nvidia1", "type": "CharDevice"}}]
+    manifest["spec"]["containers"][0]["volumeMounts"] = [{"name": "gpu", "mountPath": "/dev/nvidia1"}]
+    seen, _ = run_probe(stack, manifest)
+    assert seen == {"nvidia1": (f"{gpu_devices.NVIDIA_MAJOR}:1", DENIED)}, seen
