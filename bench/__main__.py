@@ -38,6 +38,14 @@ MODES = {
 }
 
 
+def _mode_name(args: argparse.Namespace) -> str:
+    return "smoke" if args.smoke else "quick" if args.quick else "full"
+
+
+def _workdir(given: str | None) -> Path:
+    return Path(given) if given else Path(tempfile.mkdtemp(prefix="gpufrac-bench-"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     mode = parser.add_mutually_exclusive_group()
@@ -53,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "results.md"), help="where to write the Markdown")
     parser.add_argument("--workdir", help="scratch directory (default: a temporary one, removed afterwards)")
     args = parser.parse_args(argv)
-    name = "smoke" if args.smoke else "quick" if args.quick else "full"
+    name = _mode_name(args)
     m = MODES[name]
     started = time.monotonic()
 
@@ -61,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     policy = chart.policy()
     reviews = seed_reviews(policy)
     report = Report(name, machine.describe(), chart, reviews)
-    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gpufrac-bench-"))
+    workdir = _workdir(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     failed: list[str] = []
     server_md = ""  # bench/server_change.py's section, after the report's own
@@ -114,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text + "\n")
     print(f"[bench] wrote {out} in {report.elapsed:.0f} s", file=sys.stderr)
+    return _exit_status(failed)
+
+
+def _exit_status(failed: list[str]) -> int:
     if failed:
         print(f"[bench] failed sections: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

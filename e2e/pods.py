@@ -11,6 +11,7 @@ from e2e.names import NODE_NAME, RELEASE_NAMESPACE, USER_NAMESPACE
 from e2e.node import APP_IMAGE, GPU_UUIDS, RealCluster
 from e2e.toolkit.errors import ClusterError
 from e2e.toolkit.wait import WaitTimeoutError, wait_until
+from gpufrac.core.contract import format_pinned_mem_limit_by_uuid
 
 NV = "nvidia.com/container.app."
 # The bind-time annotations KAI's binder writes for the two seed examples on this node's fake H200s.
@@ -24,16 +25,17 @@ SEED_BINDS = {
 # Each seed's example file, its compute mode, and the env its container must see once bound with SEED_BINDS.
 SEED_EXAMPLES = {"inference": ("inference-sm-sharing.yaml", "sm-sharing"),
                  "notebook": ("notebook-time-slicing.yaml", "time-slicing")}
+# The pinned limit inside is keyed by the bound GPUs' UUIDs (the NRI plugin rewrites the webhook's index keys).
 # NVIDIA_VISIBLE_DEVICES is `void` inside: the agent's NRI plugin hands the GPUs over as CDI devices, whose NVIDIA
 # specs set it so that NVIDIA's hook would not inject them again (the webhook's value is the bound UUIDs).
 SEED_ENV = {
     "inference": {"NVIDIA_GPU_MEMORY_REQUEST": "40960", "NVIDIA_GPU_MEMORY_LIMIT": "61440",
-                  "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=61440M,1=61440M,2=61440M,3=61440M",
+                  "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": format_pinned_mem_limit_by_uuid(61440, GPU_UUIDS),
                   "NVIDIA_VISIBLE_DEVICES": "void",
                   "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
                   "CUDA_MPS_PIPE_DIRECTORY": "/run/gpufrac/mps/sm-sharing"},
     "notebook": {"NVIDIA_GPU_MEMORY_REQUEST": "71885", "NVIDIA_GPU_MEMORY_LIMIT": "115016",
-                 "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=115016M,1=115016M",
+                 "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": format_pinned_mem_limit_by_uuid(115016, GPU_UUIDS[:2]),
                  "NVIDIA_VISIBLE_DEVICES": "void",
                  "CUDA_MPS_PIPE_DIRECTORY": "/run/gpufrac/mps/time-slicing"},
 }

@@ -816,6 +816,42 @@ int nvmlDeviceGetBrand(fake_device *device, int *brand) {
     return NVML_SUCCESS;
 }
 
+/* Topology and NVLink, which NVIDIA's device plugin asks (go-gpuallocator) to prefer close GPUs on every whole-GPU
+ * allocation. The state file describes no PCIe topology and no NVLink: two GPUs are answered as the farthest level
+ * NVML has (NVML_TOPOLOGY_SYSTEM, across CPUs: no preference between pairs), a GPU with itself as
+ * NVML_TOPOLOGY_INTERNAL, and NVLink as NOT_SUPPORTED (a board without NVLink), which the allocator skips. */
+#define NVML_TOPOLOGY_INTERNAL 0
+#define NVML_TOPOLOGY_SYSTEM 50
+int nvmlDeviceGetTopologyCommonAncestor(fake_device *first, fake_device *second, int *level) {
+    fake_state st;
+    fake_gpu *a, *b;
+    int rc = device_entry(&st, "nvmlDeviceGetTopologyCommonAncestor", first, &a);
+    if (rc) return rc;
+    if (!(b = gpu_of(&st, second)) || !level) return NVML_ERROR_INVALID_ARGUMENT;
+    *level = a == b ? NVML_TOPOLOGY_INTERNAL : NVML_TOPOLOGY_SYSTEM;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetNvLinkState(fake_device *device, unsigned int link, int *active) {
+    fake_state st;
+    fake_gpu *gpu;
+    int rc = device_entry(&st, "nvmlDeviceGetNvLinkState", device, &gpu);
+    (void)link;
+    if (rc) return rc;
+    if (!active) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+int nvmlDeviceGetNvLinkRemotePciInfo_v2(fake_device *device, unsigned int link, void *pci) {
+    fake_state st;
+    fake_gpu *gpu;
+    int rc = device_entry(&st, "nvmlDeviceGetNvLinkRemotePciInfo_v2", device, &gpu);
+    (void)link;
+    if (rc) return rc;
+    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
 /* MIG: the file says whether it is on (1) or off (0); the fake has no MIG devices, so it can only be off or
  * absent (a board without MIG: NOT_SUPPORTED, as NVML answers for one). */
 int nvmlDeviceGetMigMode(fake_device *device, unsigned int *current, unsigned int *pending) {

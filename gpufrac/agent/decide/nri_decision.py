@@ -288,20 +288,9 @@ def _no_gpu(container: ContainerInfo, *, keep_other_grants: bool = False, why: s
 def _fraction(pod: PodInfo, container: ContainerInfo, fraction: CanonicalFraction, node: NodeFacts,
               where: str) -> Injection | Refusal:
     devices_key = nvidia_key(container.name, Field.DEVICES)
-    if not fraction.devices:
-        return Refusal(RefusalReason.NOT_BOUND,
-                       f"{where} is a GPU fraction with no GPU bound ({devices_key} is missing): the scheduler writes "
-                       "it when it binds the pod; a pod bound without it gets no GPU")
-    if fraction.limit_mib is None:
-        return Refusal(RefusalReason.NOT_BOUND,
-                       f"{where} is a GPU fraction without a memory limit in MiB "
-                       f"({CANONICAL_PREFIX}{container.name}.gpu-memory.limit-mib): the webhook writes it when the "
-                       "scheduler binds the pod; it never gets a GPU without limits")
-    everything = every_gpu(fraction.devices)
-    if everything:
-        return Refusal(RefusalReason.UNKNOWN_DEVICE,
-                       f"{where}: {devices_key} names every GPU ({', '.join(everything)}); a fraction is bound to "
-                       "the GPUs it shares, by UUID, index or CDI name")
+    unbound = _not_bound(container, fraction, where)
+    if unbound is not None:
+        return unbound
     reason = node.not_served.get(fraction.mode, f"the agent does not serve {fraction.mode}")
     if reason is not None:
         return Refusal(RefusalReason.MODE_NOT_ENFORCED,
@@ -339,6 +328,26 @@ def _fraction(pod: PodInfo, container: ContainerInfo, fraction: CanonicalFractio
     given = ", ".join([*cdi, *(n.path for n in nodes)])
     return Injection(Outcome.INJECTED, cdi_devices=cdi, device_nodes=tuple(nodes), serving=serving,
                      set_env=uuid_keyed_pinned_env(fraction, gpus), note=f"{fraction.mode} GPU fraction: gets {given}")
+
+
+def _not_bound(container: ContainerInfo, fraction: CanonicalFraction, where: str) -> Refusal | None:
+    """A fraction the scheduler and the webhook have not yet made whole: no GPU bound, no limit, or every GPU."""
+    devices_key = nvidia_key(container.name, Field.DEVICES)
+    if not fraction.devices:
+        return Refusal(RefusalReason.NOT_BOUND,
+                       f"{where} is a GPU fraction with no GPU bound ({devices_key} is missing): the scheduler writes "
+                       "it when it binds the pod; a pod bound without it gets no GPU")
+    if fraction.limit_mib is None:
+        return Refusal(RefusalReason.NOT_BOUND,
+                       f"{where} is a GPU fraction without a memory limit in MiB "
+                       f"({CANONICAL_PREFIX}{container.name}.gpu-memory.limit-mib): the webhook writes it when the "
+                       "scheduler binds the pod; it never gets a GPU without limits")
+    everything = every_gpu(fraction.devices)
+    if everything:
+        return Refusal(RefusalReason.UNKNOWN_DEVICE,
+                       f"{where}: {devices_key} names every GPU ({', '.join(everything)}); a fraction is bound to "
+                       "the GPUs it shares, by UUID, index or CDI name")
+    return None
 
 
 def _creation_escape(running: RunningContainer, container: ContainerInfo, gpus: tuple[str, ...],
