@@ -417,6 +417,11 @@ ESCAPES: list[Case] = [
          setup="bound"),
     Case("test_the_scheduler_cannot_change_or_remove_devices_after_bind[remove]",
          _kubectl("binder", "annotate", f"{DEVICES}-"), (DEVICES, "was removed"), setup="bound"),
+    # A CDI name for every GPU (NVIDIA's spec has `nvidia.com/gpu=all`) would hand the fraction the whole node.
+    Case("test_the_scheduler_cannot_bind_a_fraction_to_every_gpu",
+         _kubectl("binder", "annotate", f"{DEVICES}=nvidia.com/gpu=all", f"{NV}gpu-memory.request=70Gi",
+                  f"{NV}gpu-memory.limit=70Gi"), (DEVICES, "nvidia.com/gpu=all", "never a name for all GPUs"),
+         setup="portion"),
     # system:masters skips RBAC, not admission: a cluster admin is not the scheduler either.
     Case("test_admin_is_no_exception", _kubectl("admin", "annotate", "--overwrite", f"{DEVICES}=GPU-z"), (DEVICES,),
          setup="bound"),

@@ -69,7 +69,7 @@ NEAR_INTEGERS = ("1", "2", "4", "8", "64", "65", "0", "-1", "01", "1.0", "1e1", 
 MODES = ("time-slicing", "sm-sharing", "TIME-SLICING", "mps", "", "time-slicing ", "sm_sharing")
 DEVICE_IDS = ("GPU-0d7f2a6c-1b8e-4f3d-9c2a-5e6f7a8b9c0d", "GPU-11111111-2222-3333-4444-555555555555",
               "MIG-GPU-0d7f2a6c/1/0", "0", "1", "k8s.device-plugin.nvidia.com/gpu=GPU-abc", "gpu0", "", " ", "GPU-",
-              "GPU-zz", "../../etc")
+              "GPU-zz", "../../etc", "nvidia.com/gpu=all", "nvidia.com/gpu=0:1")
 
 CONTROL = st.characters(min_codepoint=0, max_codepoint=0x1F)
 WEIRD_TEXT = st.text(alphabet=st.one_of(CONTROL, st.characters(codec="utf-8"), st.sampled_from("0123456789.eEGiM-+")),

@@ -175,8 +175,10 @@ def max_container_name_length() -> int:
     return KEY_NAME_MAX - longest_key_name("")
 
 
-DEVICE_ID_PATTERN = (r"^(?:GPU-[0-9a-zA-Z-]{1,64}|MIG-[0-9a-zA-Z/-]{1,96}|[0-9]{1,3}"
-                     r"|[a-z0-9.-]+/[a-z0-9.-]+=[A-Za-z0-9_.:-]{1,128})$")
+# One GPU per entry: a UUID, an index, or a CDI name of one GPU (a MIG device by `<gpu>:<mig>` too). Never a name
+# for many, such as `nvidia.com/gpu=all`: a fraction bound to every GPU would get them all without the scheduler.
+_ONE_GPU = r"GPU-[0-9a-zA-Z-]{1,64}|MIG-[0-9a-zA-Z/-]{1,96}|[0-9]{1,3}"
+DEVICE_ID_PATTERN = rf"^(?:{_ONE_GPU}|[a-z0-9.-]+/[a-z0-9.-]+=(?:{_ONE_GPU}|[0-9]{{1,3}}:[0-9]{{1,3}}))$"
 _DEVICE_ID = re.compile(DEVICE_ID_PATTERN)
 
 

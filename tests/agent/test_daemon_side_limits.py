@@ -16,7 +16,7 @@ from gpufrac.agent.edges.mps_control import send
 from gpufrac.agent.edges.supervisor import MpsSupervisor, RestartPolicy
 from gpufrac.agent.programs.mps_limits import DaemonSideLimits
 from gpufrac.core.annotations import ComputeMode
-from testkit.agent import UUID_A, UUID_B, container, gpu_info
+from testkit.agent import UUID_A, UUID_B, FakeNode, canonical_annotations, cid, container, gpu_info, pod
 from testkit.fakes.mps_client import ClientLimits, connect, records
 
 SM = ComputeMode.SM_SHARING
@@ -130,3 +130,45 @@ def test_a_restarted_daemon_is_told_again(daemon: MpsSupervisor) -> None:
                 f"get_default_device_pinned_mem_limit {UUID_A}") == "0"  # a new daemon forgot the defaults
     limits.apply([sm("a", 4096)], GPUS)
     assert connect(daemon.spec.pipe_dir, UUID_A, env={PINNED: f"{UUID_A}=81920M"}).pinned_mib == 4096
+
+
+# ---- the agent's loop tells the daemon ----
+
+def _sm_pipe_and_log(node: FakeNode) -> tuple[Path, Path]:
+    return node.tmp / "mps" / str(SM), node.tmp / "log" / str(SM)
+
+
+def test_each_tick_holds_the_placed_sm_sharing_fractions_on_the_daemon_side(fake_node: FakeNode) -> None:
+    """The node's `infer` pod (sm-sharing, limit 16000 MiB on GPU B): the agent's loop tells the daemon, and a client
+    of GPU B whose env asks for the whole GPU, or carries none, gets 16000 MiB."""
+    agent = fake_node.start_agent()
+    agent.tick()
+    wait_until(lambda: agent.daemon_statuses()[SM].up, timeout=10, what="the sm-sharing daemon")
+    agent.tick()
+    pipe, log_dir = _sm_pipe_and_log(fake_node)
+    assert records(log_dir, "limit")[-1]["defaults"] == {"pinned": {UUID_B: 16000}, "threads": 100}
+    assert connect(pipe, UUID_B, env={PINNED: f"{UUID_B}=80000M"}).pinned_mib == 16000
+    assert connect(pipe, UUID_B, env={}).pinned_mib == 16000
+    assert connect(pipe, UUID_A, env={}).pinned_mib is None  # GPU A: the time-slicing `train` pod's, not this daemon's
+    condition = fake_node.kube.last_condition()
+    assert condition["reason"] == "FractionsEnforced" and "MPS daemon holds" not in condition["message"], condition
+
+
+def test_fractions_of_one_gpu_with_different_limits_are_said_on_the_condition(fake_node: FakeNode) -> None:
+    """A second sm-sharing pod on GPU B with a larger limit, bound but not started yet: the daemon holds GPU B's
+    clients to the larger one before the new container's process connects, and the condition says which container
+    rests on its env and the agent's total."""
+    annotations = canonical_annotations("worker", request_mib=20000, limit_mib=30000, devices=[UUID_B],
+                                        mode="sm-sharing")
+    started = pod("infer-2", uid="u-infer-2", containers={"worker": cid(3)}, annotations=annotations)
+    started["status"]["containerStatuses"] = []  # bound, its container not created yet
+    fake_node.kube.pods.append(started)
+    agent = fake_node.start_agent()
+    agent.tick()
+    wait_until(lambda: agent.daemon_statuses()[SM].up, timeout=10, what="the sm-sharing daemon")
+    agent.tick()
+    _, log_dir = _sm_pipe_and_log(fake_node)
+    assert records(log_dir, "limit")[-1]["defaults"]["pinned"] == {UUID_B: 30000}
+    message = fake_node.kube.last_condition()["message"]
+    assert (f"GPU {UUID_B} holds clients to 30000Mi, the largest of team-a/infer-2/worker 30000Mi, "
+            "team-a/infer/worker 16000Mi") in message, message

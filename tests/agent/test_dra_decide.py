@@ -133,7 +133,7 @@ def test_a_time_slicing_claim_gets_the_toolkits_device_and_its_limits_in_mib() -
     assert "deviceNodes" not in spec["devices"][0]["containerEdits"]  # the toolkit's device brings them, and hooks
     assert env_of(spec) == {"NVIDIA_GPU_MEMORY_REQUEST": "40960", "NVIDIA_GPU_MEMORY_LIMIT": "49152",
                             "CUDA_MPS_PIPE_DIRECTORY": "/run/gpufrac/mps/time-slicing",
-                            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=49152M"}
+                            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "GPU-00000000-aaaa=49152M"}
     assert spec_file_name("uid-1") == "gpu.gpufrac.io-claim_uid-1.json"
 
 
@@ -141,7 +141,8 @@ def test_an_sm_sharing_claim_gets_the_mps_directories_and_its_thread_percentage(
     spec = cdi_spec(prepared(claim("gpu-1-sm-sharing", memory="10Gi", compute="30")), node())
     assert env_of(spec) == {"NVIDIA_GPU_MEMORY_REQUEST": "10240", "NVIDIA_GPU_MEMORY_LIMIT": "10240",
                             "CUDA_MPS_PIPE_DIRECTORY": "/run/gpufrac/mps/sm-sharing",
-                            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=10240M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
+                            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "GPU-10000000-aaaa=10240M",
+                            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
                             "NVIDIA_VISIBLE_DEVICES": "GPU-10000000-aaaa"}
     assert spec is not None
     edits = spec["devices"][0]["containerEdits"]

@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 from e2e.install import Helm
-from e2e.names import USER_NAMESPACE
+from e2e.names import NODE_NAME, RELEASE_NAMESPACE, USER_NAMESPACE
 from e2e.node import APP_IMAGE, DEFAULT_STRATEGY, GPU_UUIDS, RealCluster
-from e2e.pods import SEED_BINDS, SEED_ENV, SEED_EXAMPLES, bind, exec_in, wait_running
+from e2e.pods import SEED_BINDS, SEED_ENV, SEED_EXAMPLES, bind, exec_in, release_pods, wait_running
 from e2e.pods import create as create_as
 from e2e.testing import example, unique
 from e2e.toolkit import gpu_devices, nvidia_device_plugin, nvidia_toolkit
@@ -282,3 +282,73 @@ def test_the_leak_the_plain_pod_tests_guard_against_shows(stack: RealCluster):
     manifest["spec"]["containers"][0]["volumeMounts"] = [{"name": "gpu", "mountPath": "/dev/nvidia1"}]
     seen, _ = run_probe(stack, manifest)
     assert seen == {"nvidia1": (f"{gpu_devices.NVIDIA_MAJOR}:1", DENIED)}, seen
+
+
+# ---- a pre-r615 driver -----------------------------------------------------------------------------------------
+
+GPUFRAC_READY = "gpufrac.io/Ready"
+KAI_CONDITIONS = ("gpu-sharing.nvidia.com/Ready", "gpu-fractioning.nvidia.com/Ready")  # both published by default
+
+
+def node_conditions(node: RealCluster) -> dict[str, dict]:
+    obj = json.loads(node.kubectl("get", "node", NODE_NAME, "-o", "json", user="admin", check=True).stdout)
+    return {c["type"]: c for c in obj["status"]["conditions"]}
+
+
+def node_labels(node: RealCluster) -> dict[str, str]:
+    obj = json.loads(node.kubectl("get", "node", NODE_NAME, "-o", "json", user="admin", check=True).stdout)
+    return dict(obj["metadata"]["labels"])
+
+
+def node_check_in_the_agent(node: RealCluster) -> tuple[int, dict]:
+    """`gpufrac node-check --json` run where a person would run it: in the agent's container on the node, given the
+    agent's own --mps-binary (here the fake's path; on a GPU node NVIDIA's runtime puts it on PATH)."""
+    [agent] = release_pods(node, "agent")
+    container = agent["spec"]["containers"][0]
+    args = container.get("args") or []
+    binary = args[args.index("--mps-binary") + 1:][:1] if "--mps-binary" in args else []
+    res = node.kubectl("exec", "-n", RELEASE_NAMESPACE, agent["metadata"]["name"], "-c", container["name"], "--",
+                       "gpufrac", "node-check", "--json", *(["--mps-binary", *binary] if binary else []),
+                       user="admin")
+    return res.rc, json.loads(res.stdout)
+
+
+def test_a_580_driver_node_stays_ready_for_kai_and_runs_sm_sharing_fractions(stack: RealCluster):
+    """The fake NVML says 580.95.05 (CUDA 13.0: no CUDA 13.4 memory limits), live: the agent reads it on its next
+    tick. time-slicing cannot be enforced there and is said so; sm-sharing (MPS's pinned limits) still is, so the node
+    stays Ready for KAI and a sm-sharing fraction runs there with its limits. 615.20 is put back after."""
+    state = stack.gpu_state()
+    state.set(driver_version="580.95.05", cuda_driver_version=13000)
+    name = unique("inference-580")
+    try:
+        ready = wait_until(lambda: (c := node_conditions(stack).get(GPUFRAC_READY)) and
+                           c["reason"] == "DriverWithoutMemoryLimits" and c, 120, "the agent to read the 580 driver")
+        assert ready["status"] == "True", ready
+        assert "580.95.05" in ready["message"] and "time-slicing" in ready["message"], ready
+        conditions = node_conditions(stack)
+        assert {t: conditions[t]["status"] for t in KAI_CONDITIONS} == dict.fromkeys(KAI_CONDITIONS, "True")
+        labels = wait_until(lambda: (ls := node_labels(stack))["gpufrac.io/enforcement.time-slicing"] == "none" and ls,
+                            60, "time-slicing labelled not enforced")
+        assert labels["gpufrac.io/enforcement.sm-sharing"] == "mps", labels
+
+        rc, report = node_check_in_the_agent(stack)
+        verdicts = {v["mode"]: v for v in report["modes"]}
+        assert rc == 1 and not report["ok"], report
+        assert verdicts["sm-sharing"]["enforceable"] and not verdicts["time-slicing"]["enforceable"], verdicts
+        assert any("580.95.05" in why for why in verdicts["time-slicing"]["whyNot"]), verdicts
+
+        manifest = example(SEED_EXAMPLES["inference"][0], name)
+        manifest["spec"]["terminationGracePeriodSeconds"] = 1
+        res = create_as(stack, manifest)
+        assert res.rc == 0, res.stderr  # admitted
+        bind(stack, name, SEED_BINDS["inference"])
+        wait_running(stack, name, timeout=180)
+        out = exec_in(stack, name, gpu_devices.PROBE_COMMAND + "; env")
+        assert_exactly_gpus(gpu_devices.parse_probe(out), len(GPU_UUIDS))
+        env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line and not line.startswith("DEV "))
+        assert {k: env.get(k) for k in SEED_ENV["inference"]} == SEED_ENV["inference"], env
+    finally:
+        stack.kubectl("delete", "pod", "-n", USER_NAMESPACE, name, "--wait=false", user="admin")
+        state.set(driver_version="615.20", cuda_driver_version=13040)
+        wait_until(lambda: node_conditions(stack)[GPUFRAC_READY]["reason"] == "FractionsEnforced", 180,
+                   "the node back on 615.20, every mode enforced")

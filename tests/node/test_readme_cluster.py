@@ -17,6 +17,7 @@ import pytest
 
 from e2e.machine import machine_is_free
 from e2e.names import REPO_ROOT
+from e2e.node import GPU_UUIDS
 from e2e.toolkit.tools import Tools
 from testkit.docblocks import every_block
 
@@ -67,7 +68,9 @@ def test_the_local_cluster_block_runs_as_written(require_real_node):
     assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.find("gpufrac-node") < 0
     shown = run(demo, env, timeout=1800)
     assert shown.returncode == 0, shown.stdout[-3000:] + shown.stderr[-3000:]
-    for line in ("NVIDIA_GPU_MEMORY_LIMIT=61440", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=115016M,1=115016M",
+    # The pinned limit as the NRI plugin rewrites it at creation: keyed by the notebook's two GPUs' UUIDs.
+    pinned = ",".join(f"{uuid}=115016M" for uuid in GPU_UUIDS[:2])
+    for line in ("NVIDIA_GPU_MEMORY_LIMIT=61440", f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={pinned}",
                  "GPU devices (from the agent's NRI plugin, as CDI devices): ", "webhook configurations left: none"):
         assert line in shown.stdout, shown.stdout[-4000:]
     notebook = next(line for line in shown.stdout.splitlines() if "GPU devices" in line and "nvidia1" in line

@@ -358,7 +358,12 @@ def test_helm_uninstall_withdraws_the_agents_and_leaves_no_webhook_configuration
     print(f"[e2e] helm uninstall with the pre-delete hook took {took:.1f} s; the hook's own summary (agents "
           f"stopped, MPS daemons stopped, in all, s): {hook.get('agents_stopped_s')}, {hook.get('mps_stopped_s')}, "
           f"{hook.get('total_s')}")
-    # Pod creation does not depend on anything gpufrac left behind.
+    for kind in ("validatingadmissionpolicies", "validatingadmissionpolicybindings"):
+        names = [c["metadata"]["name"] for c in kubectl_json(node, "get", kind)["items"]]
+        assert not [n for n in names if "gpufrac" in n], names
+    # Pod creation does not depend on anything gpufrac left behind, once the API server's admission has followed the
+    # deletions (its policy informers: seconds on a loaded machine).
     name = unique("after-uninstall")
-    assert create(node, fractional_pod(name)).rc == 0
+    wait_until(lambda: create(node, fractional_pod(name)).rc == 0, 60, "a fractional pod created after the uninstall",
+               interval=1)
     node.kubectl("delete", "pod", name, "-n", USER_NAMESPACE, "--wait=false")

@@ -30,9 +30,12 @@ pytestmark = pytest.mark.e2e
 
 UUIDS = tuple(f"GPU-d9d0{i}{i}{i}{i}-1111-2222-3333-44444444444{i}" for i in range(4))
 CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
-# A tmpfs on the plugin's compiled-in directories, in its own mount namespace; then the plugin itself.
+# A tmpfs on the plugin's compiled-in directories, in its own mount namespace; then the plugin itself. The marker
+# says the tmpfs is there: until then /proc/<pid>/root/var/lib is the host's, where a real node's plugin (a session
+# fixture of tests/node) may be serving the same socket name.
+PRIVATE_MARKER = "var/lib/gpufrac-test-private"
 PRIVATE_DIRS = ('mount -t tmpfs tmpfs /var/lib && mkdir -p /var/lib/kubelet/device-plugins'
-                ' && mount -t tmpfs tmpfs /run && mkdir -p /run/cdi && exec "$@"')
+                f' && mount -t tmpfs tmpfs /run && mkdir -p /run/cdi && touch /{PRIVATE_MARKER} && exec "$@"')
 
 
 def _in_ci() -> bool:
@@ -86,7 +89,7 @@ class Plugin:
         self.root = Path(f"/proc/{self.process.pid}/root")
         socket = self.root / "var/lib/kubelet/device-plugins/nvidia-gpu.sock"
         deadline = time.monotonic() + 30
-        while not socket.exists():
+        while not ((self.root / PRIVATE_MARKER).exists() and socket.exists()):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 pytest.fail(f"the device plugin did not serve its socket:\n{self.log()[-3000:]}", pytrace=False)

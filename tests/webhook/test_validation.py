@@ -60,6 +60,23 @@ def test_scheduler_groups_are_scheduler_identities_too():
                                      groups=("system:serviceaccounts:kai-scheduler",)), policy).allowed
 
 
+@pytest.mark.parametrize("devices", ["nvidia.com/gpu=all", "GPU-a1b2c3d4,nvidia.com/gpu=all",
+                                     "k8s.device-plugin.nvidia.com/gpu=all"])
+def test_a_bind_to_every_gpu_by_a_cdi_name_is_denied(devices):
+    """A CDI name for all GPUs (NVIDIA's spec has `nvidia.com/gpu=all`) would hand a fraction every GPU of the node."""
+    ops = [{**BIND[0], "value": devices}, *BIND[1:]]
+    message = update(created(NOTEBOOK), ops, user=BINDER).message
+    assert f"annotation nvidia.com/container.app.gpus.devices: {devices} must be a comma-separated list of GPUs" \
+           in message and "never a name for all GPUs (bad entry: " in message, message
+
+
+@pytest.mark.parametrize("devices", ["nvidia.com/gpu=GPU-a1b2c3d4,nvidia.com/gpu=GPU-e5f6a7b8",
+                                     "k8s.device-plugin.nvidia.com/gpu=GPU-a1b2c3d4,nvidia.com/gpu=1",
+                                     "nvidia.com/gpu=0:1,nvidia.com/gpu=0:2"])
+def test_a_bind_by_the_cdi_names_of_single_gpus_is_admitted(devices):
+    assert update(created(NOTEBOOK), [{**BIND[0], "value": devices}, *BIND[1:]], user=BINDER).allowed
+
+
 def test_a_bind_without_memory_for_a_portion_is_denied():
     message = update(created(NOTEBOOK), BIND[:1], user=BINDER).message
     assert "annotation nvidia.com/container.app.gpus.devices: GPU-a1b2c3d4,GPU-e5f6a7b8 assigns devices to container " \

@@ -122,6 +122,7 @@ def node_condition(
     delivery_problem: str | None = None,
     skew: str | None = None,
     runtime_problems: Sequence[tuple[str, str]] = (),
+    daemon_side: str | None = None,
 ) -> NodeCondition:
     """The gpufrac.io/Ready condition: True when every enabled mode is enforced, or every one this driver can
     enforce (a pre-r615 driver: sm-sharing, not time-slicing, whose fractions the NRI plugin then refuses).
@@ -132,6 +133,8 @@ def node_condition(
     A version skew (`skew`: what skew_message says) is no problem for enforcement either: the reason of a True
     condition when there is no delivery problem, and in the message. `runtime_problems` (containerd < 2.1, a GPU
     no CDI spec names: runtime_support.runtime_problems) make it False: fractions there get no working GPU.
+    `daemon_side` (mps_limits.holds: what the sm-sharing daemon's own limits do not hold) is said on a True condition:
+    each container's limits still hold through its client env and the agent's container total.
     """
     if inventory is None:
         return _condition([(
@@ -160,6 +163,7 @@ def node_condition(
     notes = [f"not {ComputeMode.TIME_SLICING}: {gap}"] if gap else []
     notes += [f"but {delivery_problem}"] if delivery_problem else []
     notes += [skew] if skew else []
+    notes += [daemon_side] if daemon_side else []
     reason = (NRI_UNAVAILABLE if delivery_problem else DRIVER_WITHOUT_LIMITS if gap else
               "MpsVersionSkew" if skew else "FractionsEnforced")
     return NodeCondition(ConditionStatus.TRUE, reason, "; ".join([enforced_text, *notes]))

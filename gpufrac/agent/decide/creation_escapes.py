@@ -7,8 +7,9 @@
   `env`), and NRI's env edit replaces the first and writes the second back, so a `void` would be followed by the
   grant it was meant to cancel. Refused rather than edited.
 - A fraction's env carrying a name gpufrac owns that gpufrac did not set for it (`envFrom` a ConfigMap or Secret,
-  or the image: the webhook cannot read either), a `CUDA_VISIBLE_DEVICES` naming a GPU by a UUID it was not given,
-  or a `gpus.devices` entry naming every GPU (`nvidia.com/gpu=all`): refused (row 1 and 8).
+  or the image: the webhook cannot read either), a `CUDA_VISIBLE_DEVICES` naming a GPU by a UUID it was not given:
+  refused (row 1 and 8). (A `gpus.devices` entry naming every GPU, `nvidia.com/gpu=all`, does not read as a fraction
+  at all: core.annotations.parse_devices takes one GPU per entry, so the plugin refuses it as unreadable.)
 - A legacy CUDA image (`CUDA_VERSION` set, no `NVIDIA_VISIBLE_DEVICES`), which NVIDIA's runtime reads as asking for
   every GPU: refused rather than blanked, so its owner sees why and says `void` (or asks for a GPU) in the pod.
 """
@@ -19,7 +20,7 @@ import posixpath
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
-from gpufrac.core.annotations import ComputeMode, device_id
+from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import LIMIT_ENV_PREFIXES, LimitEnv, is_gpu_uuid
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -74,7 +75,3 @@ def foreign_visible_gpus(env: Mapping[str, str], gpus: Iterable[str]) -> list[st
     named = (entry.strip() for entry in env.get(CUDA_VISIBLE_DEVICES, "").split(","))
     return sorted({entry for entry in named if is_gpu_uuid(entry) and entry not in given})
 
-
-def every_gpu(devices: Iterable[str]) -> list[str]:
-    """`gpus.devices` entries that name every GPU of the node (`nvidia.com/gpu=all`), not one."""
-    return [entry for entry in devices if device_id(entry) == "all"]

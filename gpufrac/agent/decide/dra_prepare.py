@@ -27,7 +27,13 @@ from gpufrac.agent.decide.dra_claims import (
 )
 from gpufrac.agent.decide.dra_slices import COMPUTE, DRIVER, MEMORY, WHOLE, SliceGpu, parse_device_name, pool_name
 from gpufrac.core.annotations import ComputeMode
-from gpufrac.core.contract import SHM_MOUNT_PATH, LimitEnv, format_pinned_mem_limit, mps_pipe_dir, mps_shm_dir
+from gpufrac.core.contract import (
+    SHM_MOUNT_PATH,
+    LimitEnv,
+    format_pinned_mem_limit_by_uuid,
+    mps_pipe_dir,
+    mps_shm_dir,
+)
 
 CDI_VERSION = "0.6.0"
 CDI_KIND = f"{DRIVER}/claim"
@@ -158,7 +164,8 @@ def _env(device: PreparedDevice, node: DraNode) -> list[str]:
     env = {LimitEnv.MEMORY_REQUEST: str(device.request_mib), LimitEnv.MEMORY_LIMIT: str(device.limit_mib)}
     if device.mode in node.mps_modes:
         env[LimitEnv.PIPE_DIRECTORY] = mps_pipe_dir(node.mps_root, ComputeMode(device.mode))
-        env[LimitEnv.PINNED_MEM_LIMIT] = format_pinned_mem_limit({0: device.limit_mib})  # the one GPU it sees
+        # keyed by UUID: an index key names a GPU a narrowed CUDA_VISIBLE_DEVICES may hide, and CUDA then drops it
+        env[LimitEnv.PINNED_MEM_LIMIT] = format_pinned_mem_limit_by_uuid(device.limit_mib, [device.gpu_uuid])
         if device.mode == ComputeMode.SM_SHARING:
             env[LimitEnv.ACTIVE_THREAD_PERCENTAGE] = str(device.compute_percent)
     return [f"{key}={value}" for key, value in env.items()]

@@ -35,7 +35,6 @@ from enum import StrEnum
 from gpufrac.agent.decide.audit import env_mismatches, expected_env
 from gpufrac.agent.decide.creation_escapes import (
     duplicated,
-    every_gpu,
     foreign_owned_env,
     foreign_visible_gpus,
     legacy_cuda_image,
@@ -342,11 +341,6 @@ def _not_bound(container: ContainerInfo, fraction: CanonicalFraction, where: str
                        f"{where} is a GPU fraction without a memory limit in MiB "
                        f"({CANONICAL_PREFIX}{container.name}.gpu-memory.limit-mib): the webhook writes it when the "
                        "scheduler binds the pod; it never gets a GPU without limits")
-    everything = every_gpu(fraction.devices)
-    if everything:
-        return Refusal(RefusalReason.UNKNOWN_DEVICE,
-                       f"{where}: {devices_key} names every GPU ({', '.join(everything)}); a fraction is bound to "
-                       "the GPUs it shares, by UUID, index or CDI name")
     return None
 
 

@@ -59,3 +59,23 @@ def index_by_container_id(pods: Iterable[Mapping[str, Any]]) -> ContainerIndex:
         unreadable += len({(u.container, u.key if u.container is None else "") for u in canonical.unreadable})
         by_id.update((c.container_id, c) for c in _running(pod, canonical))
     return ContainerIndex(by_id, unreadable)
+
+
+_DONE = ("Succeeded", "Failed")
+
+
+def placed_fractions(pods: Iterable[Mapping[str, Any]]) -> list[RunningContainer]:
+    """Every fractional container of the node's pods that are bound and not done, started or not (its container_id
+    empty until it runs): what the sm-sharing daemon must hold before the container's process connects."""
+    placed = []
+    for pod in pods:
+        metadata, status = pod.get("metadata") or {}, pod.get("status") or {}
+        if status.get("phase") in _DONE or metadata.get("deletionTimestamp"):
+            continue
+        ids = {s.get("name"): normalize_container_id(s["containerID"])
+               for s in status.get("containerStatuses") or [] if s.get("containerID")}
+        for name, fraction in _canonical(pod).fractions.items():
+            if fraction.devices:
+                placed.append(RunningContainer(metadata.get("namespace", ""), metadata.get("name", ""),
+                                               metadata.get("uid", ""), name, ids.get(name, ""), fraction))
+    return placed

@@ -16,6 +16,7 @@ from gpufrac.agent.decide.csi_publish import NodeDirs, PodRef
 from gpufrac.agent.decide.errors import NvmlError
 from gpufrac.agent.decide.model import DaemonStatus, EnforcementViolation, EvictionOutcome, Inventory, NodeCondition
 from gpufrac.agent.decide.mps_config import memory_problem
+from gpufrac.agent.decide.pods import placed_fractions
 from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.edges.node import NodePublisher, NodeSink
 from gpufrac.agent.edges.podwatch import PodCache, PodSource
@@ -24,6 +25,7 @@ from gpufrac.agent.programs.agent_config import AgentConfig
 from gpufrac.agent.programs.audit_pass import AuditKube, AuditPass, GpuSource
 from gpufrac.agent.programs.daemons import Daemon, MpsDaemons
 from gpufrac.agent.programs.guarantee import Guarantee
+from gpufrac.agent.programs.mps_limits import DaemonSideLimits
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.buildinfo import build
 from gpufrac.core.contract import Enforcement, mps_pipe_dir, mps_shm_dir
@@ -61,6 +63,9 @@ class Agent:
         guarantee = Guarantee(kube, gpus, metrics, config.node, config.proc_root, config.guarantee, clock=clock,
                               mps_daemons=lambda: [s.pid for s in self.daemons.statuses().values() if s.pid])
         self.audit = AuditPass(config, kube, gpus, metrics, self.pods, guarantee)
+        sm_pipe_dir = Path(mps_pipe_dir(str(config.mps_root), ComputeMode.SM_SHARING))
+        self.daemon_limits = (DaemonSideLimits(config.mps_binary, sm_pipe_dir)
+                              if ComputeMode.SM_SHARING in config.modes else None)
         self.inventory: Inventory | None = None
         self.nvml_error: str | None = None
         self._last_tick: float | None = None
@@ -122,7 +127,9 @@ class Agent:
         self._report_enforcement(enforced, statuses, skew)
         self.not_served = self._not_served(enforced, statuses)
         skew_message = capabilities.skew_message(own_build, skew) if skew else None
-        self.publisher.try_publish(self._labels(enforced), self._condition(enforced, statuses, skew_message))
+        daemon_side = self._hold_daemon_side(statuses)
+        self.publisher.try_publish(self._labels(enforced),
+                                   self._condition(enforced, statuses, skew_message, daemon_side))
         if self.inventory is not None and self.pods.synced.is_set():
             self.audit.run(self.inventory)
         self._last_tick = self._clock()
@@ -138,8 +145,18 @@ class Agent:
         for mode in statuses:
             self.metrics.version_skew.labels(mode=str(mode)).set(1 if mode in skew else 0)
 
+    def _hold_daemon_side(self, statuses: Mapping[ComputeMode, DaemonStatus]) -> str | None:
+        """Tells the sm-sharing daemon the limits of the fractions placed here, before their processes connect
+        (programs.mps_limits); returns what its servers do not hold, for the condition's message."""
+        status = statuses.get(ComputeMode.SM_SHARING)
+        if (self.daemon_limits is None or self.inventory is None or status is None or not status.up
+                or not self.pods.synced.is_set()):
+            return None
+        self.daemon_limits.apply(placed_fractions(self.pods.snapshot()), self.inventory.gpus)
+        return self.daemon_limits.problem
+
     def _condition(self, enforced: Mapping[ComputeMode, Enforcement], statuses: Mapping[ComputeMode, DaemonStatus],
-                   skew: str | None) -> NodeCondition:
+                   skew: str | None, daemon_side: str | None = None) -> NodeCondition:
         return capabilities.node_condition(
             self.inventory,
             self.config.modes,
@@ -150,6 +167,7 @@ class Agent:
             delivery_problem=self.delivery_problem(),
             skew=skew,
             runtime_problems=self.runtime_problems(),
+            daemon_side=daemon_side,
         )
 
     def _labels(self, enforced: dict[ComputeMode, Enforcement]) -> dict[str, str]:

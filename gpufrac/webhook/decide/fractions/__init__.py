@@ -14,6 +14,7 @@ scheduler and binder do (binary64 for portions, exact bytes for quantities).
 
 from gpufrac.webhook.decide.fractions.model import (
     COMPUTE_PORTION_RANGE,
+    DEVICES_LIST,
     FRACTION_RANGE,
     LISTED_CONTAINERS,
     MAX_DEVICES,
@@ -82,6 +83,7 @@ from gpufrac.webhook.decide.fractions.rules import (
 
 __all__ = [
     "COMPUTE_PORTION_RANGE",
+    "DEVICES_LIST",
     "FRACTION_RANGE",
     "LISTED_CONTAINERS",
     "MAX_DEVICES",

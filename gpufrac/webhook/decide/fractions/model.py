@@ -24,6 +24,8 @@ TARGETING = (ann.FRACTION, ann.MEMORY, ann.FRACTION_LIMIT, ann.MEMORY_LIMIT, ann
 FRACTION_RANGE = "must be a decimal number strictly between 0 and 1, such as 0.5"
 MEMORY_QUANTITY = "must be a Kubernetes memory quantity of at least 1Mi, such as 40Gi"
 WHOLE_MIB = "must be a positive whole number of MiB, such as 20480"
+DEVICES_LIST = ("must be a comma-separated list of GPUs, each by UUID or CDI device name of one GPU, such as "
+                "GPU-<uuid>,GPU-<uuid> or nvidia.com/gpu=GPU-<uuid>, never a name for all GPUs")
 COMPUTE_PORTION_RANGE = ("must be a decimal number greater than 0 and at most 1, such as 0.5: the share of the GPU's "
                          "compute the scheduler writes at bind")
 

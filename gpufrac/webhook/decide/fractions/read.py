@@ -26,6 +26,7 @@ from gpufrac.webhook.decide import pod as podview
 from gpufrac.webhook.decide.errors import Violation, annotation
 from gpufrac.webhook.decide.fractions.model import (
     COMPUTE_PORTION_RANGE,
+    DEVICES_LIST,
     FRACTION_RANGE,
     MAX_DEVICES,
     MAX_MIB,
@@ -201,8 +202,7 @@ def read_devices(key: str, text: str) -> tuple[tuple[str, ...], list[Violation]]
     try:
         return ann.parse_devices(text), []
     except ValueError as exc:
-        return (), [annotation(key, text, "must be a comma-separated list of GPU UUIDs or CDI device names, such as "
-                                          f"GPU-<uuid>,GPU-<uuid> (bad entry: {exc})")]
+        return (), [annotation(key, text, f"{DEVICES_LIST} (bad entry: {exc})")]
 
 
 def read_compute_portion(key: str, text: str) -> tuple[float | None, list[Violation]]:

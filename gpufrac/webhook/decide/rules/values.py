@@ -143,8 +143,7 @@ def devices_problem(v: str) -> str:
     listed = f"{v}.split(',').map(d, d.trim())"
     bad = f"{listed}.filter(d, !d.matches({regex(ann.DEVICE_ID_PATTERN)}))"
     twice = f"{listed}.exists(d, {listed}.filter(e, e == d).size() > 1)"
-    accepted = ("must be a comma-separated list of GPU UUIDs or CDI device names, such as GPU-<uuid>,GPU-<uuid> "
-                "(bad entry: ")
+    accepted = f"{fr.DEVICES_LIST} (bad entry: "
     return (f"(size({bad}) > 0 ? {lit(accepted)} + ({bad}[0] == '' ? '(empty entry)' : {bad}[0]) + ')' : "
             f"{twice} ? {lit(accepted + 'a device listed twice)')} : '')")
 
