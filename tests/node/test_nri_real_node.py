@@ -303,3 +303,76 @@ def test_with_the_agent_stopped_no_container_gets_a_gpu_without_limits(node: Rea
     wait_running(node, new, timeout=240)
     assert inside(node, new)[0] == {"nvidia3", *CONTROL_DEVICES}, "creation works again, with the plugin"
     delete(node, running, new, plain)
+
+
+# ---- limits the tenant writes itself (docs/security.md, rows 1 and 6) -------------------------------------------
+
+# What a tenant would write to lift its fraction's limits: every GPU's memory, every SM.
+OWN_LIMITS = {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=143771M", "NVIDIA_GPU_MEMORY_LIMIT": "143771",
+              "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}
+PRINT_ENVIRON = "tr '\\0' '\\n' < /proc/1/environ"
+
+
+def environ_entries(node: RealCluster, name: str) -> list[tuple[str, str]]:
+    """The container's first process's env, every entry (a name the runtime holds twice shows twice)."""
+    out = exec_in(node, name, PRINT_ENVIRON)
+    return [(key, value) for key, sep, value in map(lambda line: line.partition("="), out.splitlines()) if sep]
+
+
+@pytest.mark.parametrize("written_in", ["env", "envFrom"])
+def test_a_fraction_that_writes_its_own_limits_runs_with_gpufracs(node: RealCluster, after_each, written_in: str):
+    """The sm-sharing fraction's own container asks for the whole GPU in `env` (the webhook replaces its entries) or
+    through `envFrom` a ConfigMap (the webhook cannot read it; the kubelet lets `env` win): inside, each name once,
+    with gpufrac's value, the pinned limit keyed by the bound GPU's UUID."""
+    name = unique(f"nri-own-{written_in.lower()}")
+    manifest = inference_on_one_gpu(name, sidecar=False)
+    app = manifest["spec"]["containers"][0]
+    if written_in == "env":
+        app["env"] = [{"name": k, "value": v} for k, v in OWN_LIMITS.items()]
+    else:
+        config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": USER_NAMESPACE},
+                  "data": OWN_LIMITS}
+        assert node.kubectl("apply", "-f", "-", user="admin", input=json.dumps(config)).rc == 0
+        app["envFrom"] = [{"configMapRef": {"name": name}}]
+    res = create(node, manifest)
+    assert res.rc == 0, res.stderr
+    try:
+        bind(node, name, {NV + "gpus.devices": GPU_UUIDS[2], NV + "gpu-compute.portion": "0.25"})
+        wait_running(node, name)
+        entries = environ_entries(node, name)
+    finally:
+        delete(node, name)
+        node.kubectl("delete", "configmap", name, "-n", USER_NAMESPACE, "--ignore-not-found", user="admin")
+    seen = [(k, v) for k, v in entries if k in OWN_LIMITS]
+    assert sorted(seen) == sorted([("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", f"{GPU_UUIDS[2]}=61440M"),
+                                   ("NVIDIA_GPU_MEMORY_LIMIT", "61440"),
+                                   ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25")]), entries
+
+
+def test_a_name_gpufrac_owns_that_it_did_not_set_is_refused_at_creation(node: RealCluster, after_each):
+    """A time-slicing fraction gets no thread percentage from gpufrac: one that arrives by `envFrom` (which the
+    webhook cannot read) is refused when the runtime creates the container, naming it."""
+    name = unique("nri-own-foreign")
+    manifest = fraction_pod(name, "time-slicing")
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": USER_NAMESPACE},
+              "data": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}}
+    assert node.kubectl("apply", "-f", "-", user="admin", input=json.dumps(config)).rc == 0
+    manifest["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": name}}]
+    try:
+        res = create(node, manifest)
+        assert res.rc == 0, res.stderr  # admitted: the webhook cannot see into the ConfigMap
+        bind(node, name, {NV + "gpus.devices": GPU_UUIDS[2]})
+        message = wait_until(lambda: kubelet_failure(node, name, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), 120,
+                             f"pod {name}'s creation refused", interval=0.5)
+    finally:
+        delete(node, name)
+        node.kubectl("delete", "configmap", name, "-n", USER_NAMESPACE, "--ignore-not-found", user="admin")
+    assert "failed to get NRI adjustment" in message and "did not set for it" in message, message
+
+
+def test_a_privileged_fraction_is_denied(node: RealCluster, after_each):
+    manifest = inference_on_one_gpu(unique("nri-privileged"), sidecar=False)
+    manifest["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    res = create(node, manifest)
+    assert res.rc != 0, "a privileged fraction was admitted"
+    assert "container app: is privileged" in res.stderr and "securityContext.privileged" in res.stderr, res.stderr
