@@ -172,3 +172,16 @@ def test_fractions_of_one_gpu_with_different_limits_are_said_on_the_condition(fa
     message = fake_node.kube.last_condition()["message"]
     assert (f"GPU {UUID_B} holds clients to 30000Mi, the largest of team-a/infer-2/worker 30000Mi, "
             "team-a/infer/worker 16000Mi") in message, message
+
+
+def test_the_dra_drivers_shares_are_held_like_annotated_fractions(fake_node: FakeNode) -> None:
+    """A prepared sm-sharing claim on GPU A (the DRA driver hands the loop its shares as fractions) beside the
+    annotated `infer` pod on GPU B: the daemon holds both GPUs."""
+    agent = fake_node.start_agent()
+    agent.claim_fractions = lambda: [sm("claim-a", 12288, UUID_A, threads=40)]
+    agent.tick()
+    wait_until(lambda: agent.daemon_statuses()[SM].up, timeout=10, what="the sm-sharing daemon")
+    agent.tick()
+    pipe, log_dir = _sm_pipe_and_log(fake_node)
+    assert records(log_dir, "limit")[-1]["defaults"] == {"pinned": {UUID_A: 12288, UUID_B: 16000}, "threads": 100}
+    assert connect(pipe, UUID_A, env={}).pinned_mib == 12288

@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 
-from gpufrac.agent.decide import dra_state
+from gpufrac.agent.decide import dra_state, mps_limits
 from gpufrac.agent.decide.dra_claims import ClaimError, read_claim
-from gpufrac.agent.decide.dra_prepare import DraNode, PreparedClaim, cdi_spec, prepare, spec_file_name
+from gpufrac.agent.decide.dra_prepare import DraNode, PreparedClaim, as_fractions, cdi_spec, prepare, spec_file_name
 from gpufrac.agent.decide.dra_slices import DeviceName, SliceGpu, parse_device_name, resource_slices
 from gpufrac.agent.decide.model import GpuInfo
+from gpufrac.core.annotations import ComputeMode
 
 GIB = 1 << 30
 NODE = "node-a"
@@ -218,3 +219,19 @@ def test_the_state_file_gives_back_what_was_prepared() -> None:
 def test_a_state_file_that_does_not_read_says_so(text: str, message: str) -> None:
     with pytest.raises(dra_state.StateError, match=message):
         dra_state.load(text)
+
+
+# ---- claims as fractions (the sm-sharing daemon holds them like annotated ones) ----
+
+def test_prepared_shares_are_fractions_the_daemon_side_plans_with_and_whole_gpus_are_not() -> None:
+    sm = prepared(claim("gpu-1-sm-sharing", uid="uid-sm", memory="10Gi", compute="30"))
+    ts = prepared(claim("gpu-0-time-slicing", uid="uid-ts"))
+    whole = prepared(claim("gpu-0", uid="uid-whole", memory=None))
+    fractions = as_fractions([sm, ts, whole])
+    assert [(f.namespace, f.pod, f.container, f.mode, f.fraction.limit_mib, f.fraction.devices,
+             f.fraction.active_thread_percent) for f in fractions] == [
+        ("team", "claim-uid-sm", "gpu", ComputeMode.SM_SHARING, 10240, ("GPU-10000000-aaaa",), 30),
+        ("team", "claim-uid-ts", "gpu", ComputeMode.TIME_SLICING, 40960, ("GPU-00000000-aaaa",), None)]
+    plan = mps_limits.plan(fractions, [g.gpu for g in gpus().values()])
+    assert plan.default_commands() == ["set_default_device_pinned_mem_limit GPU-10000000-aaaa 10240M",
+                                       "set_default_active_thread_percentage 30"]

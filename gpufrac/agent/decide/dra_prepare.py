@@ -26,9 +26,11 @@ from gpufrac.agent.decide.dra_claims import (
     quantity_mib,
 )
 from gpufrac.agent.decide.dra_slices import COMPUTE, DRIVER, MEMORY, WHOLE, SliceGpu, parse_device_name, pool_name
+from gpufrac.agent.decide.model import RunningContainer
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import (
     SHM_MOUNT_PATH,
+    CanonicalFraction,
     LimitEnv,
     format_pinned_mem_limit_by_uuid,
     mps_pipe_dir,
@@ -72,6 +74,18 @@ class PreparedDevice:
 class PreparedClaim:
     claim: ClaimRef
     devices: tuple[PreparedDevice, ...]
+
+
+def as_fractions(claims: Iterable[PreparedClaim]) -> list[RunningContainer]:
+    """The prepared claims' shares as the fractions an annotated pod's containers are (whole GPUs left out), for
+    what treats both alike: the sm-sharing daemon's own limits. A claim stands for its pod's container, named
+    `<namespace>/<claim>/<request>`; it has no container ID (a claim may serve several containers)."""
+    return [RunningContainer(c.claim.namespace, c.claim.name, c.claim.uid, d.request, "",
+                             CanonicalFraction(d.request, ComputeMode(d.mode), d.request_mib, d.limit_mib,
+                                               devices=(d.gpu_uuid,),
+                                               active_thread_percent=d.compute_percent
+                                               if d.mode == ComputeMode.SM_SHARING else None))
+            for c in claims for d in c.devices if d.mode != WHOLE]
 
 
 def cdi_device_name(claim_uid: str, device: str) -> str:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gpufrac.agent.decide import dra_state
 from gpufrac.agent.decide.capacity import usable_label
 from gpufrac.agent.decide.dra_claims import ClaimError, ClaimRef, read_claim
-from gpufrac.agent.decide.dra_prepare import DraNode, PreparedClaim, cdi_spec, control_devices, prepare
+from gpufrac.agent.decide.dra_prepare import DraNode, PreparedClaim, as_fractions, cdi_spec, control_devices, prepare
 from gpufrac.agent.decide.dra_slices import DRIVER, SliceGpu, resource_slices
 from gpufrac.agent.decide.errors import ConfigError
 from gpufrac.agent.decide.model import Inventory
@@ -121,6 +121,11 @@ class DraDriver:
             except OSError as err:
                 return f"unpreparing claim {claim}: {err}"
         return None
+
+    def claims(self) -> tuple[PreparedClaim, ...]:
+        """The claims prepared now (another thread may be preparing one)."""
+        with self._lock:
+            return tuple(self.prepared.values())
 
     def _save(self) -> None:
         self._state.write(dra_state.dump(self.prepared.values()))
@@ -244,6 +249,7 @@ def dra_service(args: argparse.Namespace, agent: Agent, api_client: Any) -> DraS
 
     driver = DraDriver(node, DraKube(api_client), ClaimSpecs(args.dra_cdi_dir), StateFile(args.dra_state_file),
                        driver_version)
+    agent.claim_fractions = lambda: as_fractions(driver.claims())  # the daemon side holds claims like fractions
     endpoint, registration = plugin_paths(args.kubelet_dir, DRIVER)
     plugin = DraPlugin(DRIVER, endpoint, registration, driver, on_registered=driver.republish)
     return DraService(driver, plugin, max(config.interval, 5.0))

@@ -14,7 +14,14 @@ from typing import Any, Protocol
 from gpufrac.agent.decide import capabilities
 from gpufrac.agent.decide.csi_publish import NodeDirs, PodRef
 from gpufrac.agent.decide.errors import NvmlError
-from gpufrac.agent.decide.model import DaemonStatus, EnforcementViolation, EvictionOutcome, Inventory, NodeCondition
+from gpufrac.agent.decide.model import (
+    DaemonStatus,
+    EnforcementViolation,
+    EvictionOutcome,
+    Inventory,
+    NodeCondition,
+    RunningContainer,
+)
 from gpufrac.agent.decide.mps_config import memory_problem
 from gpufrac.agent.decide.pods import placed_fractions
 from gpufrac.agent.edges.metrics import AgentMetrics
@@ -78,6 +85,8 @@ class Agent:
         self.delivery_problem: Callable[[], str | None] = lambda: None
         # The delivery path's problems (containerd < 2.1, a GPU without CDI spec): the NRI plugin's RuntimeWatch.
         self.runtime_problems: Callable[[], list[tuple[str, str]]] = list
+        # The DRA driver's prepared shares, as fractions (decide.dra_prepare.as_fractions); set by the driver.
+        self.claim_fractions: Callable[[], list[RunningContainer]] = list
 
     @property
     def supervisors(self) -> dict[ComputeMode, Daemon]:
@@ -152,7 +161,8 @@ class Agent:
         if (self.daemon_limits is None or self.inventory is None or status is None or not status.up
                 or not self.pods.synced.is_set()):
             return None
-        self.daemon_limits.apply(placed_fractions(self.pods.snapshot()), self.inventory.gpus)
+        self.daemon_limits.apply([*placed_fractions(self.pods.snapshot()), *self.claim_fractions()],
+                                 self.inventory.gpus)
         return self.daemon_limits.problem
 
     def _condition(self, enforced: Mapping[ComputeMode, Enforcement], statuses: Mapping[ComputeMode, DaemonStatus],
