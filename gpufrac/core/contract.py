@@ -131,6 +131,15 @@ class Enforcement(StrEnum):
 
 ENFORCING = (Enforcement.DRIVER, Enforcement.MPS)  # the values a pod may require (`requireEnforcingNode`)
 
+# The operator's per-node choice of how fractions reach its GPUs (read by the agent, never written by gpufrac): one
+# front door per GPU, or the scheduler and KAI would each think the whole GPU is theirs to divide.
+FRONT_DOOR_LABEL = "gpufrac.io/front-door"
+
+
+class FrontDoor(StrEnum):
+    ANNOTATIONS = "annotations"  # annotated fractions (KAI's vocabulary), the webhook and the NRI plugin
+    DRA = "dra"  # ResourceClaims of the DRA driver gpu.gpufrac.io
+
 
 def enforcement_label(mode: ComputeMode) -> str:
     return f"{ENFORCEMENT_LABEL_PREFIX}{mode}"

@@ -9,6 +9,7 @@ into the claim's status, as the scheduler does."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import threading
 import uuid
@@ -36,12 +37,14 @@ from gpufrac.agent.edges.dra.server import DraPlugin, plugin_paths
 from gpufrac.agent.edges.dra.stubs import dra_pb2, dra_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
 from gpufrac.agent.programs import node_agent
 from gpufrac.agent.programs.dra_driver import DraDriver, dra_node, dra_service
+from gpufrac.core.contract import FRONT_DOOR_LABEL, FrontDoor
 from gpufrac.kube.client import load_api_client
 from testkit.agent import FakeNode
 from testkit.chart import HELM, render
 from testkit.pods import EXAMPLES as ALL_EXAMPLES
 
 GIB = 1 << 30
+UUID_C = "GPU-cccccccc-0000-0000-0000-000000000003"
 NODE = "dra-node"
 INVENTORY = Inventory("615.10", 13040, tuple(GpuInfo(i, f"GPU-{i}1111111-bbbb", "NVIDIA H100 80GB HBM3", 80 * GIB)
                                             for i in range(2)))
@@ -254,38 +257,79 @@ def test_each_registration_by_the_kubelet_makes_the_driver_write_its_slices_agai
     assert sorted(slices(world)) == [f"{NODE}-gpufrac-counters", f"{NODE}-gpufrac-devices"]
 
 
-def test_gpufrac_agent_dra_serves_the_live_agents_gpus_and_mps_daemons(world: World, fake_node: FakeNode,
-                                                                        tmp_path: Path) -> None:
-    """`gpufrac agent --dra` as node_agent.run wires it: the node's facts come from the running agent (the fake
-    NVML's GPUs, its usable-memory labels, its MPS daemons), the slices go to the API server, and an sm-sharing
-    claim gets the MPS daemon's pipe directory."""
+@contextlib.contextmanager
+def live_agent_with_dra(world: World, fake_node: FakeNode, tmp_path: Path, *flags: str) -> Iterator[tuple[Any, Any]]:
+    """`gpufrac agent --dra` as node_agent.run wires it, over the fake node's running agent: (agent, DraService)."""
     agent = fake_node.agent()
     stop = threading.Event()
     loop = threading.Thread(target=agent.run, args=(stop,), daemon=True)
     loop.start()
-    wait_until(lambda: agent.inventory is not None and all(s.up for s in agent.daemon_statuses().values())
-               and agent.audit.guarantee.labels, 20, "the agent's GPUs, daemons and usable memory", interval=0.05)
-    parser = argparse.ArgumentParser()
-    node_agent.add_arguments(parser)
-    node = fake_node.config.node  # the agent's: what its slices and pool are named after
-    args = parser.parse_args(["--node", node, "--dra", "--kubelet-dir", str(world.sockets),
-                              "--dra-cdi-dir", str(tmp_path / "cdi"), "--dra-state-file", str(tmp_path / "s.json"),
-                              "--cdi-spec-dir", str(tmp_path / "no-specs")])
-    service = dra_service(args, agent, load_api_client(str(world.plane.kubeconfigs["admin"])))
-    assert service is not None
-    service.start()
     try:
+        wait_until(lambda: agent.inventory is not None and all(s.up for s in agent.daemon_statuses().values())
+                   and agent.audit.guarantee.labels, 20, "the agent's GPUs, daemons and usable memory", interval=0.05)
+        parser = argparse.ArgumentParser()
+        node_agent.add_arguments(parser)
+        args = parser.parse_args(["--node", fake_node.config.node, "--dra", "--kubelet-dir", str(world.sockets),
+                                  "--dra-cdi-dir", str(tmp_path / "cdi"), "--dra-state-file", str(tmp_path / "s.json"),
+                                  "--cdi-spec-dir", str(tmp_path / "no-specs"), *flags])
+        service = dra_service(args, agent, load_api_client(str(world.plane.kubeconfigs["admin"])))
+        assert service is not None
+        service.start()
+        try:
+            yield agent, service
+        finally:
+            service.stop()
+    finally:
+        stop.set()
+        loop.join(30)
+
+
+def test_gpufrac_agent_dra_serves_the_live_agents_gpus_and_mps_daemons(world: World, fake_node: FakeNode,
+                                                                        tmp_path: Path) -> None:
+    """The node's facts come from the running agent (the fake NVML's GPUs, its usable-memory labels, its MPS
+    daemons), the slices go to the API server, and an sm-sharing claim gets the MPS daemon's pipe directory."""
+    node = fake_node.config.node  # the agent's: what its slices and pool are named after
+    fake_node.gpus.gpu(UUID_C, memory_total_mib=80000)  # GPUs 0 and 1 hold the fake node's annotated fractions
+    with live_agent_with_dra(world, fake_node, tmp_path) as (agent, service):
         wait_until(lambda: len(slices(world)) == 2, 20, "the agent's slices", interval=0.1)
         usable = {int(v) for v in agent.audit.guarantee.labels.values()}
         devices = slices(world)[f"{node}-gpufrac-devices"]["spec"]["devices"]
         assert {d["attributes"]["uuid"]["string"] for d in devices} == {g.uuid for g in agent.inventory.gpus}
         assert {d["capacity"]["memory"]["value"] for d in devices} == {f"{mib}Mi" for mib in usable}
-        uid = allocated_claim(world, "sm", "gpu-1-sm-sharing", "1Gi", pool=node)
+        # one front door per GPU: GPU 1 holds the sm-sharing pod's annotated fraction
+        busy = allocated_claim(world, "busy", "gpu-1-sm-sharing", "1Gi", pool=node)
+        refused = service.driver.prepare(ClaimRef("default", "busy", busy))
+        assert isinstance(refused, str) and "(container worker of pod team-a/infer is placed on it)" in refused
+        uid = allocated_claim(world, "sm", "gpu-2-sm-sharing", "1Gi", pool=node)
         devices_answer = service.driver.prepare(ClaimRef("default", "sm", uid))
         assert not isinstance(devices_answer, str), devices_answer
         env = json.loads(ClaimSpecs(tmp_path / "cdi").path(uid).read_text())["devices"][0]["containerEdits"]["env"]
         assert f"CUDA_MPS_PIPE_DIRECTORY={fake_node.config.mps_root}/sm-sharing" in env
+        # every GPU of a DRA node is one the NRI plugin refuses annotated fractions on
+        assert agent.dra_gpus()[UUID_C] == "its node's front door is DRA (the default front door (dra; node " \
+            "label gpufrac.io/front-door unset))"
+
+
+def test_a_node_labelled_for_annotations_publishes_no_devices_and_refuses_claims_until_labelled_dra(
+        world: World, fake_node: FakeNode, tmp_path: Path) -> None:
+    """The per-node choice, read from the live Node: relabelling it moves the door within one publishing."""
+    node = fake_node.config.node
+    fake_node.gpus.gpu(UUID_C, memory_total_mib=80000)
+    world.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": node, "labels": {FRONT_DOOR_LABEL: "annotations"}}}))
+    try:
+        with live_agent_with_dra(world, fake_node, tmp_path) as (agent, service):
+            assert service.front_door.choice.door is FrontDoor.ANNOTATIONS
+            service.driver.publish()
+            assert slices(world) == {}
+            assert agent.dra_gpus() == {}
+            uid = allocated_claim(world, "ts", "gpu-2-time-slicing", "1Gi", pool=node)
+            refused = service.driver.prepare(ClaimRef("default", "ts", uid))
+            assert isinstance(refused, str) and refused.startswith(
+                f"node {node} hands its GPUs out through annotations (node label gpufrac.io/front-door=annotations)")
+            world.kubectl("label", "node", node, f"{FRONT_DOOR_LABEL}=dra", "--overwrite")
+            wait_until(lambda: len(slices(world)) == 2, 30, "the slices once the node is labelled dra", interval=0.2)
+            assert set(agent.dra_gpus()) == {gpu.uuid for gpu in agent.inventory.gpus}
+            assert not isinstance(service.driver.prepare(ClaimRef("default", "ts", uid)), str)
     finally:
-        service.stop()
-        stop.set()
-        loop.join(30)
+        world.kubectl("delete", "node", node, "--ignore-not-found")

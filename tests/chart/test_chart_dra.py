@@ -64,7 +64,18 @@ def test_the_agent_may_publish_slices_and_read_claims_and_nothing_more() -> None
 @pytest.mark.parametrize(("flag", "message"), [
     ("dra.cdiDir=var/run/cdi", "/dra/cdiDir"),
     ("dra.enabled=maybe", "/dra/enabled"),
+    ("dra.defaultFrontDoor=both", "/dra/defaultFrontDoor"),
 ])
 def test_bad_dra_values_are_refused_by_the_schema(flag: str, message: str) -> None:
     refused = template("--set-string" if "maybe" in flag else "--set", flag, check=False)
     assert refused.returncode != 0 and message in refused.stderr
+
+
+@pytest.mark.parametrize("door", ["dra", "annotations"])
+def test_the_agent_gets_the_default_front_door_and_may_read_its_node_for_the_label(door: str) -> None:
+    objs = render(*DRA, "--set", f"dra.defaultFrontDoor={door}")
+    [agent] = one(objs, "DaemonSet", "gpufrac-agent")["spec"]["template"]["spec"]["containers"][:1]
+    args = agent["args"]
+    assert args[args.index("--dra-default-front-door") + 1] == door
+    rules = one(objs, "ClusterRole", "gpufrac-agent")["rules"]
+    assert any("nodes" in r["resources"] and "get" in r["verbs"] for r in rules)

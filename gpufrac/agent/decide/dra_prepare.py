@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpufrac.agent.decide.dra_claims import (
@@ -26,11 +26,14 @@ from gpufrac.agent.decide.dra_claims import (
     quantity_mib,
 )
 from gpufrac.agent.decide.dra_slices import COMPUTE, DRIVER, MEMORY, WHOLE, SliceGpu, parse_device_name, pool_name
+from gpufrac.agent.decide.front_door import FrontDoorChoice, refusal_for_claim
 from gpufrac.agent.decide.model import RunningContainer
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import (
+    FRONT_DOOR_LABEL,
     SHM_MOUNT_PATH,
     CanonicalFraction,
+    FrontDoor,
     LimitEnv,
     format_pinned_mem_limit_by_uuid,
     mps_pipe_dir,
@@ -38,6 +41,7 @@ from gpufrac.core.contract import (
 )
 
 CDI_VERSION = "0.6.0"
+DRA_DOOR = FrontDoorChoice(FrontDoor.DRA, "the agent's DRA driver")
 CDI_KIND = f"{DRIVER}/claim"
 TOOLKIT_KINDS = ("nvidia.com/gpu", "k8s.device-plugin.nvidia.com/gpu")  # whose device carries the toolkit's hooks
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
@@ -53,6 +57,8 @@ class DraNode:
     mps_modes: frozenset[str]  # the modes an MPS daemon serves on this node now
     cdi_devices: frozenset[str]  # the CDI names the node's specs define (`nvidia.com/gpu=GPU-…`)
     host_devices: frozenset[str]  # the control device nodes the host has
+    front_door: FrontDoorChoice = DRA_DOOR
+    annotated: Mapping[str, str] = field(default_factory=dict)  # GPU UUID -> an annotated fraction placed on it
 
 
 @dataclass(frozen=True)
@@ -127,6 +133,9 @@ def _one_device(allocation: ClaimAllocation, device: AllocatedDevice, node: DraN
     if limit < request or limit > gpu.usable_mib:
         raise ClaimError(f"device {device.device}: the memory limit {limit} MiB must lie between the request "
                          f"{request} MiB and the GPU's usable {gpu.usable_mib} MiB")
+    if gpu.gpu.uuid in node.annotated:
+        raise ClaimError(f"device {device.device}: " + refusal_for_claim(
+            f"{parsed.index} ({gpu.gpu.uuid})", f"{node.annotated[gpu.gpu.uuid]} is placed on it"))
     if parsed.mode == ComputeMode.SM_SHARING and parsed.mode not in node.mps_modes:
         raise ClaimError(f"device {device.device}: node {node.name} runs no sm-sharing MPS daemon now, so the "
                          "claim's compute and memory limits would not hold")
@@ -159,6 +168,9 @@ def _conflict(device: PreparedDevice, node: DraNode, others: Iterable[PreparedCl
 
 def prepare(allocation: ClaimAllocation, node: DraNode, others: Iterable[PreparedClaim]) -> PreparedClaim:
     """The claim's devices, checked; ClaimError (one line) when the node refuses it."""
+    if node.front_door.door is not FrontDoor.DRA:
+        raise ClaimError(f"node {node.name} hands its GPUs out through annotations ({node.front_door.why}), not "
+                         f"through DRA: label it {FRONT_DOOR_LABEL}={FrontDoor.DRA} to serve claims (docs/dra.md)")
     devices = tuple(_one_device(allocation, device, node) for device in allocation.devices)
     shares = [d for d in devices if d.mode != WHOLE]
     if shares and len(devices) > 1:

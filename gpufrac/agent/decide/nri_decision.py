@@ -40,6 +40,7 @@ from gpufrac.agent.decide.creation_escapes import (
     legacy_cuda_image,
     pipe_dir_problem,
 )
+from gpufrac.agent.decide.front_door import refusal_for_annotated
 from gpufrac.agent.decide.kubelet_allocations import NO_ALLOCATIONS, KubeletAllocations
 from gpufrac.agent.decide.model import GpuInfo, RunningContainer
 from gpufrac.agent.decide.pinned_env import uuid_keyed_pinned_env
@@ -109,6 +110,7 @@ class NodeFacts:
     serving: tuple[ServingContainer, ...] = ()
     delivery: DeliveryFacts | None = None  # the runtime's facts (runtime_support); None: no delivery refusal
     allocations: KubeletAllocations = NO_ALLOCATIONS  # whole GPUs the kubelet allocated (its device checkpoint)
+    dra_gpus: Mapping[str, str] = field(default_factory=dict)  # GPU UUID -> why DRA serves it (decide.front_door)
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,7 @@ class RefusalReason(StrEnum):
     PIPE_DIR_MISSING = "GPUMpsPipeDirMissing"  # creation_escapes: an sm-sharing fraction outside its MPS daemon
     ENV_DUPLICATED = "GPUEnvDuplicated"  # creation_escapes: an env name the plugin edits, written twice
     LEGACY_IMAGE = "GPULegacyCudaImage"  # creation_escapes: CUDA_VERSION without NVIDIA_VISIBLE_DEVICES
+    SERVED_THROUGH_DRA = "GPUServedThroughDra"  # front_door: one front door per GPU
 
 
 @dataclass(frozen=True)
@@ -303,6 +306,10 @@ def _fraction(pod: PodInfo, container: ContainerInfo, fraction: CanonicalFractio
                        f"{', '.join(sorted(node.cdi_devices)) or 'none'})")
     grants = [r for r in resolved if r is not None]
     gpus = tuple(g.gpu for g in grants)
+    through_dra = next((g for g in gpus if g in node.dra_gpus), None)
+    if through_dra is not None:
+        return Refusal(RefusalReason.SERVED_THROUGH_DRA,
+                       refusal_for_annotated(where, through_dra, node.dra_gpus[through_dra]))
     conflict = _mode_conflict(pod, fraction.mode, gpus, node.serving)
     if conflict is not None:
         return Refusal(RefusalReason.MODE_CONFLICT, f"{where} is a {fraction.mode} GPU fraction but {conflict}")

@@ -18,13 +18,25 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gpufrac.agent.decide import dra_state
 from gpufrac.agent.decide.capacity import usable_label
 from gpufrac.agent.decide.dra_claims import ClaimError, ClaimRef, read_claim
-from gpufrac.agent.decide.dra_prepare import DraNode, PreparedClaim, as_fractions, cdi_spec, control_devices, prepare
+from gpufrac.agent.decide.dra_prepare import (
+    DRA_DOOR,
+    DraNode,
+    PreparedClaim,
+    as_fractions,
+    cdi_spec,
+    control_devices,
+    prepare,
+)
 from gpufrac.agent.decide.dra_slices import DRIVER, SliceGpu, resource_slices
 from gpufrac.agent.decide.errors import ConfigError
-from gpufrac.agent.decide.model import Inventory
+from gpufrac.agent.decide.front_door import FrontDoorChoice, choose, dra_served
+from gpufrac.agent.decide.model import Inventory, RunningContainer
+from gpufrac.agent.decide.nri_decision import gpu_identity
+from gpufrac.agent.decide.pods import placed_fractions
 from gpufrac.agent.edges.dra.files import DEFAULT_CDI_DIR, DEFAULT_STATE_FILE, ClaimSpecs, StateFile
 from gpufrac.agent.edges.dra.services import DeviceAnswer
 from gpufrac.agent.edges.nri.devices import DEFAULT_CDI_DIRS, CdiSpecs
+from gpufrac.core.contract import FRONT_DOOR_LABEL, FrontDoor
 from gpufrac.kube.errors import ConflictError, KubeError
 
 if TYPE_CHECKING:
@@ -50,6 +62,10 @@ def _answers(claim: PreparedClaim) -> tuple[DeviceAnswer, ...]:
     return tuple(DeviceAnswer(d.request, d.pool, d.device, d.cdi_ids, d.share_id) for d in claim.devices)
 
 
+def _claimed_gpus(claims: Iterable[PreparedClaim]) -> dict[str, str]:
+    return {device.gpu_uuid: str(claim.claim) for claim in claims for device in claim.devices}
+
+
 def _slice_content(body: dict[str, Any]) -> Any:
     spec = dict(body["spec"])
     spec["pool"] = {k: v for k, v in spec["pool"].items() if k != "generation"}
@@ -73,6 +89,7 @@ class DraDriver:
             self.prepared: dict[str, PreparedClaim] = dra_state.load(text) if text is not None else {}
         except dra_state.StateError as err:
             raise ConfigError(f"{state.path}: {err}; the claims it recorded cannot be unprepared") from err
+        self._claimed = _claimed_gpus(self.prepared.values())
         if self.prepared:
             log.info("DRA driver: %d claims prepared before this start (%s)", len(self.prepared), state.path)
 
@@ -127,8 +144,14 @@ class DraDriver:
         with self._lock:
             return tuple(self.prepared.values())
 
+    def claimed_gpus(self) -> dict[str, str]:
+        """GPU UUID -> a claim prepared on it; without the lock (the NRI plugin asks within the runtime's deadline,
+        while a Prepare may be waiting on the API server): the mapping as of the last saved change."""
+        return self._claimed
+
     def _save(self) -> None:
         self._state.write(dra_state.dump(self.prepared.values()))
+        self._claimed = _claimed_gpus(self.prepared.values())
 
     # ---- the ResourceSlices ----
 
@@ -137,13 +160,15 @@ class DraDriver:
         node = self._node()
         if node is None:
             return False
-        wanted = resource_slices(node.name, node.gpus.values(), self._driver_version(), generation=0)
+        # a node whose front door is annotations publishes no devices: the scheduler then allocates none here
+        gpus = list(node.gpus.values()) if node.front_door.door is FrontDoor.DRA else []
+        wanted = resource_slices(node.name, gpus, self._driver_version(), generation=0) if gpus else []
         content = [_slice_content(body) for body in wanted]
         if content == self._published:
             return False
         existing = {s["metadata"]["name"]: s for s in self._api.list_slices(node.name)}
         generation = 1 + max((int(s["spec"]["pool"].get("generation", 0)) for s in existing.values()), default=0)
-        for body in resource_slices(node.name, node.gpus.values(), self._driver_version(), generation):
+        for body in resource_slices(node.name, gpus, self._driver_version(), generation) if gpus else []:
             current = existing.pop(body["metadata"]["name"], None)
             if current is None:
                 self._api.create_slice(body)
@@ -152,8 +177,8 @@ class DraDriver:
         for stale in existing:
             self._api.delete_slice(stale)
         self._published = content
-        log.info("DRA: published the ResourceSlices of node %s (pool generation %d, %d GPUs)", node.name,
-                 generation, len(node.gpus))
+        log.info("DRA: published the ResourceSlices of node %s (pool generation %d, %d GPUs; front door %s: %s)",
+                 node.name, generation, len(gpus), node.front_door.door, node.front_door.why)
         return True
 
     def republish(self) -> None:
@@ -161,9 +186,11 @@ class DraDriver:
         restarts or loses the driver, and registers it again afterwards (this is called then)."""
         self._published = None
 
-    def keep_published(self, stop: threading.Event, interval: float) -> None:
-        """Publish now and whenever the GPUs change (usable memory moves as MPS servers take their contexts)."""
+    def keep_published(self, stop: threading.Event, interval: float, before: Callable[[], None] = lambda: None) -> None:
+        """Publish now and whenever the GPUs change (usable memory moves as MPS servers take their contexts) or the
+        front door does; `before` runs ahead of each publishing (it reads the node's labels)."""
         while not stop.is_set():
+            before()
             try:
                 self.publish()
             except ConflictError:
@@ -189,12 +216,39 @@ def slice_gpus(inventory: Inventory, usable_labels: dict[str, str]) -> dict[int,
 
 
 def dra_node(name: str, inventory: Inventory | None, usable_labels: dict[str, str], mps_root: str,
-             mps_modes: Iterable[str], cdi_devices: frozenset[str], dev: Path = Path("/dev")) -> DraNode | None:
+             mps_modes: Iterable[str], cdi_devices: frozenset[str], dev: Path = Path("/dev"), *,
+             front_door: FrontDoorChoice = DRA_DOOR, placed: Iterable[RunningContainer] = ()) -> DraNode | None:
     if inventory is None:
         return None
+    annotated = {gpu_identity(entry, inventory.gpus): f"container {c.container} of pod {c.namespace}/{c.pod}"
+                 for c in placed for entry in c.fraction.devices}
     return DraNode(name=name, gpus=slice_gpus(inventory, usable_labels), mps_root=mps_root,
                    mps_modes=frozenset(mps_modes), cdi_devices=cdi_devices,
-                   host_devices=control_devices(f"/dev/{path.name}" for path in dev.glob("nvidia*")))
+                   host_devices=control_devices(f"/dev/{path.name}" for path in dev.glob("nvidia*")),
+                   front_door=front_door, annotated=annotated)
+
+
+class FrontDoorWatch:
+    """The node's front door (decide.front_door), read from its labels before each publishing of the slices: the
+    label is the operator's, so a relabelled node changes door within one publishing interval."""
+
+    def __init__(self, read_labels: Callable[[], dict[str, str]], default: FrontDoor) -> None:
+        self._read = read_labels
+        self._default = default
+        self.choice = choose({}, True, default)
+
+    def refresh(self) -> None:
+        try:
+            labels = self._read()
+        except KubeError as err:
+            log.warning("DRA: reading the node's labels failed, the front door stays %s: %s", self.choice.door, err)
+            return
+        choice = choose(labels, True, self._default)
+        if choice != self.choice:
+            log.info("DRA: the node's front door is %s (%s)", choice.door, choice.why)
+            if choice.problem:
+                log.warning("DRA: %s", choice.problem)
+        self.choice = choice
 
 
 def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
@@ -204,6 +258,10 @@ def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
                              "consumable capacity)")
     parser.add_argument("--dra-state-file", type=Path, default=DEFAULT_STATE_FILE, metavar="PATH",
                         help="the claims this node prepared, read back after a restart (a host path)")
+    parser.add_argument("--dra-default-front-door", choices=[door.value for door in FrontDoor],
+                        default=FrontDoor.DRA.value,
+                        help=f"with --dra, how a node without the label {FRONT_DOOR_LABEL} hands out its GPUs: "
+                             "ResourceClaims (dra) or annotated fractions (annotations); one front door per GPU")
     parser.add_argument("--dra-cdi-dir", type=Path, default=DEFAULT_CDI_DIR, metavar="PATH",
                         help="where each claim's CDI spec is written (one of the runtime's cdi_spec_dirs)")
 
@@ -211,15 +269,18 @@ def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
 class DraService:
     """The driver, its gRPC plugin and its slice publisher, started and stopped with the agent."""
 
-    def __init__(self, driver: DraDriver, plugin: DraPlugin, interval: float) -> None:
+    def __init__(self, driver: DraDriver, plugin: DraPlugin, interval: float, front_door: FrontDoorWatch) -> None:
         self.driver = driver
         self.plugin = plugin
+        self.front_door = front_door
         self._interval = interval
         self._stop = threading.Event()
-        self._publisher = threading.Thread(target=driver.keep_published, args=(self._stop, interval),
+        self._publisher = threading.Thread(target=driver.keep_published,
+                                           args=(self._stop, interval, front_door.refresh),
                                            name="dra-slices", daemon=True)
 
     def start(self) -> None:
+        self.front_door.refresh()  # before the kubelet's first Prepare
         self.plugin.start()
         self._publisher.start()
 
@@ -238,18 +299,26 @@ def dra_service(args: argparse.Namespace, agent: Agent, api_client: Any) -> DraS
 
     config = agent.config
     cdi = CdiSpecs(args.cdi_spec_dir or DEFAULT_CDI_DIRS)
+    kube = DraKube(api_client)
+    door = FrontDoorWatch(lambda: kube.node_labels(config.node), FrontDoor(args.dra_default_front_door))
 
     def node() -> DraNode | None:
         served = [str(mode) for mode, status in agent.daemon_statuses().items() if status.up]
+        placed = placed_fractions(agent.pods.snapshot()) if agent.pods.synced.is_set() else ()
         return dra_node(config.node, agent.inventory, agent.audit.guarantee.labels, str(config.mps_root), served,
-                        cdi.names())
+                        cdi.names(), front_door=door.choice, placed=placed)
 
     def driver_version() -> str:
         return agent.inventory.driver_version if agent.inventory is not None else ""
 
-    driver = DraDriver(node, DraKube(api_client), ClaimSpecs(args.dra_cdi_dir), StateFile(args.dra_state_file),
-                       driver_version)
+    driver = DraDriver(node, kube, ClaimSpecs(args.dra_cdi_dir), StateFile(args.dra_state_file), driver_version)
     agent.claim_fractions = lambda: as_fractions(driver.claims())  # the daemon side holds claims like fractions
+
+    def dra_gpus() -> dict[str, str]:
+        gpus = agent.inventory.gpus if agent.inventory is not None else ()
+        return dra_served(door.choice, [gpu.uuid for gpu in gpus], driver.claimed_gpus())
+
+    agent.dra_gpus = dra_gpus  # what the NRI plugin refuses annotated fractions on
     endpoint, registration = plugin_paths(args.kubelet_dir, DRIVER)
     plugin = DraPlugin(DRIVER, endpoint, registration, driver, on_registered=driver.republish)
-    return DraService(driver, plugin, max(config.interval, 5.0))
+    return DraService(driver, plugin, max(config.interval, 5.0), door)

@@ -87,6 +87,8 @@ class Agent:
         self.runtime_problems: Callable[[], list[tuple[str, str]]] = list
         # The DRA driver's prepared shares, as fractions (decide.dra_prepare.as_fractions); set by the driver.
         self.claim_fractions: Callable[[], list[RunningContainer]] = list
+        # GPU UUID -> why it is served through DRA (decide.front_door.dra_served); set by the driver.
+        self.dra_gpus: Callable[[], dict[str, str]] = dict
 
     @property
     def supervisors(self) -> dict[ComputeMode, Daemon]:

@@ -47,7 +47,7 @@ class NriService:
         gpus = inventory.gpus if inventory is not None else ()
         runtime = self.plugin.runtime  # as the runtime named itself in Configure; "" before the first registration
         return NodeFacts(gpus, self._cdi.names(), gpu_device_nodes(gpus, self._dev_root), dict(self.agent.not_served),
-                         delivery=DeliveryFacts(runtime) if runtime else None)
+                         delivery=DeliveryFacts(runtime) if runtime else None, dra_gpus=self.agent.dra_gpus())
 
     # ---- the plugin's DecisionSink ----
 

@@ -13,6 +13,8 @@ dra.enabled false. */}}
 - "/run/gpufrac/dra-cdi"
 - --dra-state-file
 - {{ printf "%s/prepared.json" (trimSuffix "/" .Values.dra.stateDir) | quote }}
+- --dra-default-front-door
+- {{ .Values.dra.defaultFrontDoor | quote }}
 {{- end }}
 {{- end }}
 

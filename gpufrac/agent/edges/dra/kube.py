@@ -6,6 +6,7 @@ objects travel as plain JSON dicts whatever typed models the installed client ha
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kubernetes import client
@@ -21,6 +22,7 @@ VERSION = "v1"
 class DraKube:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.objects = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
 
     @classmethod
     def from_config(cls, kubeconfig: str | None) -> DraKube:
@@ -35,6 +37,13 @@ class DraKube:
         except NotFoundError:
             return None
         return found
+
+    def node_labels(self, node: str) -> dict[str, str]:
+        """The node's labels (its front door is one of them)."""
+        with translated(f"reading node {node}"):
+            found = self.core.read_node(node, _preload_content=False)
+        labels: dict[str, str] = (json.loads(found.data).get("metadata") or {}).get("labels") or {}
+        return labels
 
     def list_slices(self, node: str) -> list[dict[str, Any]]:
         """This driver's slices of one node."""
