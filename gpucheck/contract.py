@@ -20,6 +20,7 @@ ENV_LOG_DIRECTORY = "CUDA_MPS_LOG_DIRECTORY"
 ENV_PINNED_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 ENV_MEMORY_REQUEST = "NVIDIA_GPU_MEMORY_REQUEST"
 ENV_MEMORY_LIMIT = "NVIDIA_GPU_MEMORY_LIMIT"
+ENV_ACTIVE_THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 CANONICAL_PREFIX = "gpufrac.io/container."  # gpufrac.core.annotations: the webhook's annotations per container
 NVIDIA_PREFIX = "nvidia.com/container."  # the scheduler's (KAI's): <prefix><container>.gpus.devices
 DEVICE_PLUGIN_CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"  # NVIDIA's device plugin's CDI kind; its devices: UUIDs
@@ -57,6 +58,30 @@ def fraction_env(request_mib: int, limit_mib: int, pipe_dir: str, devices: str) 
     return {"NVIDIA_VISIBLE_DEVICES": devices, ENV_MEMORY_REQUEST: memory_env_value(request_mib),
             ENV_MEMORY_LIMIT: memory_env_value(limit_mib), ENV_PINNED_MEM_LIMIT: format_pinned_mem_limit(limit_mib, 1),
             ENV_PIPE_DIRECTORY: pipe_dir}
+
+
+def claim_env(gpu_uuid: str, pipe_dir: str, request_mib: int, limit_mib: int, compute_percent: int) -> dict[str, str]:
+    """An sm-sharing DRA claim's container env, as the agent's Prepare writes it into the claim's CDI spec
+    (dra_prepare.cdi_spec, for a GPU the toolkit's CDI spec names): the request and limit in MiB, the pipe directory,
+    the pinned limit keyed by the GPU's UUID (which a narrowed CUDA_VISIBLE_DEVICES cannot void), the thread
+    percentage (the claim's consumed `compute`)."""
+    return {ENV_MEMORY_REQUEST: memory_env_value(request_mib), ENV_MEMORY_LIMIT: memory_env_value(limit_mib),
+            ENV_PIPE_DIRECTORY: pipe_dir, ENV_PINNED_MEM_LIMIT: f"{gpu_uuid}={limit_mib}M",
+            ENV_ACTIVE_THREAD_PERCENTAGE: str(compute_percent)}
+
+
+def daemon_limit_commands(gpu_uuid: str, pinned_mib: int, thread_percent: int | None,
+                          server_pids: list[int]) -> list[str]:
+    """What the agent tells the sm-sharing daemon for a GPU whose fractions' largest limit is `pinned_mib`
+    (decide.mps_limits.DaemonPlan): the defaults for servers to come, then each running server's (by PID)."""
+    commands = [f"set_default_device_pinned_mem_limit {gpu_uuid} {pinned_mib}M"]
+    if thread_percent is not None:
+        commands.append(f"set_default_active_thread_percentage {thread_percent}")
+    for pid in server_pids:
+        commands.append(f"set_device_pinned_mem_limit {pid} {gpu_uuid} {pinned_mib}M")
+        if thread_percent is not None:
+            commands.append(f"set_active_thread_percentage {pid} {thread_percent}")
+    return commands
 
 
 def driver_major(version: str) -> int | None:

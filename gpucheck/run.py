@@ -9,6 +9,7 @@ from typing import Any
 from gpucheck.checks.attribution import Attribution
 from gpucheck.checks.compute import Compute
 from gpucheck.checks.daemons import Daemons
+from gpucheck.checks.dra import DraClaim
 from gpucheck.checks.escapes import DaemonSideLimits
 from gpucheck.checks.inventory import Inventory
 from gpucheck.checks.memory import MemoryLimits
@@ -16,6 +17,11 @@ from gpucheck.checks.pods import Pods
 from gpucheck.checks.runtime import Runtime
 from gpucheck.contract import SM_SHARING, TIME_SLICING
 from gpucheck.session import Session
+
+
+def check_of(row_id: str) -> str:
+    """The check a row belongs to, as --only names it: the row id's number ("9a" -> "9", "10" -> "10")."""
+    return row_id[:len(row_id) - len(row_id.lstrip("0123456789"))]
 
 
 class Run:
@@ -31,6 +37,7 @@ class Run:
         self.attribution = Attribution(session, self.daemons)
         self.runtime = Runtime(session)
         self.daemon_side = DaemonSideLimits(session, self.daemons, self.memory)
+        self.dra = DraClaim(session, self.daemons, self.memory, self.daemon_side)
 
     def steps(self) -> list[tuple[tuple[str, ...], Any]]:
         memory, compute = self.memory, self.compute
@@ -46,7 +53,8 @@ class Run:
             (("5a", "5b"), self.pods.run),
             (("6a", "6b"), self.attribution.run),
             (("8a", "8b", "8c"), self.runtime.run),
-            (("9a", "9b"), self.daemon_side.run),  # last: the daemon keeps the limits these set
+            (("9a", "9b"), self.daemon_side.run),  # last (and 10): the daemon keeps the limits these set
+            (("10",), self.dra.run),
         ]
 
     def run(self) -> None:
@@ -60,7 +68,7 @@ class Run:
             s.log(f"daemons up; lingering {s.args.linger}s (--linger)")
             time.sleep(s.args.linger)
         for rows, step in self.steps():
-            if not s.selected(rows[0][0]):
+            if not s.selected(check_of(rows[0])):
                 continue
             if s.left() < 20:
                 s.skip(tuple((row_id, f"check {row_id}") for row_id in rows), "the time budget (--budget) is used up")

@@ -43,8 +43,9 @@ class Daemons:
         """The mode's pipe directory; without a mode, one with no daemon (the client runs without MPS)."""
         return self.by_mode[mode].layout.pipe_dir if mode else self.s.no_mps_dir
 
-    def server_pids(self) -> list[int]:
-        return mps_server_pids([d.layout.pipe_dir for d in self.by_mode.values()])
+    def server_pids(self, mode: str | None = None) -> list[int]:
+        """The MPS servers of every daemon, or of one mode's: a daemon takes commands for its own servers only."""
+        return mps_server_pids([d.layout.pipe_dir for m, d in self.by_mode.items() if mode in (None, m)])
 
     def row(self) -> None:
         if not self.by_mode:

@@ -11,7 +11,8 @@ gpufrac's agent tells the sm-sharing daemon each GPU's limit with the documented
 - 9b: the daemon at 2A, one client keyed by its GPU's UUID asking A (held to A: a UUID key is applied on this
   driver), one asking 4A (held to 2A: the env cannot raise the daemon's value).
 
-They run last: the daemon keeps the limits they set until it stops.
+They run last but for row 10 (gpucheck/checks/dra.py), which tells the daemon its own limits through `tell`: the
+daemon keeps the limits it is told until it stops.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ import subprocess
 from gpucheck.checks.daemons import Daemons
 from gpucheck.checks.memory import MemoryLimits
 from gpucheck.client_process import Client
-from gpucheck.contract import ENV_PINNED_MEM_LIMIT, ENV_PIPE_DIRECTORY, SM_SHARING
-from gpucheck.judge import probe_max_mib
+from gpucheck.contract import ENV_PINNED_MEM_LIMIT, ENV_PIPE_DIRECTORY, SM_SHARING, daemon_limit_commands
 from gpucheck.session import Session
 
 DROPPED = "9a", "daemon-side limit: env dropped or narrowed"
@@ -35,9 +35,14 @@ class DaemonSideLimits:
         self.daemons = daemons
         self.memory = memory
 
+    def problem(self) -> str | None:
+        """Why the daemon side cannot be checked here (None: it can)."""
+        s = self.s
+        return s.node.no_cuda() or self.daemons.problem(SM_SHARING) or (None if s.node.gpu_uuid else "no GPU UUID")
+
     def run(self) -> None:
         s = self.s
-        reason = s.node.no_cuda() or self.daemons.problem(SM_SHARING) or (None if s.node.gpu_uuid else "no GPU UUID")
+        reason = self.problem()
         if reason:
             s.skip((DROPPED, UUID_KEYED), reason)
             return
@@ -45,11 +50,12 @@ class DaemonSideLimits:
         s.guarded(DROPPED[0], lambda: self.dropped(a))
         s.guarded(UUID_KEYED[0], lambda: self.uuid_keyed(a))
 
-    def tell(self, pinned_mib: int) -> list[dict[str, str]]:
-        """The daemon's limit for this GPU: the default for servers to come and each running server's."""
+    def tell(self, pinned_mib: int, thread_percent: int | None = None) -> list[dict[str, str]]:
+        """The daemon's limits for this GPU (with a thread percentage, that too), as the agent tells them: the
+        defaults for servers to come and each running server's."""
         uuid, pipe = self.s.node.gpu_uuid, self.daemons.pipe_dir(SM_SHARING)
-        commands = [f"set_default_device_pinned_mem_limit {uuid} {pinned_mib}M"]
-        commands += [f"set_device_pinned_mem_limit {pid} {uuid} {pinned_mib}M" for pid in self.daemons.server_pids()]
+        assert uuid is not None
+        commands = daemon_limit_commands(uuid, pinned_mib, thread_percent, self.daemons.server_pids(SM_SHARING))
         said = []
         for command in commands:
             assert self.s.node.mps_control is not None
@@ -63,9 +69,7 @@ class DaemonSideLimits:
         return said
 
     def client(self, name: str, limit: int, env: dict[str, str]) -> Client:
-        s = self.s
-        return s.start_client(name, {"probe_max_mib": probe_max_mib(limit), "hold": True},
-                              s.client_env(self.daemons.pipe_dir(SM_SHARING), env))
+        return self.memory.probe_client(name, limit, self.daemons.pipe_dir(SM_SHARING), env)
 
     def dropped(self, a: int) -> None:
         said = self.tell(a)

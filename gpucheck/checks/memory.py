@@ -39,8 +39,8 @@ class MemoryLimits:
             return
         a, b = s.node.limits()
         pipe = self.daemons.pipe_dir(mode)
-        clients = [s.start_client(f"pinned-{mode}-{label}", {"probe_max_mib": probe_max_mib(limit), "hold": True},
-                                  s.client_env(pipe, {ENV_PINNED_MEM_LIMIT: format_pinned_mem_limit(limit, 1)}))
+        clients = [self.probe_client(f"pinned-{mode}-{label}", limit, pipe,
+                                     {ENV_PINNED_MEM_LIMIT: format_pinned_mem_limit(limit, 1)})
                    for label, limit in (("a", a), ("b", b))]
         self.row(row_id, name, clients, (a, b), {"env": {ENV_PINNED_MEM_LIMIT: [
             format_pinned_mem_limit(a, 1), format_pinned_mem_limit(b, 1)]}})
@@ -68,8 +68,7 @@ class MemoryLimits:
                                        int(env[ENV_MEMORY_LIMIT]) * MIB)
                 numbers["cgroups"].append({"path": leaf, "env": env, "backend": "dmem" if os.path.exists(
                     os.path.join(leaf, "dmem.max")) else "misc", "read_back": nvml.get_memory_limits(handle, leaf)})
-                clients.append(s.start_client(f"limits-{row_id}-{label}", {
-                    "probe_max_mib": probe_max_mib(limit), "hold": True, "cgroup": leaf}, s.client_env(pipe, env)))
+                clients.append(self.probe_client(f"limits-{row_id}-{label}", limit, pipe, env, {"cgroup": leaf}))
         except (OSError, NvmlError) as err:
             for client in clients:
                 client.close()
@@ -77,9 +76,17 @@ class MemoryLimits:
             return
         self.row(row_id, name, clients, (a, b), numbers)
 
+    def probe_client(self, name: str, limit: int, pipe: str, env: dict[str, str], spec: dict[str, Any] | None = None
+                     ) -> Client:
+        """A client that, on go, allocates until it is refused (or well past `limit`) and holds what it got until
+        released: what `row` judges. `env` is its limit env, on top of the pipe directory and its one GPU."""
+        return self.s.start_client(name, {"probe_max_mib": probe_max_mib(limit), "hold": True, **(spec or {})},
+                                   self.s.client_env(pipe, env))
+
     def row(self, row_id: str, name: str, clients: list[Client], limits: tuple[int, ...],
-            numbers: dict[str, Any]) -> None:
-        """Two clients probing at once, each to its own limit; both hold their memory until both are done."""
+            numbers: dict[str, Any], lead: str = "") -> None:
+        """Clients probing at once (two, or one), each to its own limit; all hold their memory until all are done.
+        `lead` begins the row's details (what the clients were given)."""
         s = self.s
         with s.row_of(row_id, name, clients, numbers):
             readies, results = s.group(clients)
@@ -89,6 +96,7 @@ class MemoryLimits:
                                    "mem_before": ready.get("mem"), "mem_after": r.get("mem_after"), "pid": ready["pid"]}
                                   for limit, ready, r in zip3(limits, readies, results)]
             status = PASS if all(v[0] == PASS for v in verdicts) else FAIL
-            texts = [f"client {chr(97 + i)}: {text} (cuMemGetInfo total {r.get('mem_after', {}).get('total_mib')} MiB)"
+            texts = [f"{f'client {chr(97 + i)}: ' if len(clients) > 1 else ''}{text} "
+                     f"(cuMemGetInfo total {r.get('mem_after', {}).get('total_mib')} MiB)"
                      for i, ((_, text), r) in enumerate(zip_pairs(verdicts, results))]
-            s.add(Row(row_id, name, status, "; ".join(texts), numbers))
+            s.add(Row(row_id, name, status, lead + "; ".join(texts), numbers))

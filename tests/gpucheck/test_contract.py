@@ -1,9 +1,10 @@
 """gpucheck restates gpufrac's contract so that it runs on a bare node: every value, path, format and rule it restates
-equals gpufrac's own (the agent, the webhook, gpufrac.core.contract), and the pods of its runtime rows are what
-gpufrac's NRI plugin decides on."""
+equals gpufrac's own (the agent, the webhook, gpufrac.core.contract), the pods of its runtime rows are what
+gpufrac's NRI plugin decides on, and its DRA row's claim gets what the DRA driver and the agent's loop give it."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -11,10 +12,14 @@ from pathlib import Path
 import pytest
 
 from gpucheck import contract as restated
+from gpucheck.checks.dra import Claim, quarter_claim
 from gpucheck.cli import parse_args
 from gpucheck.run import Run
 from gpucheck.session import Session
-from gpufrac.agent.decide import capabilities
+from gpufrac.agent.decide import capabilities, mps_limits
+from gpufrac.agent.decide.dra_claims import read_claim
+from gpufrac.agent.decide.dra_prepare import DraNode, as_fractions, cdi_spec, prepare
+from gpufrac.agent.decide.dra_slices import SliceGpu
 from gpufrac.agent.decide.model import GpuInfo, Inventory
 from gpufrac.agent.decide.mps_config import daemon_spec, render_config
 from gpufrac.agent.decide.nri_decision import (
@@ -173,3 +178,68 @@ def test_the_runtime_checks_pods_are_what_the_plugin_injects_and_voids() -> None
     plain = decide(PodInfo("gpufrac-gpu-check", "gpu-check-plain", "u2", {}),
                    ContainerInfo("c2", "plain", {"NVIDIA_VISIBLE_DEVICES": "all"}), facts)
     assert isinstance(plain, Injection) and plain.outcome is Outcome.VOIDED and not plain.cdi_devices
+
+
+# ---- 10: the DRA row's client gets what Prepare and the agent's loop give a container of the same claim ----
+
+FAKE_H200 = GpuInfo(0, "GPU-00000000-fake-0000-0000-000000000000", "NVIDIA H200", 143771 << 20)
+
+
+def sm_sharing_claim(claim: Claim, gpu: GpuInfo) -> dict[str, object]:
+    """A ResourceClaim allocated on the GPU's sm-sharing device, as the kube-scheduler leaves it: `claim`'s memory and
+    compute consumed, and a GpuConfig with its limit where that is above the request."""
+    result = {"request": "gpu", "driver": "gpu.gpufrac.io", "pool": "node-a", "device": f"gpu-{gpu.index}-sm-sharing",
+              "shareID": "share-1", "consumedCapacity": {"memory": f"{claim.request_mib}Mi",
+                                                         "compute": str(claim.compute_percent)}}
+    config = [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": "gpu.gpufrac.io", "parameters": {
+        "apiVersion": "gpu.gpufrac.io/v1alpha1", "kind": "GpuConfig", "memoryLimit": f"{claim.limit_mib}Mi"}}}]
+    return {"metadata": {"namespace": "team", "name": "claim-1", "uid": "uid-1"}, "status": {"allocation": {
+        "devices": {"results": [result], "config": config if claim.limit_mib != claim.request_mib else []}}}}
+
+
+@pytest.mark.parametrize(("gpu", "claim"), [
+    (FAKE_H200, quarter_claim(FAKE_H200.memory_total_mib)),  # the row's claim on the fakes' (and an H200's) GPU
+    (GpuInfo(0, "GPU-a100", "NVIDIA A100-SXM4-80GB", 81920 << 20), quarter_claim(81920)),
+    (GpuInfo(2, "GPU-b", "NVIDIA L4", 23034 << 20), Claim(1024, 4096, 100)),  # a limit above the request
+    (FAKE_H200, Claim(20480, 20481, 1)),
+])
+def test_the_dra_rows_env_and_daemon_limits_are_what_prepare_and_the_agent_give_the_claim(
+        tmp_path: Path, gpu: GpuInfo, claim: Claim) -> None:
+    """Row 10's env (contract.claim_env, what the row starts its client with) equals the env in the CDI spec the DRA
+    driver writes for the same claim on the same GPU, with the check's own sm-sharing pipe directory as the node's; and
+    what the row tells the daemon (contract.daemon_limit_commands) is what the agent's loop tells it for that claim."""
+    layout = restated.daemon_layout(str(tmp_path), restated.SM_SHARING)
+    toolkit = f"nvidia.com/gpu={gpu.uuid}"
+    node = DraNode(name="node-a", gpus={gpu.index: SliceGpu(gpu, gpu.memory_total_bytes)},
+                   mps_root=str(tmp_path / "mps"), mps_modes=frozenset({str(ComputeMode.SM_SHARING)}),
+                   cdi_devices=frozenset({toolkit}), host_devices=frozenset({"/dev/nvidiactl"}))
+    prepared = prepare(read_claim(sm_sharing_claim(claim, gpu)), node, ())
+    [device] = prepared.devices
+    assert (device.request_mib, device.limit_mib, device.compute_percent) == (
+        claim.request_mib, claim.limit_mib, claim.compute_percent)
+    ours = restated.claim_env(gpu.uuid, layout.pipe_dir, claim.request_mib, claim.limit_mib, claim.compute_percent)
+    spec = cdi_spec(prepared, node)
+    assert spec is not None
+    [edits] = [d["containerEdits"] for d in spec["devices"]]
+    assert dict(e.split("=", 1) for e in edits["env"]) == ours
+    pipe_mount = edits["mounts"][0]  # the pipe directory at its host path, where the row's client finds it
+    assert pipe_mount["hostPath"] == pipe_mount["containerPath"] == ours[restated.ENV_PIPE_DIRECTORY]
+    assert restated.ENV_ACTIVE_THREAD_PERCENTAGE == LimitEnv.ACTIVE_THREAD_PERCENTAGE
+    # without the toolkit's CDI device for the GPU, Prepare adds only the env NVIDIA's runtime reads (CUDA's view of
+    # one GPU, which the row's client gets as CUDA_VISIBLE_DEVICES=<uuid>)
+    bare = dataclasses.replace(node, cdi_devices=frozenset())
+    bare_spec = cdi_spec(prepare(read_claim(sm_sharing_claim(claim, gpu)), bare, ()), bare)
+    assert bare_spec is not None
+    assert dict(e.split("=", 1) for e in bare_spec["devices"][0]["containerEdits"]["env"]) == {
+        **ours, LimitEnv.VISIBLE_DEVICES: gpu.uuid}
+    plan = mps_limits.plan(as_fractions([prepared]), [gpu])
+    servers = [4242, 4343]
+    assert restated.daemon_limit_commands(gpu.uuid, claim.limit_mib, claim.compute_percent, servers) == (
+        plan.default_commands() + plan.server_commands(servers))
+
+
+def test_the_daemon_side_rows_tell_the_pinned_limit_as_the_agent_does() -> None:
+    """Rows 9 tell the daemon a pinned limit alone: the agent's commands for it, less the thread percentage."""
+    plan = mps_limits.DaemonPlan((mps_limits.GpuCeiling(FAKE_H200.uuid, 2048, {"a/b/c": 2048}),))
+    assert restated.daemon_limit_commands(FAKE_H200.uuid, 2048, None, [7]) == (
+        plan.default_commands() + plan.server_commands([7]))
