@@ -19,3 +19,5 @@ RELEASE_NAMESPACE = "gpufrac-system"
 NODE_NAME = "gpu-node-1"
 SCHEDULER_USER = DEFAULT_SCHEDULER_USER  # the identity the webhook trusts by default
 RS_CONTROLLER_USER = "system:serviceaccount:kube-system:replicaset-controller"
+# The readiness condition types KAI reads, which the chart has the agent publish by default (agent.readyConditionTypes).
+KAI_CONDITIONS = ("gpu-sharing.nvidia.com/Ready", "gpu-fractioning.nvidia.com/Ready")

@@ -11,8 +11,10 @@ from gpufrac.agent.decide import dra_state, mps_limits
 from gpufrac.agent.decide.dra_claims import ClaimError, read_claim
 from gpufrac.agent.decide.dra_prepare import DraNode, PreparedClaim, as_fractions, cdi_spec, prepare, spec_file_name
 from gpufrac.agent.decide.dra_slices import DeviceName, SliceGpu, parse_device_name, resource_slices
+from gpufrac.agent.decide.front_door import FrontDoorChoice
 from gpufrac.agent.decide.model import GpuInfo
 from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.contract import FrontDoor
 
 GIB = 1 << 30
 NODE = "node-a"
@@ -235,3 +237,16 @@ def test_prepared_shares_are_fractions_the_daemon_side_plans_with_and_whole_gpus
     plan = mps_limits.plan(fractions, [g.gpu for g in gpus().values()])
     assert plan.default_commands() == ["set_default_device_pinned_mem_limit GPU-10000000-aaaa 10240M",
                                        "set_default_active_thread_percentage 30"]
+
+
+def test_the_driver_refuses_a_claim_on_an_annotations_node_and_on_a_gpu_holding_an_annotated_fraction() -> None:
+    annotations_node = node(front_door=FrontDoorChoice(FrontDoor.ANNOTATIONS,
+                                                       "node label gpufrac.io/front-door=annotations"))
+    with pytest.raises(ClaimError, match=r"^node node-a hands its GPUs out through annotations \(node label "
+                                         r"gpufrac.io/front-door=annotations\), not through DRA"):
+        prepared(claim("gpu-0-time-slicing"), annotations_node)
+    busy = node(annotated={"GPU-00000000-aaaa": "container app of pod team-a/infer"})
+    with pytest.raises(ClaimError, match=r"GPU 0 \(GPU-00000000-aaaa\) is served through annotations \(container "
+                                         r"app of pod team-a/infer is placed on it\)"):
+        prepared(claim("gpu-0-sm-sharing", compute="50"), busy)
+    assert prepared(claim("gpu-1-sm-sharing", compute="50"), busy).devices[0].gpu_index == 1

@@ -211,3 +211,18 @@ def test_trusted_namespaces_and_the_policy_leave_env_grants_alone() -> None:
     assert decide(pod, ctr, CDI_NODE, Policy(void_env_grants=False)) == Injection(Outcome.UNTOUCHED)
     # a fraction in a trusted namespace is still a fraction
     assert decide(*fractional(), CDI_NODE, Policy(trusted_namespaces=frozenset({"team-a"}))).outcome is Outcome.INJECTED
+
+
+def test_the_nri_plugin_refuses_an_annotated_fraction_on_a_gpu_served_through_dra() -> None:
+    pod, container = fractional(UUID_B)
+    held = replace(CDI_NODE, dra_gpus={UUID_B: "ResourceClaim team/claim-1 is prepared on it"})
+    result = decide(pod, container, held)
+    assert isinstance(result, Refusal) and result.reason is RefusalReason.SERVED_THROUGH_DRA
+    assert result.message.startswith("container app of pod team-a/infer is an annotated GPU fraction, but GPU "
+                                     f"{UUID_B} is served through DRA (ResourceClaim team/claim-1")
+    assert "gpufrac.io/front-door is annotations" in result.message
+    # the same fraction on the other GPU, or with nothing served through DRA, is injected
+    assert isinstance(decide(*fractional(UUID_A), held), Injection)
+    assert isinstance(decide(pod, container, CDI_NODE), Injection)
+    # whatever the entry's spelling: an index names the same GPU
+    assert isinstance(decide(*fractional("1"), held), Refusal)

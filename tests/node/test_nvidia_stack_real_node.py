@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 from e2e.install import Helm
-from e2e.names import NODE_NAME, RELEASE_NAMESPACE, USER_NAMESPACE
+from e2e.names import KAI_CONDITIONS, NODE_NAME, RELEASE_NAMESPACE, USER_NAMESPACE
 from e2e.node import APP_IMAGE, DEFAULT_STRATEGY, GPU_UUIDS, RealCluster
-from e2e.pods import SEED_BINDS, SEED_ENV, SEED_EXAMPLES, bind, exec_in, release_pods, wait_running
+from e2e.pods import SEED_BINDS, SEED_ENV, SEED_EXAMPLES, bind, exec_in, get_json, release_pods, wait_running
 from e2e.pods import create as create_as
 from e2e.testing import example, unique
 from e2e.toolkit import gpu_devices, nvidia_device_plugin, nvidia_toolkit
@@ -287,17 +287,14 @@ def test_the_leak_the_plain_pod_tests_guard_against_shows(stack: RealCluster):
 # ---- a pre-r615 driver -----------------------------------------------------------------------------------------
 
 GPUFRAC_READY = "gpufrac.io/Ready"
-KAI_CONDITIONS = ("gpu-sharing.nvidia.com/Ready", "gpu-fractioning.nvidia.com/Ready")  # both published by default
 
 
 def node_conditions(node: RealCluster) -> dict[str, dict]:
-    obj = json.loads(node.kubectl("get", "node", NODE_NAME, "-o", "json", user="admin", check=True).stdout)
-    return {c["type"]: c for c in obj["status"]["conditions"]}
+    return {c["type"]: c for c in get_json(node, "get", "node", NODE_NAME)["status"]["conditions"]}
 
 
 def node_labels(node: RealCluster) -> dict[str, str]:
-    obj = json.loads(node.kubectl("get", "node", NODE_NAME, "-o", "json", user="admin", check=True).stdout)
-    return dict(obj["metadata"]["labels"])
+    return dict(get_json(node, "get", "node", NODE_NAME)["metadata"]["labels"])
 
 
 def node_check_in_the_agent(node: RealCluster) -> tuple[int, dict]:

@@ -15,7 +15,7 @@ import pytest
 
 from e2e.agent_world import metric_value
 from e2e.install import Helm
-from e2e.names import NODE_NAME, RELEASE_NAMESPACE, USER_NAMESPACE
+from e2e.names import KAI_CONDITIONS, NODE_NAME, RELEASE_NAMESPACE, USER_NAMESPACE
 from e2e.node import GPU_UUIDS, RealCluster
 from e2e.pods import (
     SEED_BINDS,
@@ -55,9 +55,6 @@ def fractional_pod(name: str) -> dict:
 def webhook_pods(node: RealCluster) -> list[dict]:
     return kubectl_json(node, "get", "pods", "-n", RELEASE_NAMESPACE, "-l",
                         "app.kubernetes.io/component=webhook")["items"]
-
-
-KAI_CONDITIONS = ("gpu-sharing.nvidia.com/Ready", "gpu-fractioning.nvidia.com/Ready")  # both published by default
 
 
 def gpufrac_leftovers(node_obj: dict) -> list[str]:
