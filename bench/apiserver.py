@@ -9,6 +9,7 @@ gpufrac's work per review costs a user, replayed − do-nothing what its patches
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -34,9 +35,10 @@ from gpufrac.core.contract import FRACTIONAL_LABEL
 NAMESPACE = "team-a"
 IMAGE = "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"
 # Who answers the registered configurations in a cell; "none": the configurations are deleted. "gpufrac +
-# policies": the chart's default, policies.enabled: its ValidatingAdmissionPolicies bound too, and the validating
-# webhook not called on a pod's CREATE (the policies check it). Every other cell runs the configurations rendered
-# with policies.enabled=false (the validating webhook called on CREATE) and the policies' Bindings deleted.
+# policies": the chart's default, policies.enabled: its ValidatingAdmissionPolicies bound too, and a pod's CREATE
+# judged by the mutating webhook alone (it fails closed: neither the validating webhook nor a policy evaluates it).
+# Every other cell runs the configurations rendered with policies.enabled=false (the validating webhook called on
+# CREATE) and the policies' Bindings deleted.
 POLICIES = "gpufrac + policies"
 SERVERS = (POLICIES, "gpufrac", "gpufrac's answers replayed", "do-nothing", "do-nothing (Go)", "none")
 MUTATING = (POLICIES, "gpufrac", "gpufrac's answers replayed")  # the servers whose pods come back labelled
@@ -225,25 +227,17 @@ def _serve_stand_in(cp, workdir: Path, server: str, go_binary: Path | None) -> d
     return direct.start(server, argv, workdir / f"{module}.log", env, port)
 
 
-def _unbind_policies(admission_api, api, timeout: float = 30) -> None:
-    """Delete the chart's policy Bindings and wait until the API server stops applying them."""
-    from kubernetes.client.exceptions import ApiException
+def _unbind_policies(cp, admission_api, timeout: float = 30) -> None:
+    """Delete the chart's policy Bindings and wait until the API server stops applying them (e2e's policy probe: an
+    UPDATE only a policy denies first; a CREATE would not do where the mutating webhook judges it alone)."""
+    from e2e.webhook_configurations import POLICY_DENIED, policy_probe
 
     for binding in admission_api.list_validating_admission_policy_binding(
             label_selector="app.kubernetes.io/part-of=gpufrac").items:
         admission_api.delete_validating_admission_policy_binding(binding.metadata.name)
-    probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bench-policy-probe", "namespace": NAMESPACE,
-                                                             "labels": {FRACTIONAL_LABEL: "true"}},
-             "spec": {"containers": [{"name": "app", "image": IMAGE}]}}
-
-    def unbound() -> bool:
-        try:
-            api.create_namespaced_pod(NAMESPACE, probe, dry_run="All", _preload_content=False)
-        except ApiException as err:
-            return "ValidatingAdmissionPolicy" not in str(err.body)
-        return True
-
-    wait_until(unbound, timeout, "the policies to be no longer applied", interval=0.2)
+    admin = functools.partial(cp.kubectl, user="admin")
+    wait_until(lambda: POLICY_DENIED not in policy_probe(admin).stderr, timeout,
+               "the policies to be no longer applied", interval=0.2)
 
 
 def _measure(cell: ApiCell, api, api_client, duration: float, run_tag: str,
@@ -275,7 +269,7 @@ def _switch_to(server: str, r: int, cp, admission_api, api, names: list[tuple[st
     if server == "gpufrac":
         cp.policies = False
         cp.apply_webhook_configurations()  # the validating webhook called on CREATE again
-        _unbind_policies(admission_api, api)
+        _unbind_policies(cp, admission_api)
         time.sleep(2)
         return None
     if server == "none":

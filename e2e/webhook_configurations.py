@@ -10,7 +10,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from e2e.kubectl import Kubectl
+from e2e.kubectl import Kubectl, KubectlResult
 from e2e.names import CHART_DIR, RELEASE_NAMESPACE, USER_NAMESPACE
 from e2e.toolkit.errors import ClusterError
 from e2e.toolkit.procs import tail
@@ -24,6 +24,7 @@ WEBHOOK_TEMPLATES = (
 # The ValidatingAdmissionPolicies generated from the webhook's rule table (chart value policies.enabled).
 POLICY_TEMPLATE = "templates/policies/validatingadmissionpolicies.yaml"
 POLICY_DENIED = "ValidatingAdmissionPolicy 'gpufrac-"
+POLICY_PROBE, POLICY_PROBE_NAMESPACE = "e2e-policy-probe", "default"
 
 def render(helm: str, helm_home: Path, webhook_url: str, ca_file: Path, *values: str, policies: bool,
            kube_version: str = "") -> str:
@@ -55,8 +56,9 @@ def render(helm: str, helm_home: Path, webhook_url: str, ca_file: Path, *values:
     return res.stdout
 
 
-def _probe_pod(name: str, annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> str:
-    metadata: dict[str, object] = {"name": name, "namespace": USER_NAMESPACE}
+def _probe_pod(name: str, annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None,
+               namespace: str = USER_NAMESPACE) -> str:
+    metadata: dict[str, object] = {"name": name, "namespace": namespace}
     if annotations:
         metadata["annotations"] = annotations
     if labels:
@@ -80,13 +82,23 @@ def wait_webhook_active(kubectl: Kubectl, webhook_log: Path, timeout: float = 30
                            f"webhook log:\n{tail(webhook_log)}") from exc
 
 
-def wait_policies_active(kubectl: Kubectl, apiserver_log: Path, timeout: float = 30) -> None:
-    """Until a pod only the policies deny (the fractional label on a pod without fractions, which both webhooks
-    leave alone) is denied by one."""
-    probe = _probe_pod("e2e-policy-probe", labels={FRACTIONAL_LABEL: "true"})
+def policy_probe(kubectl: Kubectl) -> KubectlResult:
+    """A request only the policies deny where they are bound: the fractional label put on a plain pod (a server-side
+    dry run; the validating webhook denies it too, but the API server runs the policies first). The pod, which no
+    webhook or policy looks at, is made once in a namespace both judge. A CREATE would not do: where the mutating
+    webhook fails closed it judges a pod's CREATE alone."""
+    created = kubectl("apply", "--namespace", POLICY_PROBE_NAMESPACE, "-f", "-",
+                      input=_probe_pod(POLICY_PROBE, namespace=POLICY_PROBE_NAMESPACE))
+    if created.rc != 0:
+        raise ClusterError(f"creating the policies' probe pod: {created.stderr.strip()}")
+    return kubectl("label", "pod", POLICY_PROBE, "-n", POLICY_PROBE_NAMESPACE, f"{FRACTIONAL_LABEL}=true",
+                   "--dry-run=server")
 
+
+def wait_policies_active(kubectl: Kubectl, apiserver_log: Path, timeout: float = 30) -> None:
+    """Until the policy probe is denied by a policy."""
     def denied() -> bool:
-        res = kubectl("create", "--dry-run=server", "-f", "-", input=probe)
+        res = policy_probe(kubectl)
         return res.rc != 0 and POLICY_DENIED in res.stderr
 
     try:

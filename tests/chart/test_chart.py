@@ -7,6 +7,7 @@ Needs the helm binary from `make tools` ($GPUFRAC_TOOLS_CACHE/bin/helm); skipped
 from __future__ import annotations
 
 import argparse
+import copy
 import re
 from typing import Any
 
@@ -144,11 +145,42 @@ def test_webhook_configuration_defaults(default: list[dict[str, Any]]) -> None:
     (mr,) = m["rules"]
     assert sorted(mr["operations"]) == ["CREATE", "UPDATE"] and mr["resources"] == ["pods", "pods/ephemeralcontainers"]
     assert mr["apiGroups"] == [""] and mr["apiVersions"] == ["v1"]
-    (vr,) = v["rules"]
-    assert sorted(vr["operations"]) == ["CREATE", "UPDATE"]
-    # pods/status is left to the ValidatingAdmissionPolicies (policies.enabled, on by default):
-    # tests/chart/test_policies.py
-    assert sorted(vr["resources"]) == ["pods", "pods/binding", "pods/ephemeralcontainers"]
+    # A pod's CREATE is judged whole by the mutating webhook (it fails closed); pods/status is left to the
+    # ValidatingAdmissionPolicies (policies.enabled, on by default): tests/chart/test_policies.py
+    assert validating_rules(v) == {"CREATE": ["pods/binding"], "UPDATE": ["pods", "pods/ephemeralcontainers"]}
+
+
+def validating_rules(webhook: dict[str, Any]) -> dict[str, list[str]]:
+    """operation -> the pod resources a webhook is called for."""
+    out: dict[str, list[str]] = {}
+    for rule in webhook["rules"]:
+        assert rule["apiGroups"] == [""] and rule["apiVersions"] == ["v1"]
+        for operation in rule["operations"]:
+            out[operation] = sorted(out.get(operation, []) + rule["resources"])
+    return out
+
+
+@pytest.mark.parametrize(("values", "webhook_creates", "policy_creates"), [
+    ((), False, False),
+    (("webhook.failurePolicy=Ignore",), True, True),
+    (("webhook.mutating.failurePolicy=Ignore",), True, True),
+    (("webhook.mutating.reinvocationPolicy=Never",), True, True),
+    (("policies.enabled=false",), True, None),
+], ids=["defaults", "fail-open", "mutating-fails-open", "no-reinvocation", "no-policies"])
+def test_a_pods_create_is_judged_again_only_where_the_mutating_webhook_may_not_have_judged_it(
+        values: tuple[str, ...], webhook_creates: bool, policy_creates: bool | None) -> None:
+    """The lighter CREATE path: the mutating webhook runs every validating rule on the pod as it will be stored, so
+    where it fails closed and is called again after any later mutation, the validating webhook and the pods policy
+    leave a pod's CREATE to it; anywhere else they keep judging it."""
+    objs = render(*(arg for value in values for arg in ("--set", value)))
+    creates = validating_rules(validating(objs))["CREATE"]
+    assert ("pods" in creates) is webhook_creates and "pods/binding" in creates
+    policies = {p["metadata"]["name"]: p for p in find(objs, "ValidatingAdmissionPolicy")}
+    if policy_creates is None:
+        assert not policies
+        return
+    [operations] = [r["operations"] for r in policies["gpufrac-pods"]["spec"]["matchConstraints"]["resourceRules"]]
+    assert ("CREATE" in operations) is policy_creates and "UPDATE" in operations
 
 
 def test_failure_policy_is_configurable() -> None:
@@ -248,7 +280,8 @@ def test_extra_match_conditions_are_appended() -> None:
     expr = "!('system:nodes' in request.userInfo.groups)"
     objs = render("--set", "webhook.extraMatchConditions[0].name=no-kubelet",
                   "--set", f"webhook.extraMatchConditions[0].expression={expr}")
-    assert [c["name"] for c in mutating(objs)["matchConditions"]] == ["has-fraction-keys", "no-kubelet"]
+    assert [c["name"] for c in mutating(objs)["matchConditions"]] == ["has-fraction-keys", "changes-fraction-keys",
+                                                                       "no-kubelet"]
 
 
 def pod(annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
@@ -298,6 +331,51 @@ def test_match_conditions_logic(
         cond = w["matchConditions"][0]
         assert cond["name"] == "has-fraction-keys"
         assert cel.condition(cond["expression"], obj, old) is expected
+
+
+FRACTIONAL = pod({"gpu-fraction": "0.5", "gpufrac.io/container.app.gpu-memory.limit-mib": "4096"},
+                 {"gpufrac.io/fractional": "true", "app": "a"})
+
+
+def changed(annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None,
+            drop: tuple[str, ...] = ()) -> dict[str, Any]:
+    """FRACTIONAL with some annotations or labels set (None as a value removes it) and `drop` keys removed."""
+    obj = copy.deepcopy(FRACTIONAL)
+    for key, value in (annotations or {}).items():
+        obj["metadata"]["annotations"][key] = value
+    for key, value in (labels or {}).items():
+        obj["metadata"]["labels"][key] = value
+    for key in drop:
+        obj["metadata"]["annotations"].pop(key, None)
+        obj["metadata"]["labels"].pop(key, None)
+    return obj
+
+
+@pytest.mark.parametrize(("operation", "sub", "obj", "old", "judged"), [
+    ("CREATE", None, FRACTIONAL, None, True),
+    ("UPDATE", None, FRACTIONAL, FRACTIONAL, False),  # a controller's UPDATE that touches nothing of gpufrac's
+    ("UPDATE", None, changed({"example.com/owner": "x"}, {"tier": "gold"}), FRACTIONAL, False),
+    ("UPDATE", None, pod({"a": "b"}), pod({"a": "c"}), False),  # a plain pod's
+    ("UPDATE", None, changed({"nvidia.com/container.app.gpus.devices": "GPU-1"}), FRACTIONAL, True),  # the bind
+    ("UPDATE", None, changed({"gpu-fraction": "0.6"}), FRACTIONAL, True),
+    ("UPDATE", None, changed(drop=("gpufrac.io/container.app.gpu-memory.limit-mib",)), FRACTIONAL, True),
+    ("UPDATE", None, changed(drop=("gpufrac.io/fractional",)), FRACTIONAL, True),
+    ("UPDATE", None, changed(labels={"gpufrac.io/fractional": "false"}), FRACTIONAL, True),
+    ("UPDATE", None, pod({"a": "b"}, {"gpufrac.io/fractional": "true"}), pod({"a": "b"}), True),
+    ("UPDATE", None, pod({"gpu-memory": "1024"}), pod(None), True),  # a plain pod made fractional
+    ("UPDATE", "status", FRACTIONAL, FRACTIONAL, False),  # the kubelet's status writes
+    ("UPDATE", "status", changed({"gpu-fraction": "0.9"}), FRACTIONAL, True),
+    ("UPDATE", "ephemeralcontainers", FRACTIONAL, FRACTIONAL, True),  # `kubectl debug`: always judged
+], ids=["create", "unchanged", "other-keys", "plain", "bind", "key-changed", "key-removed", "label-removed",
+        "label-changed", "label-added", "keys-added", "status", "status-key-changed", "ephemeral"])
+def test_an_update_is_judged_only_when_it_changes_a_fraction_key_or_the_label(
+        default: list[dict[str, Any]], operation: str, sub: str | None, obj: dict[str, Any],
+        old: dict[str, Any] | None, judged: bool) -> None:
+    request = {"operation": operation, **({"subResource": sub} if sub else {})}
+    gated = [mutating(default), validating(default), *(p["spec"] for p in find(default, "ValidatingAdmissionPolicy"))]
+    for gate in gated:
+        [condition] = [c for c in gate["matchConditions"] if c["name"] == "changes-fraction-keys"]
+        assert bool(cel.evaluate(condition["expression"], object=obj, oldObject=old, request=request)) is judged
 
 
 def test_workload_templates_go_to_their_own_validating_webhook(default: list[dict[str, Any]]) -> None:

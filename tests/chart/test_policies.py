@@ -74,7 +74,7 @@ def test_the_pods_policy_judges_kubectl_debug_too() -> None:
 
 def _validating_resources(objs: list[dict[str, Any]]) -> list[str]:
     cfg = next(o for o in objs if o["kind"] == "ValidatingWebhookConfiguration")
-    return sorted(cfg["webhooks"][0]["rules"][0]["resources"])
+    return sorted({resource for rule in cfg["webhooks"][0]["rules"] for resource in rule["resources"]})
 
 
 @needs_helm
@@ -117,10 +117,14 @@ def _validating_conditions(objs: list[dict[str, Any]]) -> list[str]:
 
 @needs_helm
 def test_the_validating_webhook_skips_create_only_where_the_policies_enforce_everything() -> None:
+    """Where the mutating webhook fails open it may not have judged a CREATE: the validating webhook is called on it,
+    but for the pods whose every rule the policies enforce."""
     skip = "not-a-create-the-policies-check"
-    assert skip in _validating_conditions(render())
+    fail_open = ["--set", "webhook.mutating.failurePolicy=Ignore"]
+    assert skip in _validating_conditions(render(*fail_open))
     for values in (["--set", "policies.enabled=false"], ["--set", "policies.validationActions={Warn}"],
                    ["--set", "mps.delivery=hostPath"]):
-        assert skip not in _validating_conditions(render(*values)), values
+        assert skip not in _validating_conditions(render(*fail_open, *values)), values
+    assert skip not in _validating_conditions(render())  # failing closed, the mutating webhook judges a CREATE
     workloads = next(o for o in render() if o["kind"] == "ValidatingWebhookConfiguration")["webhooks"][1]
     assert skip not in [c["name"] for c in workloads["matchConditions"]]

@@ -1,16 +1,19 @@
-"""Every CREATE of the e2e denial corpus (e2e/denial_corpus.py), through the webhook's two decisions in process: the
-same pod the e2e tests send to the API server is refused here with the same message, in milliseconds, without a
-cluster. A pod the mutating webhook admits (a boundary it leaves to the final object, or a plain pod carrying what only
-gpufrac writes) is refused by the validating decision on the pod as mutated."""
+"""Every CREATE of the e2e denial corpus (e2e/denial_corpus.py), through the mutating webhook's decision in process:
+the same pod the e2e tests send to the API server is refused here with the same message, in milliseconds, without a
+cluster. The mutating webhook judges a CREATE whole: what it would admit as values (a boundary, a plain pod carrying
+what only gpufrac writes) it refuses with every validating rule run on the pod as mutated, so that where it fails
+closed neither the validating webhook nor the policies look at a CREATE; the validating decision, which still runs
+there where the mutating webhook fails open, says the same of the pod as mutated."""
 
 from __future__ import annotations
 
-import jsonpatch
 import pytest
 
 from e2e.denial_corpus import CORPUS, Case
 from gpufrac.webhook.decide import admission
-from testkit.admission import POLICY, denial
+from gpufrac.webhook.decide.fractions import resolve
+from gpufrac.webhook.decide.mutation import mutate_create
+from testkit.admission import POLICY
 from testkit.reviews import review
 
 CREATES = [c for c in CORPUS if c.manifest is not None]
@@ -19,13 +22,12 @@ CREATES = [c for c in CORPUS if c.manifest is not None]
 def _message(case: Case) -> str:
     assert case.manifest is not None
     mutated = admission.mutate(review(case.manifest), POLICY)
-    if not mutated.allowed:
-        assert not case.unmutated, f"the mutating webhook refuses what it leaves to the final pod: {mutated.message}"
-        return denial(case.manifest)  # and the validating one refuses it too
-    final = jsonpatch.apply_patch(case.manifest, mutated.patch)
-    validated = admission.validate(review(final), POLICY)
-    assert not validated.allowed, "the validating webhook admitted the mutated pod"
-    return validated.message
+    assert not mutated.allowed, "the mutating webhook admitted it"
+    if case.unmutated:  # a boundary: the validating decision says the same of the pod as mutated
+        fractions, _ = resolve(case.manifest, bound=False)
+        final = mutate_create(case.manifest, fractions, POLICY).obj
+        assert admission.validate(review(final), POLICY).message == mutated.message
+    return mutated.message
 
 
 @pytest.mark.parametrize("case", CREATES, ids=[c.id for c in CREATES])

@@ -235,9 +235,60 @@ for every pod (seen on kube-apiserver 1.36.3).
     || (oldObject != null && (
     {{- include "gpufrac.cel.hasFractionKey" "oldObject" | nindent 6 }}
     ))
+# An UPDATE of a pod (or of its status) is judged only when it changes a fraction key or the label: nothing else of a
+# pod can change a rule's verdict (its spec is immutable but for images, tolerations and deadlines). Ephemeral
+# containers are always judged (they add a container, not a key).
+- name: changes-fraction-keys
+  expression: |-
+    request.operation != "UPDATE" || oldObject == null
+    || (has(request.subResource) && request.subResource != "status")
+    || {{ include "gpufrac.cel.fractionKeysChanged" . | nindent 4 | trim }}
 {{- with $root.Values.webhook.extraMatchConditions }}
 {{ toYaml . }}
 {{- end }}
+{{- end }}
+
+{{/*
+CEL: do object and oldObject differ in a fraction key's presence or value, or in the fractional label? Keys are
+compared one by one, not as lists: a map's order is not defined.
+*/}}
+{{- define "gpufrac.cel.fractionKeysChanged" -}}
+{{- $keys := include "gpufrac.shorthandKeys" . | fromJsonArray -}}
+{{- $quoted := list -}}
+{{- range $keys }}{{ $quoted = append $quoted (quote .) }}{{ end -}}
+{{- $isKey := printf "(k in [%s] || k.startsWith(\"nvidia.com/container.\") || k.startsWith(\"kai.scheduler/container.\") || k.startsWith(\"gpufrac.io/\"))" (join ", " $quoted) -}}
+(has(object.metadata.annotations) && object.metadata.annotations.exists(k, {{ $isKey }}
+    && !(has(oldObject.metadata.annotations) && k in oldObject.metadata.annotations
+         && oldObject.metadata.annotations[k] == object.metadata.annotations[k])))
+|| (has(oldObject.metadata.annotations) && oldObject.metadata.annotations.exists(k, {{ $isKey }}
+    && !(has(object.metadata.annotations) && k in object.metadata.annotations)))
+|| (has(object.metadata.labels) && "gpufrac.io/fractional" in object.metadata.labels)
+   != (has(oldObject.metadata.labels) && "gpufrac.io/fractional" in oldObject.metadata.labels)
+|| (has(object.metadata.labels) && "gpufrac.io/fractional" in object.metadata.labels
+    && has(oldObject.metadata.labels) && "gpufrac.io/fractional" in oldObject.metadata.labels
+    && object.metadata.labels["gpufrac.io/fractional"] != oldObject.metadata.labels["gpufrac.io/fractional"])
+{{- end }}
+
+{{/*
+Whether the mutating webhook alone judges a pod's CREATE (the lighter CREATE path; docs/admission-policies.md): it
+fails closed (failurePolicy Fail), is called again after a later mutating webhook changed the pod (reinvocationPolicy
+IfNeeded) and runs every validating rule on the pod as it will be stored. Then, with the policies on, neither the
+validating webhook nor the pods policy evaluates a pod's CREATE. Failing open, both keep judging it.
+*/}}
+{{- define "gpufrac.mutatingJudgesCreate" -}}
+{{- $failure := default .Values.webhook.failurePolicy .Values.webhook.mutating.failurePolicy -}}
+{{- if and (include "gpufrac.policiesEnabled" .) (eq $failure "Fail") (eq .Values.webhook.mutating.reinvocationPolicy "IfNeeded") -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/* The operations of the pods policy: a pod's CREATE only where the mutating webhook does not judge it alone. */}}
+{{- define "gpufrac.podsPolicyOperations" -}}
+{{- if include "gpufrac.mutatingJudgesCreate" . -}}
+["UPDATE"]
+{{- else -}}
+["CREATE", "UPDATE"]
+{{- end -}}
 {{- end }}
 
 {{- define "gpufrac.namespaceSelector" -}}

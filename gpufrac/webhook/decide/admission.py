@@ -48,7 +48,14 @@ def mutate(request: ReviewRequest, policy: Policy) -> Outcome:
         fractions, violations = resolve(obj, bound=False, allow_multiple=policy.allow_multiple_fraction_containers)
         if violations:
             return Outcome(violations=violations)
-        outcome = _patch(obj, mutate_create(obj, fractions, policy))
+        mutation = mutate_create(obj, fractions, policy)
+        # Every validating rule, on the pod as it will be stored: where this webhook fails closed (and is called
+        # again after a later webhook changes the pod), neither the validating webhook nor the policies need to
+        # look at a pod's CREATE (docs/admission-policies.md, "What runs on each request").
+        violations = validate_pod(mutation.obj, None, request.user, policy)
+        if violations:
+            return Outcome(violations=violations)
+        outcome = _patch(obj, mutation)
         outcome.warnings += fractions.warnings
         return outcome
     # UPDATE: only the scheduler's bind-time values are turned into canonical annotations. Anyone else's change to

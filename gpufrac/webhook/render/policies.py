@@ -188,6 +188,9 @@ def render_helm() -> str:
         text = text.replace("'@@actions@@'", "{{ toJson .Values.policies.validationActions }}")
         text = text.replace("namespaceSelector: '@@namespaceSelector@@'",
                             'namespaceSelector:\n      {{- include "gpufrac.namespaceSelector" . | nindent 6 }}')
+        if "CREATE" in shape.operations and "UPDATE" in shape.operations:  # the pods policy
+            text = text.replace("      operations:\n      - CREATE\n      - UPDATE\n",
+                                '      operations: {{ include "gpufrac.podsPolicyOperations" . }}\n')
         text = text.replace("matchConditions: '@@matchConditions@@'",
                             'matchConditions:\n    {{- include "gpufrac.matchConditions" (list . false) | nindent 4 }}')
         parts.append(text)
