@@ -8,15 +8,27 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from bench import apiserver, direct, handler_profile, inprocess, machine, node_agent, nri_create, server_change
+from bench import (
+    admission_tax,
+    apiserver,
+    direct,
+    handler_profile,
+    inprocess,
+    machine,
+    node_agent,
+    nri_create,
+    server_change,
+)
 from bench.chart import ROOT, chart_webhook
 from bench.report import Report
 from bench.reviews import maximum_size_reviews, seed_reviews
 from gpufrac.webhook.serve.app import MAX_BODY_BYTES
 
-SECTIONS = ("http", "server", "apiserver", "inprocess", "agent", "nri")
+SECTIONS = ("http", "server", "apiserver", "tax", "inprocess", "agent", "nri")
 
 MODES = {
     # concurrencies, seconds per run, rounds (a,b per round) ...
@@ -24,17 +36,17 @@ MODES = {
              "maximum_s": 4.0,
              "api_c": (1, 4, 16), "api_s": 6.0, "api_rounds": 2, "quick_inprocess": False,
              "agent_sizes": (1, 50, 200), "agent_ticks": 20, "handler_rounds": 1000, "nri_rounds": 3,
-             "nri_per_round": 40, "server_s": 5.0, "server_rounds": 3},
+             "nri_per_round": 40, "server_s": 5.0, "server_rounds": 3, "tax_requests": 200, "tax_rounds": 4},
     "quick": {"http_c": (1, 8, 32, 64), "http_s": 2.0, "http_rounds": 2, "review_c": (1, 8), "review_s": 2.0,
               "maximum_s": 2.0,
               "api_c": (1, 4, 16), "api_s": 2.0, "api_rounds": 1, "quick_inprocess": True,
               "agent_sizes": (1, 50, 200), "agent_ticks": 5, "handler_rounds": 200, "nri_rounds": 2,
-              "nri_per_round": 20, "server_s": 2.0, "server_rounds": 2},
+              "nri_per_round": 20, "server_s": 2.0, "server_rounds": 2, "tax_requests": 100, "tax_rounds": 2},
     "smoke": {"http_c": (1, 8), "http_s": 1.0, "http_rounds": 1, "review_c": (1,), "review_s": 1.0,
               "maximum_s": 1.0,
               "api_c": (1, 4), "api_s": 1.0, "api_rounds": 1, "quick_inprocess": True,
               "agent_sizes": (1,), "agent_ticks": 2, "handler_rounds": 20, "nri_rounds": 1, "nri_per_round": 4,
-              "server_s": 1.0, "server_rounds": 1},
+              "server_s": 1.0, "server_rounds": 1, "tax_requests": 8, "tax_rounds": 1},
 }
 
 
@@ -72,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = _workdir(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     failed: list[str] = []
-    server_md = ""  # bench/server_change.py's section, after the report's own
+    extra: list[str] = []  # the sections that write their own Markdown, after the report's
 
     def section(name: str, fn):
         """A section that fails is reported as failed (and the exit status is 1); the others still run."""
@@ -96,15 +108,10 @@ def main(argv: list[str] | None = None) -> int:
                 pin=args.pin, workdir=workdir / "https", install=not args.no_install, per_review_c=m["review_c"],
                 per_review_s=m["review_s"], maximum=maximum_size_reviews(MAX_BODY_BYTES, policy),
                 maximum_s=m["maximum_s"]))
-        if "server" not in args.skip:  # issue 33: the base commit's server beside this tree's, same load
-            print("[bench] the server before and after issue 33", file=sys.stderr, flush=True)
-            changed = section("server", lambda: server_change.run(
-                chart, reviews, seconds=m["server_s"], rounds=m["server_rounds"], workdir=workdir / "server",
-                install=not args.no_install))
-            server_md = server_change.markdown(changed)
         if "apiserver" not in args.skip:
             report.api = section("apiserver", lambda: apiserver.run(
                 concurrencies=m["api_c"], duration=m["api_s"], rounds=m["api_rounds"], workdir=ROOT / ".e2e" / "bench"))
+        extra = _own_sections(args, m, chart, reviews, workdir, section)
         if "agent" not in args.skip:
             report.agent = section("agent", lambda: node_agent.run(m["agent_sizes"], m["agent_ticks"]))
         if "nri" not in args.skip:
@@ -116,13 +123,30 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     report.machine["load_after"] = machine.load_average()
     report.elapsed = time.monotonic() - started
-    text = report.markdown() + (f"\n\n{server_md}" if server_md else "")
+    text = report.markdown() + "".join(f"\n\n{md}" for md in extra if md)
     print(text)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text + "\n")
     print(f"[bench] wrote {out} in {report.elapsed:.0f} s", file=sys.stderr)
     return _exit_status(failed)
+
+
+def _own_sections(args: argparse.Namespace, m: dict[str, Any], chart: Any, reviews: Any, workdir: Path,
+                  section: Callable[[str, Callable[[], Any]], Any]) -> list[str]:
+    """The sections that render their own Markdown: the server before and after issue 33 (the base commit's beside
+    this tree's, same load), and admission's cost to the API server per request kind (issue 34)."""
+    out = []
+    if "server" not in args.skip:
+        print("[bench] the server before and after issue 33", file=sys.stderr, flush=True)
+        out.append(server_change.markdown(section("server", lambda: server_change.run(
+            chart, reviews, seconds=m["server_s"], rounds=m["server_rounds"], workdir=workdir / "server",
+            install=not args.no_install))))
+    if "tax" not in args.skip:
+        print("[bench] admission's cost to the API server per request kind", file=sys.stderr, flush=True)
+        out.append(admission_tax.markdown(section("tax", lambda: admission_tax.run(
+            requests=m["tax_requests"], rounds=m["tax_rounds"], workdir=ROOT / ".e2e" / "bench-tax"))))
+    return out
 
 
 def _exit_status(failed: list[str]) -> int:
