@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.apiserver import _unbind_policies, _unregister, _webhook_names
+from bench.apiserver import _unbind_policies, _unregister, _webhook_names, started_control_plane
 from e2e.denial_corpus import BIND_VALUES
 from gpufrac.core.contract import FRACTIONAL_LABEL
 from testkit.pods import NOTEBOOK
@@ -175,20 +175,13 @@ def _round(r: int, cells: dict[tuple[str, str], TaxCell], clients: tuple[Any, An
 def run(*, requests: int, rounds: int, workdir: Path) -> TaxResult | str:
     """`requests` per cell and round: the binder's UPDATEs bind the fractional pods the round made, so at most
     `requests` + the warm-up of them."""
-    try:
-        from e2e.cluster import ControlPlane
-        from e2e.toolkit.errors import ToolsMissingError
-    except ImportError as err:
-        return f"skipped: e2e.cluster is not importable ({err})"
     from kubernetes import client, config
 
     from bench import machine
 
-    try:
-        cp = ControlPlane(workdir, quiet=True)
-        cp.start()
-    except ToolsMissingError as err:
-        return f"skipped: {err}"
+    cp = started_control_plane(workdir)
+    if isinstance(cp, str):
+        return cp
     try:
         def api_for(user: str) -> Any:
             configuration = client.Configuration()

@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -282,19 +283,25 @@ def _switch_to(server: str, r: int, cp, admission_api, api, names: list[tuple[st
     return stand_in
 
 
-def run(*, concurrencies: tuple[int, ...], duration: float, rounds: int, workdir: Path) -> ApiResult | str:
+def started_control_plane(workdir: Path) -> Any:
+    """A ControlPlane started in `workdir`, or why there is none ("skipped: ...")."""
     try:
         from e2e.cluster import ControlPlane
         from e2e.toolkit.errors import ToolsMissingError
     except ImportError as err:
         return f"skipped: e2e.cluster is not importable ({err})"
-    from kubernetes import client, config
-
     try:
-        cp = ControlPlane(workdir, quiet=True)
-        cp.start()
+        return ControlPlane(workdir, quiet=True).start()
     except ToolsMissingError as err:
         return f"skipped: {err}"
+
+
+def run(*, concurrencies: tuple[int, ...], duration: float, rounds: int, workdir: Path) -> ApiResult | str:
+    from kubernetes import client, config
+
+    cp = started_control_plane(workdir)
+    if isinstance(cp, str):
+        return cp
     try:
         configuration = client.Configuration()
         config.load_kube_config(config_file=str(cp.kubeconfigs["admin"]), client_configuration=configuration)
