@@ -16,6 +16,7 @@ from bench import (
     admission_tax,
     apiserver,
     direct,
+    dra_prepare,
     handler_profile,
     inprocess,
     machine,
@@ -28,7 +29,7 @@ from bench.report import Report
 from bench.reviews import maximum_size_reviews, seed_reviews
 from gpufrac.webhook.serve.app import MAX_BODY_BYTES
 
-SECTIONS = ("http", "server", "apiserver", "tax", "inprocess", "agent", "nri")
+SECTIONS = ("http", "server", "apiserver", "tax", "inprocess", "agent", "nri", "dra")
 
 MODES = {
     # concurrencies, seconds per run, rounds (a,b per round) ...
@@ -36,17 +37,20 @@ MODES = {
              "maximum_s": 4.0,
              "api_c": (1, 4, 16), "api_s": 6.0, "api_rounds": 2, "quick_inprocess": False,
              "agent_sizes": (1, 50, 200), "agent_ticks": 20, "handler_rounds": 1000, "nri_rounds": 3,
-             "nri_per_round": 40, "server_s": 5.0, "server_rounds": 3, "tax_requests": 200, "tax_rounds": 4},
+             "nri_per_round": 40, "server_s": 5.0, "server_rounds": 3, "tax_requests": 200, "tax_rounds": 4,
+             "dra_rounds": 5, "dra_claims": 40},
     "quick": {"http_c": (1, 8, 32, 64), "http_s": 2.0, "http_rounds": 2, "review_c": (1, 8), "review_s": 2.0,
               "maximum_s": 2.0,
               "api_c": (1, 4, 16), "api_s": 2.0, "api_rounds": 1, "quick_inprocess": True,
               "agent_sizes": (1, 50, 200), "agent_ticks": 5, "handler_rounds": 200, "nri_rounds": 2,
-              "nri_per_round": 20, "server_s": 2.0, "server_rounds": 2, "tax_requests": 100, "tax_rounds": 2},
+              "nri_per_round": 20, "server_s": 2.0, "server_rounds": 2, "tax_requests": 100, "tax_rounds": 2,
+              "dra_rounds": 3, "dra_claims": 20},
     "smoke": {"http_c": (1, 8), "http_s": 1.0, "http_rounds": 1, "review_c": (1,), "review_s": 1.0,
               "maximum_s": 1.0,
               "api_c": (1, 4), "api_s": 1.0, "api_rounds": 1, "quick_inprocess": True,
               "agent_sizes": (1,), "agent_ticks": 2, "handler_rounds": 20, "nri_rounds": 1, "nri_per_round": 4,
-              "server_s": 1.0, "server_rounds": 1, "tax_requests": 8, "tax_rounds": 1},
+              "server_s": 1.0, "server_rounds": 1, "tax_requests": 8, "tax_rounds": 1, "dra_rounds": 1,
+              "dra_claims": 4},
 }
 
 
@@ -118,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
             print("[bench] container creation with the NRI plugin and without (containerd 2 alone)", file=sys.stderr,
                   flush=True)
             report.nri = section("nri", lambda: nri_create.run(m["nri_rounds"], m["nri_per_round"], workdir / "nri"))
+        if "dra" not in args.skip:
+            print("[bench] the DRA driver's Prepare and Unprepare through its gRPC socket", file=sys.stderr, flush=True)
+            report.dra = section("dra", lambda: dra_prepare.run(m["dra_rounds"], m["dra_claims"], workdir / "dra"))
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)

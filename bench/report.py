@@ -118,6 +118,7 @@ class Report:
     api: ApiResult | str | None = None
     agent: list[dict[str, Any]] | str | None = None
     nri: dict[str, Any] | str | None = None
+    dra: dict[str, Any] | str | None = None
     elapsed: float = 0.0
     targets: list[list[str]] = field(default_factory=list)
 
@@ -140,6 +141,7 @@ class Report:
         out += self._inprocess()
         out += self._agent()
         out += self._nri()
+        out += self._dra()
         out += self._targets()
         out += self._appendix()
         return "\n".join(out).rstrip() + "\n"
@@ -431,6 +433,35 @@ class Report:
         out += ["", f"The plugin adds {n['added_p50_ms']:.1f} ms at the median; its CPU: "
                 f"{n['plugin_cpu_ms_per_container']:.2f} ms per container it decided ({n['decided']} decided"
                 + (f": {outcomes}" if outcomes else "") + ").", ""]
+        return out
+
+    def _dra(self) -> list[str]:
+        out = ["## 6. The DRA driver's Prepare and Unprepare", ""]
+        d = self.dra
+        if d is None or isinstance(d, str):
+            return [*out, d or "skipped (--skip dra)", ""]
+        out += [f"The agent's DRA driver (DraDriver behind DraPlugin, in its own process) called through its gRPC unix "
+                f"socket as the kubelet calls it, one claim per call: {d['rounds']} round(s) preparing "
+                f"{d['per_round']} claims (time-slicing and sm-sharing in turn), then unpreparing them, each call "
+                "alternating with the same call naming no claim (the gRPC and socket floor). Its CDI specs and state "
+                f"file are written for real (on {d['filesystem']}, fsync included); `get_claim` is answered in its "
+                "process from the claim objects, so the API server's read is not included. Driver CPU = its "
+                f"process's CPU clock across the call. Load average {' '.join(f'{x:.2f}' for x in d['load_before'])}"
+                f" before, {' '.join(f'{x:.2f}' for x in d['load'])} after.", ""]
+        calls, labels = d["calls"], {"prepare_empty": "Prepare, no claim", "unprepare": "Unprepare, 1 claim",
+                                     "unprepare_empty": "Unprepare, no claim"}
+        rows = [("Prepare, 1 claim", calls["prepare"])]
+        rows += [(f"Prepare, 1 claim: {mode}", r) for mode, r in d["by_mode"].items()]
+        rows += [(label, calls[kind]) for kind, label in labels.items()]
+        out += _table(["call", "calls", "p50 ms", "p95 ms", "mean ms", "driver CPU ms / call"],
+                      [[label, r["n"], f"{r['p50_ms']:.2f}", f"{r['p95_ms']:.2f}", f"{r['mean_ms']:.2f}",
+                        f"{r['cpu_ms']:.3f}"] for label, r in rows])
+        out += ["", f"Driver CPU per claim (its Prepare and its Unprepare): {d['cpu_ms_per_claim']:.3f} ms, "
+                f"{d['cpu_ms_per_claim_above_floor']:.3f} ms above the calls naming no claim; Prepare adds "
+                f"{d['added_p50_ms']:.2f} ms at the median. {d['specs_written']} of {d['claims']} claims prepared "
+                f"with a CDI spec, {d['specs_removed']} specs removed by Unprepare. The driver's process used "
+                f"{d['driver_cpu_ms_run']:.1f} ms of CPU from the first measured call to the last, "
+                f"{d['driver_cpu_ms_in_calls']:.1f} ms of it within the calls.", ""]
         return out
 
     def _targets(self) -> list[str]:

@@ -88,6 +88,19 @@ def nri() -> dict[str, object]:
             "by_kind": {"with": {"fraction": {**phase, "p50_ms": 33.0}, "plain": phase, "other": phase}}}
 
 
+def dra() -> dict[str, object]:
+    def calls(n: int, p50: float, cpu: float) -> dict[str, float]:
+        return {"n": n, "p50_ms": p50, "p95_ms": p50 * 3, "mean_ms": p50 * 1.4, "cpu_ms": cpu}
+
+    return {"calls": {"prepare": calls(8, 3.5, 1.7), "prepare_empty": calls(8, 0.45, 0.29),
+                      "unprepare": calls(8, 2.5, 1.3), "unprepare_empty": calls(8, 0.42, 0.27)},
+            "by_mode": {"time-slicing": calls(4, 3.4, 1.72), "sm-sharing": calls(4, 3.6, 1.68)},
+            "claims": 8, "specs_written": 8, "specs_removed": 8, "prepared_left": 0, "cpu_ms_per_claim": 3.0,
+            "cpu_ms_per_claim_above_floor": 2.44, "driver_cpu_ms_run": 36.0, "driver_cpu_ms_in_calls": 35.5,
+            "added_p50_ms": 3.05, "rounds": 2, "per_round": 4, "filesystem": "ext4",
+            "load_before": (0.5, 0.4, 0.3), "load": (1.1, 0.9, 0.7)}
+
+
 def full_report() -> Report:
     chart = ChartWebhook(workers=2, threads=4, scheduler_users=("sched",), scheduler_groups=(),
                          require_enforcing_node=False, mps_root="/run/nvidia/mps", memory_limit="256Mi")
@@ -97,7 +110,7 @@ def full_report() -> Report:
     report.sized = [SizeRow(c, a, min(c, a), 1000 * c + a, c + a, 120.0 * c) for c in (1, 50) for a in (1, 64)]
     report.profile = ("own-time table", "cumulative table", "callers table")
     report.handler = {"us_per_request": 640.0, "parts": [("request", 1000.0), ("decide", 400.0), ("log", 0.0)]}
-    report.http, report.api, report.nri = http(), api(), nri()
+    report.http, report.api, report.nri, report.dra = http(), api(), nri(), dra()
     report.agent = [agent_row(10), agent_row(100)]
     return report
 
@@ -116,7 +129,8 @@ def test_the_kept_rendering_reaches_every_section_and_target() -> None:
     for heading in ("## 1. Admission over HTTPS, direct", "### Per review and per pod CREATE", "### Memory",
                     "### All seed reviews in turn, by concurrency", "## 2. Admission through kube-apiserver",
                     "## 3. In-process decision path", "## 4. Node agent",
-                    "## 5. Container creation with the NRI plugin", "## Targets",
+                    "## 5. Container creation with the NRI plugin", "## 6. The DRA driver's Prepare and Unprepare",
+                    "## Targets",
                     "## Appendix: profile of the decision path"):
         assert heading in kept, heading
     targets = kept.partition("## Targets")[2].partition("## Appendix")[0]
@@ -130,6 +144,6 @@ def test_sections_not_run_say_why() -> None:
     report.api = "skipped: no kube-apiserver"
     text = report.markdown()
     for line in ("skipped (--skip http)", "skipped: no kube-apiserver", "skipped (--skip inprocess)",
-                 "skipped (--skip agent)", "skipped (--skip nri)"):
+                 "skipped (--skip agent)", "skipped (--skip nri)", "skipped (--skip dra)"):
         assert f"\n{line}\n" in text, line
     assert "## Targets" not in text and "## Appendix" not in text
