@@ -148,7 +148,10 @@ class FakeKube:
         return EvictionOutcome.EVICTED, ""
 
     def list_pods(self, node: str) -> tuple[list[dict[str, Any]], str]:
-        return list(self.pods), "100"
+        """As the agent's selector lists them: the pods gpufrac labelled (a DRA claim's pod is read by get_pod)."""
+        labelled = [p for p in self.pods
+                    if (p["metadata"].get("labels") or {}).get(FRACTIONAL_LABEL) == FRACTIONAL_VALUE]
+        return labelled, "100"
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return next((p for p in self.pods if p["metadata"]["namespace"] == namespace

@@ -8,7 +8,7 @@ from gpufrac.agent.decide.audit import AttributedProcess, Snapshot, attribute, a
 from gpufrac.agent.decide.errors import ProcReadError
 from gpufrac.agent.decide.model import GpuProcess, ViolationKind
 from gpufrac.agent.decide.pods import fractional_containers, index_by_container_id
-from gpufrac.agent.decide.proc_text import container_ids_in_cgroup, normalize_container_id
+from gpufrac.agent.decide.proc_text import container_ids_in_cgroup, normalize_container_id, pod_uids_in_cgroup
 from gpufrac.agent.edges.procfs import read_cgroup, read_environ, read_memory_limit
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import MIB
@@ -41,6 +41,18 @@ def kinds(violations) -> list[str]:
 def test_container_id_in_every_cgroup_form(form):
     text = CGROUP_FORMS[form].format(uid="0a1b2c3d_0000", id=cid(7))
     assert container_ids_in_cgroup(text) == {cid(7)}
+
+
+POD_UID = "0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
+
+
+@pytest.mark.parametrize("form", sorted(CGROUP_FORMS))
+@pytest.mark.parametrize("separator", ["-", "_"])  # cgroupfs keeps the UID's dashes, systemd makes them _
+def test_pod_uid_in_every_cgroup_form(form, separator):
+    text = CGROUP_FORMS[form].format(uid=POD_UID.replace("-", separator), id=cid(7))
+    assert pod_uids_in_cgroup(text) == {POD_UID}
+    assert pod_uids_in_cgroup("0::/system.slice/containerd.service\n") == set()
+    assert pod_uids_in_cgroup("0::/kubepods/podnot-a-uid/" + cid(7) + "\n") == set()
 
 
 def test_cgroup_without_a_container():

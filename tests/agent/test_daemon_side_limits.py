@@ -10,6 +10,7 @@ import pytest
 
 from e2e.toolkit.wait import wait_until
 from gpufrac.agent.decide import mps_limits
+from gpufrac.agent.decide.claim_tenants import ClaimTenants
 from gpufrac.agent.decide.model import RunningContainer
 from gpufrac.agent.decide.mps_config import daemon_spec
 from gpufrac.agent.edges.mps_control import send
@@ -178,7 +179,7 @@ def test_the_dra_drivers_shares_are_held_like_annotated_fractions(fake_node: Fak
     """A prepared sm-sharing claim on GPU A (the DRA driver hands the loop its shares as fractions) beside the
     annotated `infer` pod on GPU B: the daemon holds both GPUs."""
     agent = fake_node.start_agent()
-    agent.claim_fractions = lambda: [sm("claim-a", 12288, UUID_A, threads=40)]
+    agent.claims = lambda: ClaimTenants((sm("claim-a", 12288, UUID_A, threads=40),))
     agent.tick()
     wait_until(lambda: agent.daemon_statuses()[SM].up, timeout=10, what="the sm-sharing daemon")
     agent.tick()

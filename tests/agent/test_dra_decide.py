@@ -3,16 +3,21 @@ devices, limits, CDI spec and refusals, and the state file's record."""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 from typing import Any
 
 import pytest
 
-from gpufrac.agent.decide import dra_state, mps_limits
-from gpufrac.agent.decide.dra_claims import ClaimError, read_claim
-from gpufrac.agent.decide.dra_prepare import DraNode, PreparedClaim, as_fractions, cdi_spec, prepare, spec_file_name
+from gpufrac.agent.decide import dra_state, mps_limits, reclaim
+from gpufrac.agent.decide.audit import Snapshot, decide
+from gpufrac.agent.decide.claim_tenants import claim_tenants
+from gpufrac.agent.decide.dra_claims import ClaimError, ClaimPod, read_claim
+from gpufrac.agent.decide.dra_prepare import DraNode, PreparedClaim, cdi_spec, prepare, spec_file_name
 from gpufrac.agent.decide.dra_slices import DeviceName, SliceGpu, parse_device_name, resource_slices
+from gpufrac.agent.decide.events import event_body
 from gpufrac.agent.decide.front_door import FrontDoorChoice
-from gpufrac.agent.decide.model import GpuInfo
+from gpufrac.agent.decide.model import GpuInfo, GpuMemory, GpuProcess, ViolationKind
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import FrontDoor
 
@@ -36,7 +41,7 @@ def node(**changes: Any) -> DraNode:
 
 def claim(device: str, *, uid: str = "uid-1", memory: str | None = "40Gi", compute: str | None = None,
           configs: list[dict[str, Any]] | None = None, pool: str = NODE, driver: str = "gpu.gpufrac.io",
-          ) -> dict[str, Any]:
+          pods: tuple[tuple[str, str], ...] = (), reserved: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     consumed = {k: v for k, v in (("memory", memory), ("compute", compute)) if v is not None}
     result: dict[str, Any] = {"request": "gpu", "driver": driver, "pool": pool, "device": device,
                               "shareID": "share-" + uid}
@@ -44,7 +49,9 @@ def claim(device: str, *, uid: str = "uid-1", memory: str | None = "40Gi", compu
         result["consumedCapacity"] = consumed
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"namespace": "team", "name": f"claim-{uid}", "uid": uid},
-            "status": {"allocation": {"devices": {"results": [result], "config": configs or []}}}}
+            "status": {"allocation": {"devices": {"results": [result], "config": configs or []}},
+                       "reservedFor": (reserved or []) + [{"resource": "pods", "name": name, "uid": pod_uid}
+                                                          for name, pod_uid in pods]}}
 
 
 def limit_config(limit: str, source: str = "FromClaim", requests: list[str] | None = None,
@@ -229,11 +236,11 @@ def test_prepared_shares_are_fractions_the_daemon_side_plans_with_and_whole_gpus
     sm = prepared(claim("gpu-1-sm-sharing", uid="uid-sm", memory="10Gi", compute="30"))
     ts = prepared(claim("gpu-0-time-slicing", uid="uid-ts"))
     whole = prepared(claim("gpu-0", uid="uid-whole", memory=None))
-    fractions = as_fractions([sm, ts, whole])
+    fractions = list(claim_tenants([sm, ts, whole]).tenants)
     assert [(f.namespace, f.pod, f.container, f.mode, f.fraction.limit_mib, f.fraction.devices,
              f.fraction.active_thread_percent) for f in fractions] == [
-        ("team", "claim-uid-sm", "gpu", ComputeMode.SM_SHARING, 10240, ("GPU-10000000-aaaa",), 30),
-        ("team", "claim-uid-ts", "gpu", ComputeMode.TIME_SLICING, 40960, ("GPU-00000000-aaaa",), None)]
+        ("team", "claim-uid-sm", "claim-uid-sm/gpu", ComputeMode.SM_SHARING, 10240, ("GPU-10000000-aaaa",), 30),
+        ("team", "claim-uid-ts", "claim-uid-ts/gpu", ComputeMode.TIME_SLICING, 40960, ("GPU-00000000-aaaa",), None)]
     plan = mps_limits.plan(fractions, [g.gpu for g in gpus().values()])
     assert plan.default_commands() == ["set_default_device_pinned_mem_limit GPU-10000000-aaaa 10240M",
                                        "set_default_active_thread_percentage 30"]
@@ -250,3 +257,82 @@ def test_the_driver_refuses_a_claim_on_an_annotations_node_and_on_a_gpu_holding_
                                          r"app of pod team-a/infer is placed on it\)"):
         prepared(claim("gpu-0-sm-sharing", compute="50"), busy)
     assert prepared(claim("gpu-1-sm-sharing", compute="50"), busy).devices[0].gpu_index == 1
+
+
+# ---- claims held like annotated fractions: the audit, the usage series, reclaim ----
+
+POD_UID = "0a1b2c3d-1111-2222-3333-444455556666"
+OTHER_UID = "9f8e7d6c-1111-2222-3333-444455556666"
+
+
+def cgroup_of(pod_uid: str, container: str = "c" * 64) -> str:
+    """As the kubelet's systemd driver names a container's cgroup (the pod UID's dashes as underscores)."""
+    return (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pod_uid.replace('-', '_')}.slice/"
+            f"cri-containerd-{container}.scope\n")
+
+
+def test_a_claim_records_the_pods_it_is_reserved_for_and_the_env_its_device_gives() -> None:
+    obj = claim("gpu-0-time-slicing", configs=[limit_config("48Gi")], pods=(("infer-0", POD_UID),),
+                reserved=[{"apiGroup": "example.com", "resource": "pods", "name": "not-a-pod", "uid": OTHER_UID}])
+    result = prepared(obj)
+    assert result.pods == (ClaimPod("infer-0", POD_UID),)  # another group's "pods" are no pods
+    [device] = result.devices
+    assert dict(entry.split("=", 1) for entry in device.env) == env_of(cdi_spec(result, node()))
+    assert dra_state.load(dra_state.dump([result])) == {"uid-1": result}
+    # a record written before the pods and the env were kept reads, without them
+    record = json.loads(dra_state.dump([result]))
+    del record["claims"][0]["pods"], record["claims"][0]["devices"][0]["env"]
+    old_record = dra_state.load(json.dumps(record))
+    assert old_record["uid-1"].pods == () and old_record["uid-1"].devices[0].env == ()
+
+
+def claim_snapshot(processes: list[GpuProcess], environs: dict[int, dict[str, str]], **claim_fields: Any) -> Snapshot:
+    result = prepared(claim("gpu-0-time-slicing", pods=(("infer-0", POD_UID),), configs=[limit_config("48Gi")],
+                            **claim_fields))
+    infos = {g.gpu.uuid: g.gpu for g in gpus().values()}
+    cgroups = {p.pid: cgroup_of(POD_UID if p.pid < 200 else OTHER_UID) for p in processes}
+    return Snapshot(processes, {}, cgroups, environs, infos, claim_tenants([result]))
+
+
+GPU_0, GPU_1 = "GPU-00000000-aaaa", "GPU-10000000-aaaa"
+
+
+def test_a_claims_processes_are_those_of_its_pod_on_its_gpu_and_are_held_to_its_limit() -> None:
+    mib = 1 << 20
+    processes = [GpuProcess(GPU_0, 101, 30000 * mib, 40), GpuProcess(GPU_0, 102, 25000 * mib, 10),
+                 GpuProcess(GPU_1, 103, 1000 * mib, 5),  # its pod, another GPU: not the claim's share
+                 GpuProcess(GPU_0, 201, 9000 * mib, 5)]  # another pod on its GPU
+    [tenant] = claim_snapshot(processes, {}).claims.tenants
+    env = dict(entry.split("=", 1) for entry in tenant.written_env or ())
+    findings = decide(claim_snapshot(processes, {101: env, 102: {**env, "NVIDIA_VISIBLE_DEVICES": "void"}}))
+    assert [(a.process.pid, a.container.pod, a.container.container) for a in findings.attributed] == [
+        (101, "infer-0", "claim-uid-1/gpu"), (102, "infer-0", "claim-uid-1/gpu")]
+    [over] = findings.violations
+    assert over.kind is ViolationKind.MEMORY_OVER_LIMIT and over.container.pod_uid == POD_UID
+    assert "uses 55000 MiB of GPU memory on GPU-00000000-aaaa, over its limit of 49152 MiB" in over.message
+    [sample] = findings.usage
+    assert (sample.namespace, sample.pod, sample.container, sample.gpu_uuid, sample.used_bytes,
+            sample.limit_bytes) == ("team", "infer-0", "claim-uid-1/gpu", GPU_0, 55000 * mib, 49152 * mib)
+    assert "fieldPath" not in event_body(over, NODE, dt.datetime.now(dt.UTC))["involvedObject"]
+
+
+def test_a_claims_process_without_its_env_or_with_another_limit_is_a_violation() -> None:
+    processes = [GpuProcess(GPU_0, 101, 1 << 30, 5), GpuProcess(GPU_0, 102, 1 << 30, 5)]
+    [tenant] = claim_snapshot(processes, {}).claims.tenants
+    env = dict(entry.split("=", 1) for entry in tenant.written_env or ())
+    findings = decide(claim_snapshot(processes, {
+        101: {k: v for k, v in env.items() if k != "NVIDIA_GPU_MEMORY_LIMIT"},
+        102: {**env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"{GPU_0}=81000M"}}))
+    by_kind = {v.kind: v.message for v in findings.violations}
+    assert set(by_kind) == {ViolationKind.MISSING_LIMIT_ENV, ViolationKind.LIMIT_ENV_MISMATCH}
+    assert "without NVIDIA_GPU_MEMORY_LIMIT" in by_kind[ViolationKind.MISSING_LIMIT_ENV]
+    assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={GPU_0}=81000M" in by_kind[ViolationKind.LIMIT_ENV_MISMATCH]
+
+
+def test_a_claim_is_owed_its_request_from_prepare_on() -> None:
+    snapshot = claim_snapshot([GpuProcess(GPU_0, 201, 60000 << 20, 5)], {})
+    memory = {GPU_0: GpuMemory(GPU_0, 80 * GIB, 0, 60000 << 20, 80 * GIB - (60000 << 20))}
+    [share] = reclaim.shares([], snapshot.claims.tenants, snapshot.gpus, memory)
+    [tenant] = share.tenants
+    assert (tenant.container.pod, tenant.request_bytes, tenant.owed_bytes) == ("infer-0", 40 * GIB, 40 * GIB)
+    assert share.shortfall_bytes == 40 * GIB - share.free_bytes > 0

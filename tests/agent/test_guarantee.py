@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 
 from e2e.toolkit.wait import wait_until
+from gpufrac.agent.decide.claim_tenants import ClaimTenants, claim_tenants
+from gpufrac.agent.decide.dra_claims import ClaimPod, ClaimRef
+from gpufrac.agent.decide.dra_prepare import PreparedClaim, PreparedDevice
 from gpufrac.agent.decide.overlimit import OverLimitAction
 from gpufrac.agent.decide.reclaim import ReclaimPolicy, ReclaimSettings
 from gpufrac.agent.edges.metrics import AgentMetrics
@@ -23,6 +26,7 @@ from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.core.contract import MIB
 from testkit.agent import UUID_A, UUID_B, FakeKube, canonical_annotations, cid, env_for, pod, value
 from testkit.fakes.state import ProcRoot
+from testkit.pods import running_pod
 
 NODE = "gpu-node-1"
 
@@ -439,3 +443,76 @@ def test_kill_newest_does_not_kill_a_killed_process_again_while_nvml_still_lists
     assert len(node.events("GPUProcessKilled")) == 1
     assert value(agent.metrics, "gpufrac_over_limit_actions_total", action="kill-newest", outcome="killed") == 1
     assert older.poll() is None
+
+
+# ---- a DRA claim's share, held like an annotated fraction ----
+
+CLAIM_POD_UID = "0a1b2c3d-1111-2222-3333-444455556666"
+
+
+def claim_on_a(node, request_mib: int, limit_mib: int, *, priority: int | None = None) -> ClaimTenants:
+    """A time-slicing claim on GPU A prepared for pod `claimed` (which gpufrac did not label: the agent's pod list
+    does not hold it, the API server does)."""
+    body = running_pod("claimed", uid=CLAIM_POD_UID, containers={"app": cid(9)}, annotations={})
+    body["status"]["startTime"] = "2026-01-01T02:00:00Z"
+    if priority is not None:
+        body["spec"]["priority"] = priority
+    node.kube.pods.append(body)
+    device = PreparedDevice(request="gpu", pool=NODE, device="gpu-0-time-slicing", share_id="s", gpu_index=0,
+                            gpu_uuid=UUID_A, mode="time-slicing", request_mib=request_mib, limit_mib=limit_mib,
+                            compute_percent=100, cdi_ids=("gpu.gpufrac.io/claim=uid-c-gpu-0-time-slicing",),
+                            env=(f"NVIDIA_GPU_MEMORY_REQUEST={request_mib}", f"NVIDIA_GPU_MEMORY_LIMIT={limit_mib}"))
+    return claim_tenants([PreparedClaim(ClaimRef("team-a", "claimed-gpu", "uid-c"), (device,),
+                                        (ClaimPod("claimed", CLAIM_POD_UID),))])
+
+
+def test_a_claim_above_its_request_is_reclaimed_for_an_annotated_pod_and_its_use_is_in_the_metrics(node):
+    node.add_pod("a", 1, request_mib=30000, limit_mib=30000)
+    claims = claim_on_a(node, 10000, 60000)
+    node.proc.add(4001, cid(1), env_for("time-slicing", 30000, 30000, UUID_A), pod_uid="u-a")
+    node.proc.add(4009, cid(9), {"NVIDIA_GPU_MEMORY_REQUEST": "10000", "NVIDIA_GPU_MEMORY_LIMIT": "60000"},
+                  pod_uid=CLAIM_POD_UID)
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000, "sm_util": 5},
+                                 {"pid": 4009, "used_memory_mib": 55000, "sm_util": 50}])
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.claims = lambda: claims
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "claimed")]
+    [on_claimed] = node.events("GPUMemoryReclaimed")
+    assert on_claimed["involvedObject"]["uid"] == CLAIM_POD_UID
+    assert "it uses 55000 MiB there, 45000 MiB above its requests" in on_claimed["message"]
+    labels = {"namespace": "team-a", "pod": "claimed", "container": "claimed-gpu/gpu", "UUID": UUID_A,
+              "Hostname": NODE}
+    assert value(agent.metrics, "gpufrac_container_gpu_memory_used_bytes", **labels) == 55000 * MIB
+    assert value(agent.metrics, "gpufrac_container_gpu_memory_limit_bytes", **labels) == 60000 * MIB
+    assert node.events("GPULimitEnvMissing") == [] and node.events("GPULimitEnvMismatch") == []
+
+
+def test_a_claim_owed_its_request_gets_an_annotated_burster_evicted_and_a_protected_claim_pod_is_not_a_victim(node):
+    node.add_pod("b", 2, request_mib=10000, limit_mib=60000)
+    claims = claim_on_a(node, 30000, 30000)  # prepared, its container not started yet: owed all of its request
+    node.proc.add(4002, cid(2), env_for("time-slicing", 60000, 10000, UUID_A), pod_uid="u-b")
+    node.gpus.processes(UUID_A, [{"pid": 4002, "used_memory_mib": 60000}])
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.claims = lambda: claims
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "b")]
+    [on_claimed] = node.events("GPUMemoryReclaimedFor")
+    assert on_claimed["involvedObject"]["name"] == "claimed" and "fieldPath" not in on_claimed["involvedObject"]
+    assert "30000 MiB of its 30000 MiB request not yet used, 20000 MiB free" in on_claimed["message"]
+
+
+def test_a_claim_pods_priority_is_read_from_the_api_server(node):
+    node.add_pod("a", 1, request_mib=30000, limit_mib=30000)
+    claims = claim_on_a(node, 10000, 60000, priority=2000)
+    node.proc.add(4001, cid(1), env_for("time-slicing", 30000, 30000, UUID_A), pod_uid="u-a")
+    node.proc.add(4009, cid(9), {}, pod_uid=CLAIM_POD_UID)
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000},
+                                 {"pid": 4009, "used_memory_mib": 55000}])
+    guarantee = reclaiming(ReclaimPolicy.EVICT)
+    agent = node.agent(replace(guarantee, reclaim=replace(guarantee.reclaim, protected_priority=1000)))
+    agent.claims = lambda: claims
+    agent.tick()
+    assert node.kube.evictions == []
+    [short] = node.events("GPUMemoryGuaranteeShort")
+    assert "no pod uses more than its request there" in short["message"]

@@ -17,8 +17,9 @@ from gpucheck.cli import parse_args
 from gpucheck.run import Run
 from gpucheck.session import Session
 from gpufrac.agent.decide import capabilities, mps_limits
+from gpufrac.agent.decide.claim_tenants import claim_tenants
 from gpufrac.agent.decide.dra_claims import read_claim
-from gpufrac.agent.decide.dra_prepare import DraNode, as_fractions, cdi_spec, prepare
+from gpufrac.agent.decide.dra_prepare import DraNode, cdi_spec, prepare
 from gpufrac.agent.decide.dra_slices import SliceGpu
 from gpufrac.agent.decide.model import GpuInfo, Inventory
 from gpufrac.agent.decide.mps_config import daemon_spec, render_config
@@ -232,7 +233,7 @@ def test_the_dra_rows_env_and_daemon_limits_are_what_prepare_and_the_agent_give_
     assert bare_spec is not None
     assert dict(e.split("=", 1) for e in bare_spec["devices"][0]["containerEdits"]["env"]) == {
         **ours, LimitEnv.VISIBLE_DEVICES: gpu.uuid}
-    plan = mps_limits.plan(as_fractions([prepared]), [gpu])
+    plan = mps_limits.plan(claim_tenants([prepared]).tenants, [gpu])
     servers = [4242, 4343]
     assert restated.daemon_limit_commands(gpu.uuid, claim.limit_mib, claim.compute_percent, servers) == (
         plan.default_commands() + plan.server_commands(servers))

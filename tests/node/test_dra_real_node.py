@@ -10,17 +10,20 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from e2e.names import NODE_NAME, USER_NAMESPACE
 from e2e.node import APP_IMAGE, GPU_UUIDS, RealCluster
-from e2e.pods import exec_in, get_json, get_pod, wait_running
+from e2e.pods import exec_in, get_json, get_pod, host_pids, wait_running
 from e2e.testing import unique
 from e2e.toolkit.wait import wait_until
+from gpufrac.agent.decide.audit import attribute
+from gpufrac.agent.decide.claim_tenants import claim_tenants
 from gpufrac.agent.decide.dra_prepare import DraNode
 from gpufrac.agent.decide.dra_slices import DRIVER
-from gpufrac.agent.decide.model import GpuInfo, Inventory
+from gpufrac.agent.decide.model import GpuInfo, GpuProcess, Inventory
 from gpufrac.agent.edges.dra.files import ClaimSpecs, StateFile
 from gpufrac.agent.edges.dra.kube import DraKube
 from gpufrac.agent.edges.dra.server import DraPlugin, plugin_paths
@@ -139,6 +142,15 @@ def test_two_40gi_claims_share_one_gpu_and_a_claim_that_fits_nowhere_stays_pendi
         spec = json.loads(ClaimSpecs(dra.node.cdi_dir).path(
             get_json(dra.node, "get", "resourceclaim", first, "-n", USER_NAMESPACE)["metadata"]["uid"]).read_text())
         assert spec["kind"] == "gpu.gpufrac.io/claim"
+        # The agent's audit and reclaim find each claim's processes by the pod UID in the kubelet's cgroup names.
+        tenants = claim_tenants(dra.driver.claims())
+        for name in (first, second):
+            pid = host_pids(dra.node, name)[0]
+            cgroups = {pid: Path(f"/proc/{pid}/cgroup").read_text()}
+            [found] = attribute([GpuProcess(GPU_UUIDS[0], pid, MIB, 0)], {}, cgroups, {}, tenants)
+            assert (found.container.pod, found.container.pod_uid, found.container.claim) == (
+                name, get_pod(dra.node, name)["metadata"]["uid"], f"{name}/gpu")
+            assert attribute([GpuProcess(GPU_UUIDS[1], pid, MIB, 0)], {}, cgroups, {}, tenants) == []
 
         def unschedulable() -> str | None:
             conditions = get_pod(dra.node, too_big)["status"].get("conditions") or []

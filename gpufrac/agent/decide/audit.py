@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpufrac.agent.decide.claim_tenants import NO_CLAIMS, ClaimTenants
 from gpufrac.agent.decide.model import (
     EnforcementViolation,
     GpuInfo,
@@ -19,7 +20,7 @@ from gpufrac.agent.decide.model import (
     UsageSample,
     ViolationKind,
 )
-from gpufrac.agent.decide.proc_text import container_ids_in_cgroup
+from gpufrac.agent.decide.proc_text import container_ids_in_cgroup, pod_uids_in_cgroup
 from gpufrac.core.annotations import device_id
 from gpufrac.core.contract import (
     MIB,
@@ -41,6 +42,11 @@ class Snapshot:
     cgroups: Mapping[int, str]  # pid -> /proc/<pid>/cgroup; missing: unreadable
     environs: Mapping[int, Mapping[str, str]]  # pid -> environment, of processes in fractional containers
     gpus: Mapping[str, GpuInfo]  # by UUID
+    claims: ClaimTenants = field(default_factory=ClaimTenants)  # the DRA driver's prepared shares
+
+    def tenants(self) -> list[RunningContainer]:
+        """Every fractional container and claim share the snapshot knows."""
+        return [*self.containers.values(), *self.claims.tenants]
 
 
 @dataclass(frozen=True)
@@ -50,16 +56,18 @@ class Findings:
     attributed: list[AttributedProcess] = field(default_factory=list)  # the processes of fractional containers
 
 
-def in_fractional_container(cgroup: str, containers: Mapping[str, RunningContainer]) -> bool:
-    """Whether a process' cgroup names one of the fractional containers (only those get their environ read)."""
-    return any(c in containers for c in container_ids_in_cgroup(cgroup))
+def in_fractional_container(cgroup: str, containers: Mapping[str, RunningContainer],
+                            claims: ClaimTenants = NO_CLAIMS) -> bool:
+    """Whether a process' cgroup names one of the fractional containers, or a pod a claim is reserved for (only
+    those get their environ read)."""
+    return any(c in containers for c in container_ids_in_cgroup(cgroup)) or \
+        bool(claims.by_pod_gpu and pod_uids_in_cgroup(cgroup) & claims.pod_uids)
 
 
 def decide(snapshot: Snapshot) -> Findings:
-    attributed = attribute(snapshot.processes, snapshot.containers, snapshot.cgroups, snapshot.environs)
-    return Findings(
-        audit(attributed, snapshot.gpus), usage(attributed, snapshot.containers.values(), snapshot.gpus), attributed
-    )
+    attributed = attribute(snapshot.processes, snapshot.containers, snapshot.cgroups, snapshot.environs,
+                           snapshot.claims)
+    return Findings(audit(attributed, snapshot.gpus), usage(attributed, snapshot.tenants(), snapshot.gpus), attributed)
 
 
 @dataclass(frozen=True)
@@ -74,23 +82,42 @@ def attribute(
     containers: Mapping[str, RunningContainer],
     cgroups: Mapping[int, str],
     environs: Mapping[int, Mapping[str, str]],
+    claims: ClaimTenants = NO_CLAIMS,
 ) -> list[AttributedProcess]:
-    """Match processes to fractional containers by the container ID in their cgroup; others are dropped."""
+    """Match processes to fractional containers by the container ID in their cgroup, else to a claim's share by
+    the pod UID in their cgroup and the GPU they use; others are dropped."""
     result = []
     for process in processes:
         text = cgroups.get(process.pid)
         if text is None:
             continue
-        for container_id in container_ids_in_cgroup(text):
-            container = containers.get(container_id)
-            if container is not None:
-                result.append(AttributedProcess(process, container, environs.get(process.pid)))
-                break
+        container = _owner(text, process.gpu_uuid, containers, claims)
+        if container is not None:
+            result.append(AttributedProcess(process, container, environs.get(process.pid)))
     return result
 
 
+def _owner(cgroup: str, gpu_uuid: str, containers: Mapping[str, RunningContainer],
+           claims: ClaimTenants) -> RunningContainer | None:
+    for container_id in container_ids_in_cgroup(cgroup):
+        if container_id in containers:
+            return containers[container_id]
+    if not claims.by_pod_gpu:
+        return None
+    return next((claims.by_pod_gpu[(uid, gpu_uuid)] for uid in sorted(pod_uids_in_cgroup(cgroup))
+                 if (uid, gpu_uuid) in claims.by_pod_gpu), None)
+
+
+# Checked apart (env_mismatches): the pinned limit may be keyed by index or UUID, the devices by CDI's `void`.
+_CHECKED_APART = frozenset({LimitEnv.PINNED_MEM_LIMIT, LimitEnv.VISIBLE_DEVICES})
+
+
 def expected_env(container: RunningContainer) -> dict[str, str | None]:
-    """The injected variables a container's processes must carry; None: present, value checked otherwise."""
+    """The injected variables a container's processes must carry; None: present, value checked otherwise. A
+    claim's share must carry what its CDI device gives."""
+    if container.written_env is not None:
+        written = (entry.partition("=") for entry in container.written_env)
+        return {name: None if name in _CHECKED_APART else value for name, _, value in written}
     spec = container.fraction
     expected: dict[str, str | None] = {LimitEnv.PIPE_DIRECTORY: None}
     if spec.limit_mib is not None:

@@ -35,6 +35,14 @@ class ClaimRef:
 
 
 @dataclass(frozen=True)
+class ClaimPod:
+    """A pod the claim is reserved for (its `status.reservedFor`): whose processes use the claim's share."""
+
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
 class AllocatedDevice:
     """One result of the claim's allocation for this driver."""
 
@@ -50,6 +58,7 @@ class ClaimAllocation:
     claim: ClaimRef
     devices: tuple[AllocatedDevice, ...]
     limit_mib: Mapping[str, int]  # request name -> memory limit (MiB) from the opaque config; "" = every request
+    pods: tuple[ClaimPod, ...] = ()
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:
@@ -126,7 +135,18 @@ def read_claim(obj: Mapping[str, Any]) -> ClaimAllocation:
     ours = tuple(d for d in map(_result, devices.get("results") or ()) if d is not None)
     if not ours:
         raise ClaimError(f"claim {claim} has no device of driver {DRIVER}")
-    return ClaimAllocation(claim, ours, _limits(devices.get("config")))
+    return ClaimAllocation(claim, ours, _limits(devices.get("config")), _reserved_pods(obj.get("status") or {}))
+
+
+def _reserved_pods(status: Mapping[str, Any]) -> tuple[ClaimPod, ...]:
+    """The pods the claim is reserved for; other consumers (none are defined for pods' GPUs) are left out."""
+    reserved = status.get("reservedFor")
+    if not isinstance(reserved, list):
+        return ()
+    pods = {ClaimPod(str(r["name"]), str(r["uid"])) for r in reserved
+            if isinstance(r, Mapping) and r.get("resource") == "pods" and not r.get("apiGroup")
+            and r.get("name") and r.get("uid")}
+    return tuple(sorted(pods, key=lambda p: (p.name, p.uid)))
 
 
 def limit_for(allocation: ClaimAllocation, request: str) -> int | None:

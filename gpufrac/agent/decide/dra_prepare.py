@@ -14,25 +14,24 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufrac.agent.decide.dra_claims import (
     AllocatedDevice,
     ClaimAllocation,
     ClaimError,
+    ClaimPod,
     ClaimRef,
     limit_for,
     quantity_mib,
 )
 from gpufrac.agent.decide.dra_slices import COMPUTE, DRIVER, MEMORY, WHOLE, SliceGpu, parse_device_name, pool_name
 from gpufrac.agent.decide.front_door import FrontDoorChoice, refusal_for_claim
-from gpufrac.agent.decide.model import RunningContainer
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import (
     FRONT_DOOR_LABEL,
     SHM_MOUNT_PATH,
-    CanonicalFraction,
     FrontDoor,
     LimitEnv,
     format_pinned_mem_limit_by_uuid,
@@ -74,24 +73,16 @@ class PreparedDevice:
     limit_mib: int
     compute_percent: int
     cdi_ids: tuple[str, ...]
+    # The env its CDI device gives (`NAME=value`); () for a whole GPU, and for a share recorded before the agent
+    # kept it (its env is then worked out again from the node when its spec is rewritten).
+    env: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class PreparedClaim:
     claim: ClaimRef
     devices: tuple[PreparedDevice, ...]
-
-
-def as_fractions(claims: Iterable[PreparedClaim]) -> list[RunningContainer]:
-    """The prepared claims' shares as the fractions an annotated pod's containers are (whole GPUs left out), for
-    what treats both alike: the sm-sharing daemon's own limits. A claim stands for its pod's container, named
-    `<namespace>/<claim>/<request>`; it has no container ID (a claim may serve several containers)."""
-    return [RunningContainer(c.claim.namespace, c.claim.name, c.claim.uid, d.request, "",
-                             CanonicalFraction(d.request, ComputeMode(d.mode), d.request_mib, d.limit_mib,
-                                               devices=(d.gpu_uuid,),
-                                               active_thread_percent=d.compute_percent
-                                               if d.mode == ComputeMode.SM_SHARING else None))
-            for c in claims for d in c.devices if d.mode != WHOLE]
+    pods: tuple[ClaimPod, ...] = ()  # whom it was reserved for when prepared
 
 
 def cdi_device_name(claim_uid: str, device: str) -> str:
@@ -142,10 +133,12 @@ def _one_device(allocation: ClaimAllocation, device: AllocatedDevice, node: DraN
     toolkit = _toolkit_device(gpu, node.cdi_devices)
     # A whole GPU the toolkit names needs nothing of ours (and CDI refuses a device without edits).
     cdi = [] if parsed.mode == WHOLE and toolkit else [cdi_device_name(allocation.claim.uid, device.device)]
-    return PreparedDevice(request=device.request, pool=device.pool, device=device.device, share_id=device.share_id,
-                          gpu_index=gpu.gpu.index, gpu_uuid=gpu.gpu.uuid, mode=parsed.mode, request_mib=request,
-                          limit_mib=limit, compute_percent=_compute(device) if parsed.mode != WHOLE else 100,
-                          cdi_ids=((toolkit,) if toolkit else ()) + tuple(f"{CDI_KIND}={name}" for name in cdi))
+    prepared = PreparedDevice(request=device.request, pool=device.pool, device=device.device,
+                              share_id=device.share_id, gpu_index=gpu.gpu.index, gpu_uuid=gpu.gpu.uuid,
+                              mode=parsed.mode, request_mib=request, limit_mib=limit,
+                              compute_percent=_compute(device) if parsed.mode != WHOLE else 100,
+                              cdi_ids=((toolkit,) if toolkit else ()) + tuple(f"{CDI_KIND}={name}" for name in cdi))
+    return replace(prepared, env=tuple(_env(prepared, node)))
 
 
 def _conflict(device: PreparedDevice, node: DraNode, others: Iterable[PreparedClaim]) -> str | None:
@@ -181,12 +174,19 @@ def prepare(allocation: ClaimAllocation, node: DraNode, others: Iterable[Prepare
         problem = _conflict(device, node, others)
         if problem:
             raise ClaimError(problem)
-    return PreparedClaim(allocation.claim, devices)
+    return PreparedClaim(allocation.claim, devices, allocation.pods)
+
+
+def _own_device_nodes(device: PreparedDevice) -> bool:
+    """No toolkit device names this GPU: the claim's spec gives its device nodes, and the env NVIDIA's runtime
+    reads."""
+    return all(cdi.startswith(CDI_KIND + "=") for cdi in device.cdi_ids)
 
 
 def _env(device: PreparedDevice, node: DraNode) -> list[str]:
+    visible = {LimitEnv.VISIBLE_DEVICES: device.gpu_uuid} if _own_device_nodes(device) else {}
     if device.mode == WHOLE:
-        return []
+        return [f"{key}={value}" for key, value in visible.items()]
     env = {LimitEnv.MEMORY_REQUEST: str(device.request_mib), LimitEnv.MEMORY_LIMIT: str(device.limit_mib)}
     if device.mode in node.mps_modes:
         env[LimitEnv.PIPE_DIRECTORY] = mps_pipe_dir(node.mps_root, ComputeMode(device.mode))
@@ -194,15 +194,13 @@ def _env(device: PreparedDevice, node: DraNode) -> list[str]:
         env[LimitEnv.PINNED_MEM_LIMIT] = format_pinned_mem_limit_by_uuid(device.limit_mib, [device.gpu_uuid])
         if device.mode == ComputeMode.SM_SHARING:
             env[LimitEnv.ACTIVE_THREAD_PERCENTAGE] = str(device.compute_percent)
-    return [f"{key}={value}" for key, value in env.items()]
+    return [f"{key}={value}" for key, value in (env | visible).items()]
 
 
 def _edits(device: PreparedDevice, node: DraNode) -> dict[str, Any]:
     edits: dict[str, Any] = {}
-    env = _env(device, node)
-    if all(cdi.startswith(CDI_KIND + "=") for cdi in device.cdi_ids):
-        # No toolkit device names this GPU: its device nodes, and the env NVIDIA's runtime reads.
-        env.append(f"{LimitEnv.VISIBLE_DEVICES}={device.gpu_uuid}")
+    env = list(device.env) or _env(device, node)
+    if _own_device_nodes(device):
         edits["deviceNodes"] = [{"path": path} for path in
                                 (f"/dev/nvidia{device.gpu_index}", *sorted(node.host_devices))]
     if env:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
 
-from gpufrac.agent.decide.dra_claims import ClaimRef
+from gpufrac.agent.decide.dra_claims import ClaimPod, ClaimRef
 from gpufrac.agent.decide.dra_prepare import PreparedClaim, PreparedDevice
 
 STATE_VERSION = 1
@@ -23,13 +23,14 @@ class StateError(ValueError):
 
 
 def dump(claims: Iterable[PreparedClaim]) -> str:
-    records = [{"claim": asdict(c.claim), "devices": [asdict(d) for d in c.devices]}
+    records = [{"claim": asdict(c.claim), "devices": [asdict(d) for d in c.devices],
+                "pods": [asdict(p) for p in c.pods]}
                for c in sorted(claims, key=lambda c: c.claim.uid)]
     return json.dumps({"version": STATE_VERSION, "claims": records}, indent=1, sort_keys=True) + "\n"
 
 
 def _device(raw: dict[str, Any]) -> PreparedDevice:
-    return PreparedDevice(**{**raw, "cdi_ids": tuple(raw["cdi_ids"])})
+    return PreparedDevice(**{**raw, "cdi_ids": tuple(raw["cdi_ids"]), "env": tuple(raw.get("env", ()))})
 
 
 def load(text: str) -> dict[str, PreparedClaim]:
@@ -38,7 +39,9 @@ def load(text: str) -> dict[str, PreparedClaim]:
         data = json.loads(text)
         if data.get("version") != STATE_VERSION:
             raise StateError(f"state version {data.get('version')!r}, this agent reads {STATE_VERSION}")
-        claims = [PreparedClaim(ClaimRef(**raw["claim"]), tuple(_device(d) for d in raw["devices"]))
+        # `pods` and a device's `env` came later within version 1: a record without them reads as ()
+        claims = [PreparedClaim(ClaimRef(**raw["claim"]), tuple(_device(d) for d in raw["devices"]),
+                                tuple(ClaimPod(**pod) for pod in raw.get("pods", ())))
                   for raw in data["claims"]]
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise StateError(f"the prepared claims do not read: {err}") from err

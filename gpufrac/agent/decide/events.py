@@ -43,12 +43,14 @@ def _warning_event(node: str, metadata: dict[str, Any], involved: dict[str, Any]
 
 def event_body(violation: EnforcementViolation, node: str, now: dt.datetime) -> dict[str, Any]:
     c = violation.container
+    involved = {"apiVersion": "v1", "kind": "Pod", "namespace": c.namespace, "name": c.pod, "uid": c.pod_uid}
+    if not c.claim:  # a claim's share names no container of its pod
+        involved["fieldPath"] = f"spec.containers{{{c.container}}}"
     return _warning_event(
         node,
         {"name": event_name(violation), "namespace": c.namespace,
          "labels": {"gpufrac.io/violation": str(violation.kind)}},
-        {"apiVersion": "v1", "kind": "Pod", "namespace": c.namespace, "name": c.pod, "uid": c.pod_uid,
-         "fieldPath": f"spec.containers{{{c.container}}}"},
+        involved,
         violation.kind.event_reason,
         violation.message[:1024],
         now,

@@ -99,7 +99,8 @@ class NodeCondition:
 
 @dataclass(frozen=True)
 class RunningContainer:
-    """A running container of a fractional pod bound to this node, with what the webhook wrote for it."""
+    """A running container of a fractional pod bound to this node, with what the webhook wrote for it; or a DRA
+    claim's share of a GPU, with what Prepare wrote for it (`claim` set)."""
 
     namespace: str
     pod: str
@@ -107,6 +108,12 @@ class RunningContainer:
     container: str
     container_id: str  # without the runtime scheme
     fraction: CanonicalFraction
+    # A DRA claim's share: `<claim>/<request>`, also its `container` (a claim may serve several containers, the
+    # driver does not know which); its processes are those of its pods on its GPU. "": an annotated fraction.
+    claim: str = ""
+    # The env its CDI device gives it (`NAME=value`), what the audit checks for a claim; None: the webhook's
+    # canonical annotations say what it must carry (audit.expected_env).
+    written_env: tuple[str, ...] | None = None
 
     @property
     def mode(self) -> ComputeMode:

@@ -4,10 +4,11 @@ decide/audit.py), act (metrics, an Event per violation, evictions when asked), t
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from gpufrac.agent.decide.audit import Findings, Snapshot, decide, in_fractional_container
+from gpufrac.agent.decide.claim_tenants import ClaimTenants
 from gpufrac.agent.decide.errors import NvmlError, ProcReadError
 from gpufrac.agent.decide.events import EventSink, ViolationRecorder
 from gpufrac.agent.decide.model import EnforcementViolation, GpuMemory, GpuProcess, Inventory, ViolationKind
@@ -38,8 +39,9 @@ class AuditKube(GuaranteeKube, EventSink, Protocol):
 
 class AuditPass:
     def __init__(self, config: AgentConfig, kube: AuditKube, gpus: GpuSource, metrics: AgentMetrics, pods: PodCache,
-                 guarantee: Guarantee) -> None:
+                 guarantee: Guarantee, claims: Callable[[], ClaimTenants] = ClaimTenants) -> None:
         self._config = config
+        self._claims = claims  # the DRA driver's prepared shares, audited like annotated fractions
         self._kube = kube
         self._gpus = gpus
         self._metrics = metrics
@@ -56,7 +58,7 @@ class AuditPass:
             return
         snapshot, pods = observed
         findings = decide(snapshot)
-        self._act(findings, pods)
+        self._act(findings, {p["metadata"]["uid"] for p in pods} | snapshot.claims.pod_uids)
         self.guarantee.run(inventory, snapshot, findings, pods)
 
     def _observe(self, inventory: Inventory) -> tuple[Snapshot, list[dict[str, Any]]] | None:
@@ -67,6 +69,7 @@ class AuditPass:
             log.warning("%s", err)
             return None
         pods = self._pods.snapshot()
+        claims = self._claims()
         index = index_by_container_id(pods)
         self._metrics.unreadable_canonical.set(index.unreadable)
         cgroups: dict[int, str] = {}
@@ -74,13 +77,13 @@ class AuditPass:
         for process in processes:
             try:
                 cgroups[process.pid] = read_cgroup(self._config.proc_root, process.pid)
-                if in_fractional_container(cgroups[process.pid], index.by_id):
+                if in_fractional_container(cgroups[process.pid], index.by_id, claims):
                     environs[process.pid] = read_environ(self._config.proc_root, process.pid)
             except ProcReadError as err:  # it exited meanwhile: what was read still counts
                 log.debug("%s", err)
-        return Snapshot(processes, index.by_id, cgroups, environs, inventory.by_uuid()), pods
+        return Snapshot(processes, index.by_id, cgroups, environs, inventory.by_uuid(), claims), pods
 
-    def _act(self, findings: Findings, pods: list[dict[str, Any]]) -> None:
+    def _act(self, findings: Findings, live_pod_uids: set[str]) -> None:
         """Publish what the audit found: metrics, events (once per violation), evictions when asked."""
         self.violations = findings.violations
         self._metrics.set_usage(findings.usage)
@@ -95,7 +98,7 @@ class AuditPass:
             self._metrics.violations.labels(kind=str(violation.kind)).inc()
         if self._config.evict_on_violation:
             self._evict(self.violations)
-        self._recorder.forget_pods({p["metadata"]["uid"] for p in pods})
+        self._recorder.forget_pods(live_pod_uids)
 
     def _evict(self, violations: Sequence[EnforcementViolation]) -> None:
         for violation in violations:

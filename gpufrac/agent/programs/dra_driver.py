@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gpufrac.agent.decide import dra_state
 from gpufrac.agent.decide.capacity import usable_label
+from gpufrac.agent.decide.claim_tenants import claim_tenants
 from gpufrac.agent.decide.dra_claims import ClaimError, ClaimRef, read_claim
 from gpufrac.agent.decide.dra_prepare import (
     DRA_DOOR,
     DraNode,
     PreparedClaim,
-    as_fractions,
     cdi_spec,
     control_devices,
     prepare,
@@ -312,7 +312,7 @@ def dra_service(args: argparse.Namespace, agent: Agent, api_client: Any) -> DraS
         return agent.inventory.driver_version if agent.inventory is not None else ""
 
     driver = DraDriver(node, kube, ClaimSpecs(args.dra_cdi_dir), StateFile(args.dra_state_file), driver_version)
-    agent.claim_fractions = lambda: as_fractions(driver.claims())  # the daemon side holds claims like fractions
+    agent.claims = lambda: claim_tenants(driver.claims())  # held like annotated fractions
 
     def dra_gpus() -> dict[str, str]:
         gpus = agent.inventory.gpus if agent.inventory is not None else ()

@@ -26,6 +26,7 @@ from gpufrac.agent.decide.model import (
     GpuMemory,
     GpuProcess,
     Inventory,
+    RunningContainer,
     ViolationKind,
 )
 from gpufrac.agent.decide.overlimit import OverLimitAction, newest
@@ -68,6 +69,8 @@ class MemorySource(Protocol):
 class GuaranteeKube(EventSink, Protocol):
     def request_eviction(self, namespace: str, name: str) -> tuple[EvictionOutcome, str]: ...
 
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
 
 def _timestamp(text: object) -> float | None:
     if not isinstance(text, str) or not text:
@@ -103,7 +106,8 @@ def _mib(value: int) -> str:
 
 def _owed_text(owed: Sequence[Tenant]) -> str:
     return ", ".join(
-        f"{t.container.namespace}/{t.container.pod} (container {t.container.container}: "
+        f"{t.container.namespace}/{t.container.pod} ({'claim' if t.container.claim else 'container'} "
+        f"{t.container.container}: "
         f"{_mib(t.owed_bytes)} of its {_mib(t.request_bytes)} request not yet used)"
         for t in owed
     )
@@ -138,6 +142,7 @@ class Guarantee:
         self._mps_context: dict[str, capacity.Remembered] = {}  # the most each GPU's MPS servers were seen holding
         self._killed: set[tuple[int, int]] = set()  # (pid, start time): a killed process NVML still lists
         self._evicted: set[str] = set()  # pod UIDs evicted for their total
+        self._claim_pods: dict[str, PodFacts] = {}  # by UID: the facts of the pods claims are for
         self.labels: dict[str, str] = {}  # the usable-memory labels, published with the agent's others
 
     # ---- one pass ----
@@ -256,8 +261,8 @@ class Guarantee:
 
     def reclaim(self, reading: UsageReading, snapshot: Snapshot, pods: Sequence[Mapping[str, Any]]) -> dict[str, int]:
         """Decide (pure) on one reading and carry out; returns each GPU's shortfall, for the metric."""
-        facts = pod_facts(pods)
-        owed = owed_on_node(pods)
+        owed = [*owed_on_node(pods), *snapshot.claims.tenants]  # a claim is owed from Prepare on
+        facts = pod_facts(pods) | self._claim_pod_facts(snapshot.claims.tenants)
         shares = self._shares(reading, snapshot, owed)
         plans, self._episodes = reclaim.decide(shares, facts, self._episodes, self._clock(), self.config.reclaim)
         for plan in plans:
@@ -273,8 +278,26 @@ class Guarantee:
                 cgroups[process.pid] = read_cgroup(self._proc_root, process.pid)
             except ProcReadError:
                 continue  # exited since the reading
-        attributed = attribute(reading.processes, by_id, cgroups, {})
+        attributed = attribute(reading.processes, by_id, cgroups, {}, snapshot.claims)
         return reclaim.shares(attributed, owed, snapshot.gpus, reading.memory)
+
+    def _claim_pod_facts(self, tenants: Sequence[RunningContainer]) -> dict[str, PodFacts]:
+        """The facts of the pods the claims are for (the agent's pod list holds only annotated pods): read once per
+        pod (its priority does not change; its going is what the evictions' answers say); a pod that cannot be read
+        is left to reclaim's defaults until a later pass."""
+        wanted = {t.pod_uid: t for t in tenants}
+        self._claim_pods = {uid: f for uid, f in self._claim_pods.items() if uid in wanted}
+        for uid, tenant in wanted.items():
+            if uid in self._claim_pods:
+                continue
+            try:
+                pod = self._kube.get_pod(tenant.namespace, tenant.pod)
+            except KubeError as err:
+                log.warning("reading pod %s/%s of claim %s: %s", tenant.namespace, tenant.pod, tenant.claim, err)
+                continue
+            if pod is not None and (pod.get("metadata") or {}).get("uid") == uid:
+                self._claim_pods.update(pod_facts([pod]))
+        return dict(self._claim_pods)
 
     def _replan(self, gpu_uuid: str, snapshot: Snapshot, owed: Sequence[Any],
                 facts: Mapping[str, PodFacts]) -> ReclaimPlan | None:
@@ -370,7 +393,8 @@ class Guarantee:
         """An Event on each container the plan is for (those below their requests)."""
         for tenant in plan.owed:
             c = tenant.container
-            self._event(c.namespace, c.pod, c.pod_uid, reason, text(tenant), container=c.container, **extra)
+            self._event(c.namespace, c.pod, c.pod_uid, reason, text(tenant), container=None if c.claim else c.container,
+                        **extra)
 
     # ---- the Kubernetes edge ----
 

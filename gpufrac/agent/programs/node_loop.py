@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpufrac.agent.decide import capabilities
+from gpufrac.agent.decide.claim_tenants import NO_CLAIMS, ClaimTenants
 from gpufrac.agent.decide.csi_publish import NodeDirs, PodRef
 from gpufrac.agent.decide.errors import NvmlError
 from gpufrac.agent.decide.model import (
@@ -20,7 +21,6 @@ from gpufrac.agent.decide.model import (
     EvictionOutcome,
     Inventory,
     NodeCondition,
-    RunningContainer,
 )
 from gpufrac.agent.decide.mps_config import memory_problem
 from gpufrac.agent.decide.pods import placed_fractions
@@ -69,7 +69,7 @@ class Agent:
         self.daemons = MpsDaemons(config, kube, metrics, clock=clock, sleep=sleep)
         guarantee = Guarantee(kube, gpus, metrics, config.node, config.proc_root, config.guarantee, clock=clock,
                               mps_daemons=lambda: [s.pid for s in self.daemons.statuses().values() if s.pid])
-        self.audit = AuditPass(config, kube, gpus, metrics, self.pods, guarantee)
+        self.audit = AuditPass(config, kube, gpus, metrics, self.pods, guarantee, lambda: self.claims())
         sm_pipe_dir = Path(mps_pipe_dir(str(config.mps_root), ComputeMode.SM_SHARING))
         self.daemon_limits = (DaemonSideLimits(config.mps_binary, sm_pipe_dir)
                               if ComputeMode.SM_SHARING in config.modes else None)
@@ -85,8 +85,8 @@ class Agent:
         self.delivery_problem: Callable[[], str | None] = lambda: None
         # The delivery path's problems (containerd < 2.1, a GPU without CDI spec): the NRI plugin's RuntimeWatch.
         self.runtime_problems: Callable[[], list[tuple[str, str]]] = list
-        # The DRA driver's prepared shares, as fractions (decide.dra_prepare.as_fractions); set by the driver.
-        self.claim_fractions: Callable[[], list[RunningContainer]] = list
+        # The DRA driver's prepared shares, held like annotated fractions (decide.claim_tenants); set by the driver.
+        self.claims: Callable[[], ClaimTenants] = lambda: NO_CLAIMS
         # GPU UUID -> why it is served through DRA (decide.front_door.dra_served); set by the driver.
         self.dra_gpus: Callable[[], dict[str, str]] = dict
 
@@ -163,7 +163,7 @@ class Agent:
         if (self.daemon_limits is None or self.inventory is None or status is None or not status.up
                 or not self.pods.synced.is_set()):
             return None
-        self.daemon_limits.apply([*placed_fractions(self.pods.snapshot()), *self.claim_fractions()],
+        self.daemon_limits.apply([*placed_fractions(self.pods.snapshot()), *self.claims().tenants],
                                  self.inventory.gpus)
         return self.daemon_limits.problem
 
