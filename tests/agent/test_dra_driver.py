@@ -331,5 +331,11 @@ def test_a_node_labelled_for_annotations_publishes_no_devices_and_refuses_claims
             wait_until(lambda: len(slices(world)) == 2, 30, "the slices once the node is labelled dra", interval=0.2)
             assert set(agent.dra_gpus()) == {gpu.uuid for gpu in agent.inventory.gpus}
             assert not isinstance(service.driver.prepare(ClaimRef("default", "ts", uid)), str)
+            # a value that is neither door: the default is followed, and the node's condition says so
+            world.kubectl("label", "node", node, f"{FRONT_DOOR_LABEL}=dar", "--overwrite")
+            said = (f"node label {FRONT_DOOR_LABEL}='dar' is neither annotations nor dra: the default dra is used")
+            wait_until(lambda: said in fake_node.kube.last_condition().get("message", ""), 30,
+                       "the label's problem on the node's condition", interval=0.2)
+            assert fake_node.kube.last_condition()["status"] == "True"
     finally:
         world.kubectl("delete", "node", node, "--ignore-not-found")

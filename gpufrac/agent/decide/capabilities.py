@@ -123,6 +123,7 @@ def node_condition(
     skew: str | None = None,
     runtime_problems: Sequence[tuple[str, str]] = (),
     daemon_side: str | None = None,
+    front_door: str | None = None,
 ) -> NodeCondition:
     """The gpufrac.io/Ready condition: True when every enabled mode is enforced, or every one this driver can
     enforce (a pre-r615 driver: sm-sharing, not time-slicing, whose fractions the NRI plugin then refuses).
@@ -134,7 +135,8 @@ def node_condition(
     condition when there is no delivery problem, and in the message. `runtime_problems` (containerd < 2.1, a GPU
     no CDI spec names: runtime_support.runtime_problems) make it False: fractions there get no working GPU.
     `daemon_side` (mps_limits.holds: what the sm-sharing daemon's own limits do not hold) is said on a True condition:
-    each container's limits still hold through its client env and the agent's container total.
+    each container's limits still hold through its client env and the agent's container total. So is `front_door`
+    (front_door.choose's problem: the node's front-door label cannot be followed, the default is).
     """
     if inventory is None:
         return _condition([(
@@ -164,6 +166,7 @@ def node_condition(
     notes += [f"but {delivery_problem}"] if delivery_problem else []
     notes += [skew] if skew else []
     notes += [daemon_side] if daemon_side else []
+    notes += [front_door] if front_door else []
     reason = (NRI_UNAVAILABLE if delivery_problem else DRIVER_WITHOUT_LIMITS if gap else
               "MpsVersionSkew" if skew else "FractionsEnforced")
     return NodeCondition(ConditionStatus.TRUE, reason, "; ".join([enforced_text, *notes]))

@@ -319,6 +319,7 @@ def dra_service(args: argparse.Namespace, agent: Agent, api_client: Any) -> DraS
         return dra_served(door.choice, [gpu.uuid for gpu in gpus], driver.claimed_gpus())
 
     agent.dra_gpus = dra_gpus  # what the NRI plugin refuses annotated fractions on
+    agent.front_door_problem = lambda: door.choice.problem  # said on the node's condition
     endpoint, registration = plugin_paths(args.kubelet_dir, DRIVER)
     plugin = DraPlugin(DRIVER, endpoint, registration, driver, on_registered=driver.republish)
     return DraService(driver, plugin, max(config.interval, 5.0), door)

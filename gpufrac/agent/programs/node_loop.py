@@ -89,6 +89,8 @@ class Agent:
         self.claims: Callable[[], ClaimTenants] = lambda: NO_CLAIMS
         # GPU UUID -> why it is served through DRA (decide.front_door.dra_served); set by the driver.
         self.dra_gpus: Callable[[], dict[str, str]] = dict
+        # Why the node's front-door label is not followed (None: it is, or there is none); set by the driver.
+        self.front_door_problem: Callable[[], str | None] = lambda: None
 
     @property
     def supervisors(self) -> dict[ComputeMode, Daemon]:
@@ -180,6 +182,7 @@ class Agent:
             skew=skew,
             runtime_problems=self.runtime_problems(),
             daemon_side=daemon_side,
+            front_door=self.front_door_problem(),
         )
 
     def _labels(self, enforced: dict[ComputeMode, Enforcement]) -> dict[str, str]:
