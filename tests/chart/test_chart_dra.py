@@ -55,6 +55,7 @@ def test_the_agent_may_publish_slices_and_read_claims_and_nothing_more() -> None
     assert rules == {
         (("resource.k8s.io",), ("resourceslices",)): {"get", "list", "watch", "create", "update", "patch", "delete"},
         (("resource.k8s.io",), ("resourceclaims",)): {"get", "list", "watch"},
+        (("",), ("nodes",)): {"list"},  # its own node's labels, from the watch cache
     }
     binding = one(objs, "ClusterRoleBinding", "gpufrac-agent-dra")
     assert binding["roleRef"]["name"] == "gpufrac-agent-dra"
