@@ -83,6 +83,9 @@ def plugin_main(argv: list[str]) -> int:
         def decided(self, pod: Any, container: Any, result: Any) -> None:
             decided.append(str(result.outcome))
 
+        def swept(self, found: Any) -> None:
+            pass
+
         def state_changed(self, state: PluginState) -> None:
             if state is PluginState.REGISTERED:
                 print(json.dumps({"registered": True, "cpu_s": _cpu()}), flush=True)

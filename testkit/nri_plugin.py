@@ -7,6 +7,7 @@ import threading
 from dataclasses import dataclass, field
 
 from gpufrac.agent.decide.nri_decision import ContainerInfo, Injection, NodeFacts, PodInfo, Refusal
+from gpufrac.agent.decide.nri_sweep import Unserved
 from gpufrac.agent.edges.nri.config import NriConfig
 from gpufrac.agent.edges.nri.plugin import NriPlugin, PluginState
 
@@ -17,12 +18,16 @@ class RecordingSink:
 
     decisions: list[tuple[str, Injection | Refusal]] = field(default_factory=list)
     states: list[PluginState] = field(default_factory=list)
+    unserved: list[Unserved] = field(default_factory=list)  # fractions created while the plugin was away (swept)
 
     def decided(self, pod: PodInfo, container: ContainerInfo, result: Injection | Refusal) -> None:
         self.decisions.append((container.id, result))
 
     def state_changed(self, state: PluginState) -> None:
         self.states.append(state)
+
+    def swept(self, found: Unserved) -> None:
+        self.unserved.append(found)
 
 
 def start_plugin(config: NriConfig, sink: RecordingSink,

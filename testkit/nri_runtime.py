@@ -112,7 +112,10 @@ def pod_sandbox(name: str, uid: str, annotations: dict[str, str], namespace: str
 
 
 def nri_container(container_id: str, name: str, pod: Any, env: dict[str, str],
-                  state: int = 0) -> Any:
+                  state: int = 0, *, created_at: float = 0.0, annotations: dict[str, str] | None = None,
+                  pid: int = 0) -> Any:
+    """`created_at`: seconds since the epoch (NRI carries nanoseconds); `pid`: its first process's."""
     return api_pb2.Container(id=container_id, name=name, pod_sandbox_id=pod.id, state=state,
-                             env=[f"{k}={v}" for k, v in env.items()])
+                             env=[f"{k}={v}" for k, v in env.items()], created_at=int(created_at * 1e9),
+                             annotations=annotations or {}, pid=pid)
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from gpufrac.agent.decide.nri_decision import (
+    MARK,
     ContainerInfo,
     DeviceNode,
     Injection,
@@ -21,6 +22,7 @@ from gpufrac.agent.decide.nri_decision import (
     gpu_identity,
     serving_container,
 )
+from gpufrac.agent.decide.nri_sweep import unserved
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import UUID_A, UUID_B, canonical_annotations, container, gpu_info, injected_env
 
@@ -226,3 +228,41 @@ def test_the_nri_plugin_refuses_an_annotated_fraction_on_a_gpu_served_through_dr
     assert isinstance(decide(pod, container, CDI_NODE), Injection)
     # whatever the entry's spelling: an index names the same GPU
     assert isinstance(decide(*fractional("1"), held), Refusal)
+
+
+# ---- back after being away: which fractions were created without the plugin (nri_sweep) ----
+
+AWAY_SINCE = 1_800_000_000.0
+
+
+def created(pair: tuple[PodInfo, ContainerInfo], at: float, **annotations: str) -> tuple[PodInfo, ContainerInfo]:
+    pod, info = pair
+    return pod, replace(info, created_at=at, annotations=annotations)
+
+
+def test_an_injected_fraction_carries_the_plugins_mark() -> None:
+    result = decide(*fractional(), CDI_NODE)
+    given = f"k8s.device-plugin.nvidia.com/gpu={UUID_B}"  # the device plugin's CDI name, where its spec has one
+    assert isinstance(result, Injection) and result.annotations == {MARK: f"time-slicing {given}"}
+    untouched = decide(*plain({}), CDI_NODE)
+    assert isinstance(untouched, Injection) and untouched.annotations == {}
+
+
+@pytest.mark.parametrize(("pair", "stopped"), [
+    (created(fractional(), AWAY_SINCE + 5), True),  # a bound fraction created while away, without the mark
+    (created(fractional(), AWAY_SINCE + 5, **{MARK: "time-slicing GPU-b"}), False),  # through the plugin
+    (created(fractional(), AWAY_SINCE - 5), False),  # before the plugin went away
+    (created(fractional(), 0.0), False),  # the runtime did not tell when: never stopped
+    (created(plain({}), AWAY_SINCE + 5), False),  # no fraction
+    (created((PodInfo("team-a", "p", "u", canonical_annotations("app", request_mib=1, limit_mib=1, devices=[])),
+              ContainerInfo("c", "app", {})), AWAY_SINCE + 5), False),  # not bound yet: it holds no GPU
+])
+def test_a_fraction_created_while_the_plugin_was_away_is_stopped(pair: tuple[PodInfo, ContainerInfo],
+                                                                  stopped: bool) -> None:
+    found = unserved([pair], AWAY_SINCE)
+    assert [u.container.id for u in found] == ([pair[1].id] if stopped else [])
+    if stopped:
+        assert found[0].message.startswith("container app of pod team-a/infer is a time-slicing GPU fraction created "
+                                           "at 2027-01-15T08:00:05Z, while the gpufrac NRI plugin was away (from about "
+                                           "2027-01-15T08:00:00Z)")
+    assert unserved([pair], None) == []  # since when is not known: nothing is stopped

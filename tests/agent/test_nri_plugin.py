@@ -3,18 +3,20 @@ node, and which GPU serves which mode, kept from Synchronize and the container e
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gpufrac.agent.decide.nri_decision import NodeFacts, Refusal, RefusalReason
+from gpufrac.agent.decide.nri_decision import MARK, NodeFacts, Refusal, RefusalReason
 from gpufrac.agent.edges.nri.config import NriConfig
-from gpufrac.agent.edges.nri.plugin import PluginState
+from gpufrac.agent.edges.nri.plugin import HEARTBEAT_S, PluginState
 from gpufrac.agent.edges.nri.stubs import api_pb2
 from gpufrac.core.annotations import ComputeMode
-from testkit.agent import UUID_A, UUID_B, canonical_annotations, container, gpu_info, injected_env
+from testkit.agent import UUID_A, UUID_B, canonical_annotations, cid, container, gpu_info, injected_env
+from testkit.fakes.state import ProcRoot
 from testkit.nri_plugin import RecordingSink, halt_plugin, start_plugin
 from testkit.nri_runtime import FakeRuntime, nri_container, pod_sandbox
 
@@ -123,3 +125,100 @@ def test_no_socket_is_reported_and_waited_for(tmp_path: Path) -> None:
         halt_plugin(plugin, stop, thread)
         runtime.close()
     assert sink.states[:2] == [PluginState.NO_SOCKET, PluginState.CONNECTING]
+
+
+# ---- back after being away: the fractions created meanwhile are stopped (the escape matrix's row 9) ----
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[tuple[ProcRoot, list[subprocess.Popen[bytes]]]]:
+    """A /proc the plugin reads (each entry's cgroup naming a container) over real processes it may kill."""
+    children: list[subprocess.Popen[bytes]] = []
+    yield ProcRoot(tmp_path / "proc"), children
+    for child in children:
+        child.kill()
+        child.wait()
+
+
+def first_process(processes: tuple[ProcRoot, list[subprocess.Popen[bytes]]], container_id: str) -> int:
+    proc, children = processes
+    child = subprocess.Popen(["sleep", "300"])
+    children.append(child)
+    proc.add(child.pid, container_id, {}, real=True)
+    return child.pid
+
+
+def test_back_after_a_disconnect_it_stops_the_fractions_created_without_it(runtime: FakeRuntime, tmp_path: Path,
+                                                                           processes) -> None:
+    sink = RecordingSink()
+    config = NriConfig(runtime.path, lock_file=tmp_path / "lock", proc_root=processes[0].root)
+    plugin, stop, thread = start_plugin(config, sink, FACTS)
+    runtime.accept()
+    served_pod, env = fraction_pod("u-served", "time-slicing")
+    injected = runtime.create(served_pod, nri_container(cid(1), "app", served_pod, env))
+    adjust = api_pb2.CreateContainerResponse.FromString(injected.payload).adjust
+    assert adjust.annotations[MARK] == f"time-slicing nvidia.com/gpu={UUID_B}"  # what the plugin gave it
+    runtime.handshake()
+    assert wait_for(lambda: plugin.state is PluginState.REGISTERED)
+    runtime.drop()  # away: containerd creates containers without the plugin
+    away_pod, away_env = fraction_pod("u-away", "time-slicing")
+    old_pod = fraction_pod("u-old", "time-slicing")[0]
+    plain_pod = pod_sandbox("plain", "u-plain", {})
+    pids = {n: first_process(processes, cid(n)) for n in (1, 2, 3, 4)}
+    running = api_pb2.CONTAINER_RUNNING
+    listed = [
+        nri_container(cid(1), "app", served_pod, env, running, created_at=time.time(), pid=pids[1],
+                      annotations=dict(adjust.annotations)),  # created through the plugin: its mark
+        nri_container(cid(2), "app", away_pod, away_env, running, created_at=time.time(), pid=pids[2]),
+        nri_container(cid(3), "app", plain_pod, {}, running, created_at=time.time(), pid=pids[3]),  # no fraction
+        nri_container(cid(4), "app", old_pod, env, running, created_at=time.time() - 60, pid=pids[4]),  # before
+    ]
+    runtime.accept(timeout=2.0)
+    runtime.handshake([served_pod, away_pod, plain_pod, old_pod], listed)
+    children = dict(zip((1, 2, 3, 4), processes[1], strict=True))
+    assert wait_for(lambda: children[2].poll() is not None), "the fraction created while away is stopped"
+    assert children[2].returncode == -9
+    assert all(children[n].poll() is None for n in (1, 3, 4))
+    [found] = sink.unserved
+    assert found.container.id == cid(2) and found.message.startswith(
+        "container app of pod team-a/pod-u-away is a time-slicing GPU fraction created at ")
+    assert "while the gpufrac NRI plugin was away" in found.message and "so the plugin stopped it" in found.message
+    halt_plugin(plugin, stop, thread)
+
+
+def test_a_restarted_plugin_knows_from_the_lock_file_since_when_it_was_away(runtime: FakeRuntime, tmp_path: Path,
+                                                                             processes) -> None:
+    lock = tmp_path / "lock"
+    lock.write_text(f"4242\n{time.time() - 30:.3f}\n")  # the plugin before this one: last present 30 s ago
+    sink = RecordingSink()
+    plugin, stop, thread = start_plugin(NriConfig(runtime.path, lock_file=lock, proc_root=processes[0].root), sink,
+                                        FACTS)
+    runtime.accept()
+    pod, env = fraction_pod("u-meanwhile", "sm-sharing")
+    earlier_pod = fraction_pod("u-earlier", "sm-sharing")[0]
+    reused = first_process(processes, cid(9))  # its PID now names another container: never killed
+    runtime.handshake([pod, earlier_pod], [
+        nri_container(cid(5), "app", pod, env, api_pb2.CONTAINER_RUNNING, created_at=time.time() - 10, pid=reused),
+        nri_container(cid(6), "app", earlier_pod, env, api_pb2.CONTAINER_RUNNING, created_at=time.time() - 60)])
+    assert wait_for(lambda: len(sink.unserved) == 1)
+    assert sink.unserved[0].container.id == cid(5)
+    assert f"it could not be stopped: process {reused} is no longer the container's" in sink.unserved[0].message
+    assert processes[1][0].poll() is None
+    # registered, it writes its own heartbeat for the plugin after it
+    assert wait_for(lambda: len(lock.read_text().split()) == 2 and float(lock.read_text().split()[1]) > time.time() - 5,
+                    timeout=HEARTBEAT_S * 3)
+    halt_plugin(plugin, stop, thread)
+
+
+def test_without_a_known_absence_nothing_is_stopped(runtime: FakeRuntime, tmp_path: Path, processes) -> None:
+    sink = RecordingSink()  # a node where no plugin ran before: no lock file
+    plugin, stop, thread = start_plugin(NriConfig(runtime.path, lock_file=tmp_path / "lock",
+                                                  proc_root=processes[0].root), sink, FACTS)
+    runtime.accept()
+    pod, env = fraction_pod("u-any", "time-slicing")
+    pid = first_process(processes, cid(7))
+    runtime.handshake([pod], [nri_container(cid(7), "app", pod, env, api_pb2.CONTAINER_RUNNING,
+                                            created_at=time.time(), pid=pid)])
+    assert wait_for(lambda: plugin.state is PluginState.REGISTERED)
+    time.sleep(0.2)
+    assert sink.unserved == [] and processes[1][0].poll() is None
+    halt_plugin(plugin, stop, thread)

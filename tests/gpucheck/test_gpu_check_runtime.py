@@ -8,28 +8,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from e2e.node import APP_IMAGE, GPU_UUIDS, IMAGES_DIR, PAUSE_IMAGE
+from e2e.cri_harness import crictl, registered_plugin
+from e2e.node import APP_IMAGE, GPU_UUIDS
 from e2e.toolkit.cri_node import CriNode
-from e2e.toolkit.tools import find_binary
-from e2e.toolkit.wait import wait_until
 from gpucheck.rows import FAIL, PASS, SKIPPED
-from gpufrac.agent.decide.model import GpuInfo
-from gpufrac.agent.decide.nri_decision import ContainerInfo, Injection, NodeFacts, PodInfo, Refusal
-from gpufrac.agent.edges.nri.config import NriConfig
-from gpufrac.agent.edges.nri.devices import CdiSpecs
-from gpufrac.agent.edges.nri.plugin import NriPlugin, PluginState
-from gpufrac.core.annotations import ComputeMode
+from gpufrac.agent.decide.nri_decision import ContainerInfo, Injection, PodInfo, Refusal
+from gpufrac.agent.edges.nri.plugin import PluginState
 from testkit.fakes.build import MPS_CONTROL, fake_nvml_library
 
 pytestmark = pytest.mark.e2e
@@ -37,9 +29,6 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_NODE = ROOT / "testkit" / "fakes" / "gpu_check_node.json"
 
-
-def crictl() -> str | None:
-    return os.environ.get("GPUFRAC_CRICTL") or find_binary("crictl") or shutil.which("crictl")
 
 
 class Sink:
@@ -53,43 +42,21 @@ class Sink:
     def state_changed(self, state: PluginState) -> None:
         self.states.append(state)
 
+    def swept(self, found: object) -> None:
+        self.outcomes.append(("swept", str(found)))
+
 
 @pytest.fixture
-def node() -> Iterator[CriNode]:
-    missing = [name for name in ("containerd", "containerd-shim-runc-v2", "ctr", "runc") if not find_binary(name)]
-    if os.geteuid() != 0 or missing:
-        pytest.skip(f"needs root and the tools cache's containerd 2 and runc (`make tools`); missing {missing}")
-    if crictl() is None:
-        pytest.skip("needs crictl (`make tools`, or GPUFRAC_CRICTL)")
-    if any(not (IMAGES_DIR / a).is_file() for a in ("pause.oci.tar", "app.oci.tar")):
-        pytest.skip("needs the local images (`make image`)")
-    # a short path: a unix socket's path must stay under 108 bytes
-    root = Path(f"/tmp/gpufrac-gc-{os.getpid()}-{time.monotonic_ns() % 100000}")
-    node = CriNode(root, PAUSE_IMAGE, GPU_UUIDS)
-    try:
-        node.start(IMAGES_DIR)
-        yield node
-    finally:
-        node.stop(crictl())
-        subprocess.run(["rm", "-rf", str(root)], check=False)
+def node(cri_node: CriNode) -> CriNode:
+    return cri_node
 
 
 @pytest.fixture
 def plugin(node: CriNode) -> Iterator[Sink]:
     """The agent's NRI plugin registered with the node's containerd, deciding with the node's CDI specs."""
-    gpus = tuple(GpuInfo(i, u, "NVIDIA H200", 143771 << 20) for i, u in enumerate(GPU_UUIDS))
-    cdi = CdiSpecs([node.cdi_dir])
     sink = Sink()
-    instance = NriPlugin(NriConfig(node.nri_socket, name="gpucheck-test", lock_file=None),
-                         lambda: NodeFacts(gpus, cdi.names(), {}, dict.fromkeys(ComputeMode)), sink)
-    stop = threading.Event()
-    thread = threading.Thread(target=instance.run, args=(stop,), daemon=True)
-    thread.start()
-    wait_until(lambda: PluginState.REGISTERED in sink.states, 60, "the plugin registered", interval=0.1)
-    yield sink
-    stop.set()
-    instance.stop()
-    thread.join(10)
+    with registered_plugin(node, sink, "gpucheck-test"):
+        yield sink
 
 
 def run_rows(node: CriNode, tmp_path: Path, *image: str) -> dict[str, dict[str, Any]]:

@@ -78,6 +78,11 @@ class Outcome(StrEnum):
     REFUSED = "refused"
 
 
+
+# The annotation the plugin's adjustment adds to each fraction it serves (its mode and what it was given): how it
+# tells, once back after being away, the fractions created without it (nri_sweep).
+MARK = "gpufrac.io/nri-served"
+
 @dataclass(frozen=True)
 class DeviceNode:
     """A host character device, as the runtime adds it to a container (and allows it in the device cgroup)."""
@@ -142,6 +147,8 @@ class ContainerInfo:
     mounts: tuple[str, ...] = ()  # mount destinations (the device plugin's volume-mounts strategy)
     # the env as the runtime holds it (`K=V`), a name written twice included; `env` is its last-wins reading
     env_entries: tuple[str, ...] = field(default=(), compare=False)
+    created_at: float = 0.0  # seconds since the epoch, as the runtime tells it (0: not told)
+    pid: int = 0  # its first process, in the host's PID namespace (0: not running, or not told)
 
 
 @dataclass(frozen=True)
@@ -151,6 +158,7 @@ class Injection:
     device_nodes: tuple[DeviceNode, ...] = ()
     set_env: Mapping[str, str] = field(default_factory=dict)
     remove_env: tuple[str, ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)  # added to the container's (MARK)
     serving: ServingContainer | None = None  # a fraction: what it holds once created
     note: str = ""  # for the log: what was decided and why
 
@@ -333,7 +341,8 @@ def _fraction(pod: PodInfo, container: ContainerInfo, fraction: CanonicalFractio
     serving = ServingContainer(container.id, pod.namespace, pod.name, pod.uid, container.name, fraction.mode, gpus)
     given = ", ".join([*cdi, *(n.path for n in nodes)])
     return Injection(Outcome.INJECTED, cdi_devices=cdi, device_nodes=tuple(nodes), serving=serving,
-                     set_env=uuid_keyed_pinned_env(fraction, gpus), note=f"{fraction.mode} GPU fraction: gets {given}")
+                     set_env=uuid_keyed_pinned_env(fraction, gpus), annotations={MARK: f"{fraction.mode} {given}"},
+                     note=f"{fraction.mode} GPU fraction: gets {given}")
 
 
 def _not_bound(container: ContainerInfo, fraction: CanonicalFraction, where: str) -> Refusal | None:

@@ -208,7 +208,8 @@ class AgentMetrics:
         self.nri_containers = Counter(
             "gpufrac_nri_containers",
             "Containers the NRI plugin decided on at creation, by outcome: injected (a fraction got its GPU "
-            "devices), voided (another container's GPU env grant was voided), untouched, refused",
+            "devices), voided (another container's GPU env grant was voided), untouched, refused; and "
+            "stopped-created-without-plugin: a fraction created while the plugin was away, stopped once it was back",
             ["outcome"],
             registry=self.registry,
         )

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gpufrac.agent.decide.events import EventSink, refusal_event
 from gpufrac.agent.decide.nri_decision import ContainerInfo, Injection, NodeFacts, Outcome, PodInfo, Refusal
+from gpufrac.agent.decide.nri_sweep import REASON, Unserved
 from gpufrac.agent.decide.runtime_support import DeliveryFacts
 from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.edges.nri.config import NriConfig
@@ -21,6 +22,8 @@ from gpufrac.agent.edges.nri.plugin import NriPlugin, PluginState
 from gpufrac.agent.programs.node_loop import Agent
 
 log = logging.getLogger(__name__)
+
+SWEPT = "stopped-created-without-plugin"  # the containers metric's outcome for a fraction the sweep stopped
 
 EVENT_QUEUE = 256  # refusals waiting for the API server; more are logged, not queued
 
@@ -37,7 +40,7 @@ class NriService:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.plugin = NriPlugin(config, self.facts, self)
-        for outcome in Outcome:
+        for outcome in [*Outcome, SWEPT]:
             metrics.nri_containers.labels(outcome=str(outcome))
         self.state_changed(self.plugin.state)
         agent.delivery_problem = self.problem
@@ -58,12 +61,19 @@ class NriService:
                 log.info("NRI: %s/%s container %s: %s", pod.namespace, pod.name, container.name, result.note)
             return
         log.warning("NRI refused %s/%s container %s: %s", pod.namespace, pod.name, container.name, result.message)
-        event = refusal_event(self.agent.config.node, pod.namespace, pod.name, pod.uid, container.name,
-                              str(result.reason), result.message)
+        self._queue_event(refusal_event(self.agent.config.node, pod.namespace, pod.name, pod.uid, container.name,
+                                        str(result.reason), result.message))
+
+    def _queue_event(self, event: dict[str, object]) -> None:
         try:
             self._queue.put_nowait(event)
         except queue.Full:
-            log.warning("too many refusal Events waiting for the API server; this one is only logged")
+            log.warning("too many Events waiting for the API server; this one is only logged")
+
+    def swept(self, found: Unserved) -> None:
+        self._metrics.nri_containers.labels(outcome=SWEPT).inc()
+        self._queue_event(refusal_event(self.agent.config.node, found.pod.namespace, found.pod.name, found.pod.uid,
+                                        found.container.name, REASON, found.message))
 
     def state_changed(self, state: PluginState) -> None:
         for each in PluginState:

@@ -21,3 +21,5 @@ class NriConfig:
     void_env_grants: bool = True  # containers that are no fraction get NVIDIA_VISIBLE_DEVICES=void
     trusted_namespaces: frozenset[str] = frozenset({"kube-system"})  # whose pods keep their env grants
     device_checkpoint: Path = DEFAULT_CHECKPOINT  # the kubelet's: which whole GPUs it allocated to which container
+    proc_root: Path = Path("/proc")  # the host's (the agent runs with hostPID): a container created while away is
+    # stopped by killing its first process, once its cgroup there names the container

@@ -2,7 +2,11 @@
 pure decision (`nri.decision.decide`) about each container the runtime creates.
 
 - Reconnects at once when the socket closes: while the plugin is away the runtime creates containers without it
-  (NRI fails open; containerd's `default_validator` with `required_plugins` closes that, docs/install.md).
+  (NRI fails open; containerd's `default_validator` with `required_plugins` closes that, docs/install.md). Back, it
+  stops the fractions created meanwhile (`nri_sweep`): when it was last present it knows from its own session, and
+  across a restart from the heartbeat it writes into its lock file. NRI's runtime service ignores a plugin's
+  unsolicited evictions, so it stops one by killing its first process (as the agent's over-limit action kills a
+  process), after checking that the process's cgroup names the container; the kubelet creates it again.
 - Never two instances under one name (two registrations of one name make every creation fail): an instance
   holds a lock file on the host, and a second one (a rolling update's overlap) waits for it.
 - A refusal is answered at once; its Kubernetes Event and the metrics are the caller's (`DecisionSink`), which
@@ -14,13 +18,16 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from enum import StrEnum
 from typing import IO, Protocol
 
+from gpufrac.agent.decide.errors import ProcReadError
 from gpufrac.agent.decide.nri_decision import (
     ContainerInfo,
     Injection,
@@ -32,11 +39,25 @@ from gpufrac.agent.decide.nri_decision import (
     decide,
     serving_container,
 )
+from gpufrac.agent.decide.nri_sweep import Unserved, unserved
+from gpufrac.agent.decide.proc_text import container_ids_in_cgroup
 from gpufrac.agent.edges.kubelet_checkpoint import KubeletCheckpoint
 from gpufrac.agent.edges.nri.config import NriConfig
 from gpufrac.agent.edges.nri.wire import ProtocolError, RegistrationError, Session, SyncedContainer
+from gpufrac.agent.edges.procfs import read_cgroup
 
 log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 2.0  # how often a registered plugin writes the time into its lock file
+
+
+def _last_heartbeat(text: str) -> float | None:
+    """The heartbeat a lock file holds (`<pid>\\n<epoch seconds>`), None when it holds none."""
+    lines = text.split()
+    try:
+        return float(lines[1]) if len(lines) > 1 else None
+    except ValueError:
+        return None
 
 class PluginState(StrEnum):
     STARTING = "starting"
@@ -54,6 +75,10 @@ class DecisionSink(Protocol):
 
     def state_changed(self, state: PluginState) -> None: ...
 
+    def swept(self, found: Unserved) -> None:
+        """A fraction created while the plugin was away, which the runtime is asked to stop."""
+        ...
+
 
 class NriPlugin:
     def __init__(self, config: NriConfig, facts: Callable[[], NodeFacts], sink: DecisionSink) -> None:
@@ -69,6 +94,8 @@ class NriPlugin:
         self.state = PluginState.STARTING
         self.runtime = ""
         self.sessions = 0  # registrations so far: one per connection
+        self._request_timeout_s = 2.0  # the runtime's answer deadline, as Configure tells it
+        self.present_until: float | None = None  # when this plugin (or the one before it here) was last registered
 
     # ---- the Handler the wire session calls ----
 
@@ -76,6 +103,7 @@ class NriPlugin:
         log.info("NRI plugin %s-%s registered with %s %s (NRI %s, request timeout %d ms)", self.config.index,
                  self.config.name, runtime, version, nri_version or "unknown", request_timeout_ms)
         self.runtime = f"{runtime} {version}"
+        self._request_timeout_s = request_timeout_ms / 1000 if request_timeout_ms > 0 else 2.0
         self.sessions += 1
         self._set_state(PluginState.REGISTERED)
 
@@ -89,6 +117,25 @@ class NriPlugin:
         with self._lock:
             self._serving = serving
         log.info("NRI synchronized: %d containers, %d GPU fractions among them", len(containers), len(serving))
+        away_since = None if self.present_until is None else \
+            self.present_until - self._request_timeout_s - HEARTBEAT_S - 1.0
+        for each in unserved([(s.pod, s.container) for s in containers if s.live], away_since):
+            stopped = self._stop(each.container)
+            log.warning("NRI: %s%s", each.message, "" if stopped is None else f"; not stopped: {stopped}")
+            self._sink.swept(each if stopped is None else replace(
+                each, message=f"{each.message.split(', so the plugin')[0]}; it could not be stopped: {stopped}"))
+
+    def _stop(self, container: ContainerInfo) -> str | None:
+        """Kill the container's first process (its PID namespace goes with it); why not, or None when done."""
+        if container.pid <= 0:
+            return "the runtime told no process of it (created, not started)"
+        try:
+            if container.id not in container_ids_in_cgroup(read_cgroup(self.config.proc_root, container.pid)):
+                return f"process {container.pid} is no longer the container's"
+            os.kill(container.pid, signal.SIGKILL)
+        except (ProcReadError, OSError) as err:
+            return str(err)
+        return None
 
     def create_container(self, pod: PodInfo, container: ContainerInfo) -> Injection | Refusal:
         with self._lock:  # one decision at a time: two creations must not both take a GPU for different modes
@@ -114,6 +161,8 @@ class NriPlugin:
         """Hold the node's lock, then stay registered until `stop`: reconnect at once after a disconnect."""
         if not self._take_lock(stop):
             return
+        beat = threading.Thread(target=self._heartbeat, args=(stop,), name="nri-heartbeat", daemon=True)
+        beat.start()
         failures = 0
         try:
             while not stop.is_set():
@@ -160,6 +209,8 @@ class NriPlugin:
         finally:
             self._session = None
             sock.close()
+            if session.registered.is_set():
+                self.present_until = time.time()
         return session.registered.is_set()
 
     def _set_state(self, state: PluginState) -> None:
@@ -190,13 +241,31 @@ class NriPlugin:
                 stop.wait(0.2)
                 continue
             handle.seek(0)
-            handle.truncate()
-            handle.write(f"{os.getpid()}\n")
-            handle.flush()
+            self.present_until = _last_heartbeat(handle.read())  # the plugin before this one on the node
             self._lock_file = handle
+            self._write_lock_file(None)
             return True
         handle.close()
         return False
+
+    def _heartbeat(self, stop: threading.Event) -> None:
+        """While registered, the time into the lock file: a plugin after this one (a restart) tells from it since
+        when containers were created without a plugin."""
+        while not stop.wait(HEARTBEAT_S):
+            if self.state is PluginState.REGISTERED:
+                self._write_lock_file(time.time())
+
+    def _write_lock_file(self, heartbeat: float | None) -> None:
+        handle = self._lock_file
+        if handle is None:
+            return
+        try:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"{os.getpid()}\n" + (f"{heartbeat:.3f}\n" if heartbeat is not None else ""))
+            handle.flush()
+        except (OSError, ValueError) as err:  # ValueError: closed meanwhile (the plugin stopping)
+            log.debug("writing the NRI plugin lock file: %s", err)
 
     def _release_lock(self) -> None:
         if self._lock_file is not None:

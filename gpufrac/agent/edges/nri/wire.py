@@ -198,7 +198,8 @@ def container_info(container: Any) -> ContainerInfo:
     env = dict(entry.partition("=")[::2] for entry in container.env)
     return ContainerInfo(container.id, container.name, env, dict(container.annotations),
                          tuple(device.name for device in container.CDI_devices),
-                         tuple(mount.destination for mount in container.mounts), tuple(container.env))
+                         tuple(mount.destination for mount in container.mounts), tuple(container.env),
+                         created_at=container.created_at / 1e9, pid=container.pid)  # NRI tells nanoseconds
 
 
 def adjustment(injection: Injection) -> Any:
@@ -212,6 +213,8 @@ def adjustment(injection: Injection) -> Any:
         adjust.env.add(key=key, value=value)
     for key in injection.remove_env:
         adjust.env.add(key=f"-{key}")
+    for key, value in injection.annotations.items():
+        adjust.annotations[key] = value
     return adjust
 
 

@@ -1,0 +1,95 @@
+"""The escape matrix's row 9 for real: containerd 2 from the tools cache (CRI, NRI and CDI on), crictl making the
+pods as a kubelet would, and the agent's own NRI plugin (NriPlugin, the wire session, decide, nri_sweep). A fraction
+created while no plugin is registered goes through unchanged (NRI fails open); the plugin, back, finds it at
+Synchronize and stops it (its first process killed: containerd then reports it exited). A fraction created through
+the plugin carries its mark in its OCI spec and is left running across a restart of the plugin."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e.cri_harness import crictl, registered_plugin
+from e2e.node import APP_IMAGE, GPU_UUIDS
+from e2e.toolkit.cri_node import CriNode
+from e2e.toolkit.wait import wait_until
+from gpufrac.agent.decide.nri_decision import MARK
+from testkit.agent import canonical_annotations, container, injected_env
+from testkit.nri_plugin import RecordingSink
+
+pytestmark = pytest.mark.e2e
+
+
+def crictl_binary() -> str:
+    found = crictl()
+    assert found is not None
+    return found
+
+
+@pytest.fixture
+def node(cri_node: CriNode) -> CriNode:
+    return cri_node
+
+
+class Pods:
+    """Pods made with crictl, each a fraction of GPU 1 with the env the webhook's fieldRefs resolve to."""
+
+    def __init__(self, cri: CriNode, workdir: Path) -> None:
+        self.cri = cri
+        self.workdir = workdir
+
+    def call(self, *argv: str) -> str:
+        done = subprocess.run([crictl_binary(), "--runtime-endpoint", f"unix://{self.cri.socket}", *argv],
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, f"crictl {argv[0]}: {done.stderr.strip()[-400:]}"
+        return done.stdout.strip()
+
+    def fraction(self, name: str) -> str:
+        annotations = canonical_annotations("app", request_mib=1024, limit_mib=2048, devices=[GPU_UUIDS[1]])
+        env = {k: v for k, v in injected_env(container("app", request_mib=1024, limit_mib=2048,
+                                                       devices=(GPU_UUIDS[1],))).items() if k != "PATH"}
+        sandbox = self.workdir / f"{name}-pod.json"
+        sandbox.write_text(json.dumps({
+            "metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}", "attempt": 0},
+            "annotations": annotations, "log_directory": str(self.workdir / f"{name}-logs"),
+            "linux": {"security_context": {"namespace_options": {"network": 2}}}}))
+        config = self.workdir / f"{name}-app.json"
+        config.write_text(json.dumps({
+            "metadata": {"name": "app"}, "image": {"image": APP_IMAGE}, "command": ["sleep", "3600"],
+            "envs": [{"key": k, "value": v} for k, v in env.items()], "log_path": "app.log"}))
+        container_id = self.call("create", self.call("runp", str(sandbox)), str(config), str(sandbox))
+        self.call("start", container_id)
+        return container_id
+
+    def state(self, container_id: str) -> str:
+        return str(json.loads(self.call("inspect", container_id))["status"]["state"])
+
+    def annotations(self, container_id: str) -> dict[str, str]:
+        """The container's OCI spec annotations, where an NRI adjustment's land."""
+        spec = json.loads(self.call("inspect", container_id))["info"]["runtimeSpec"]
+        return dict(spec.get("annotations") or {})
+
+
+def test_containerd_stops_a_fraction_created_while_the_plugin_was_away_and_keeps_the_ones_it_served(
+        node: CriNode, tmp_path: Path) -> None:
+    pods = Pods(node, tmp_path)
+    lock = tmp_path / "nri.lock"
+    lock.write_text(f"4242\n{time.time():.3f}\n")  # a plugin was registered here until now, then went away
+    away = pods.fraction("made-while-away")  # no plugin: containerd creates it unchanged
+    assert pods.state(away) == "CONTAINER_RUNNING" and MARK not in pods.annotations(away)
+
+    sink = RecordingSink()
+    with registered_plugin(node, sink, "sweep-test", lock):  # back: Synchronize lists it, the plugin stops it
+        wait_until(lambda: pods.state(away) == "CONTAINER_EXITED", 60, "the unserved fraction stopped", interval=0.2)
+        [found] = sink.unserved
+        assert found.container.id == away and "while the gpufrac NRI plugin was away" in found.message
+        served = pods.fraction("made-through-the-plugin")  # with the plugin: adjusted, and marked so
+        assert pods.annotations(served)[MARK] == f"time-slicing k8s.device-plugin.nvidia.com/gpu={GPU_UUIDS[1]}"
+    sink = RecordingSink()
+    with registered_plugin(node, sink, "sweep-test", lock):  # a restart: the served fraction is left alone
+        time.sleep(2)
+        assert sink.unserved == [] and pods.state(served) == "CONTAINER_RUNNING"
