@@ -74,12 +74,14 @@ def world(tmp_path: Path, fake_gpus: Any, mps_binary: str) -> Iterator[World]:
     runtime = FakeRuntime(tmp_path / "nri.sock")
     args = build_parser("agent").parse_args([
         "agent", "--node", config.node, "--nri", "--nri-socket", str(runtime.path),
-        "--nri-lock-file", str(tmp_path / "nri.lock"), "--cdi-spec-dir", str(tmp_path / "cdi")])
+        "--nri-lock-file", str(tmp_path / "nri.lock"), "--cdi-spec-dir", str(tmp_path / "cdi"),
+        "--proc-root", str(config.proc_root)])
     metrics = AgentMetrics(node=config.node)
     agent = Agent(config, kube, NvmlSource(), metrics)
     agent.start()
     service = nri_service(args, agent, kube, metrics)
     assert service is not None
+    assert service.plugin.config.proc_root == config.proc_root  # where it checks a process before stopping it
     service.start()
     yield World(tmp_path, kube, agent, service, runtime)
     service.stop()

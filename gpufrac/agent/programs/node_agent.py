@@ -189,7 +189,7 @@ def nri_service(args: argparse.Namespace, agent: Agent, kube: EventSink, metrics
         trusted.add(os.environ["POD_NAMESPACE"])
     config = NriConfig(args.nri_socket, index=args.nri_index, lock_file=args.nri_lock_file,
                        void_env_grants=args.nri_void_env_grants, trusted_namespaces=frozenset(trusted),
-                       device_checkpoint=args.nri_device_checkpoint)
+                       device_checkpoint=args.nri_device_checkpoint, proc_root=args.proc_root)
     service = NriService(config, agent, kube, metrics, cdi=CdiSpecs(args.cdi_spec_dir or DEFAULT_CDI_DIRS))
 
     def no_socket() -> str | None:  # the runtime has no NRI (not: another agent holds the lock for a moment)
