@@ -24,7 +24,8 @@ REASON = "GPUCreatedWithoutPlugin"  # the Event's reason on the pod
 
 @dataclass(frozen=True)
 class Unserved:
-    """A fraction created while the plugin was away: to be stopped, and why (one line, for the Event)."""
+    """A fraction created while the plugin was away: to be stopped, and why (one line; the plugin adds what it
+    did, for the Event)."""
 
     pod: PodInfo
     container: ContainerInfo
@@ -50,7 +51,6 @@ def unserved(live: Iterable[tuple[PodInfo, ContainerInfo]], away_since: float | 
         found.append(Unserved(pod, container, (
             f"container {container.name} of pod {pod} is a {fraction.mode} GPU fraction created at "
             f"{_stamp(container.created_at)}, while the gpufrac NRI plugin was away (from about "
-            f"{_stamp(away_since)}): it was not given its GPU's device and limits by the plugin, so the plugin "
-            "stopped it; the kubelet creates it again through the plugin")))
+            f"{_stamp(away_since)}): it was not given its GPU's device and limits by the plugin")))
     return found
 

@@ -142,7 +142,7 @@ class Guarantee:
         self._mps_context: dict[str, capacity.Remembered] = {}  # the most each GPU's MPS servers were seen holding
         self._killed: set[tuple[int, int]] = set()  # (pid, start time): a killed process NVML still lists
         self._evicted: set[str] = set()  # pod UIDs evicted for their total
-        self._claim_pods: dict[str, PodFacts] = {}  # by UID: the facts of the pods claims are for
+        self._claim_pods: dict[str, PodFacts | None] = {}  # by UID: the pods claims are for (None: not there)
         self.labels: dict[str, str] = {}  # the usable-memory labels, published with the agent's others
 
     # ---- one pass ----
@@ -283,8 +283,9 @@ class Guarantee:
 
     def _claim_pod_facts(self, tenants: Sequence[RunningContainer]) -> dict[str, PodFacts]:
         """The facts of the pods the claims are for (the agent's pod list holds only annotated pods): read once per
-        pod (its priority does not change; its going is what the evictions' answers say); a pod that cannot be read
-        is left to reclaim's defaults until a later pass."""
+        pod (its priority does not change; its going is what the evictions' answers say). A pod that is not there
+        (a claim recorded without its pods names itself) is left to reclaim's defaults; one the API server did not
+        answer for is asked again at a later pass."""
         wanted = {t.pod_uid: t for t in tenants}
         self._claim_pods = {uid: f for uid, f in self._claim_pods.items() if uid in wanted}
         for uid, tenant in wanted.items():
@@ -295,9 +296,9 @@ class Guarantee:
             except KubeError as err:
                 log.warning("reading pod %s/%s of claim %s: %s", tenant.namespace, tenant.pod, tenant.claim, err)
                 continue
-            if pod is not None and (pod.get("metadata") or {}).get("uid") == uid:
-                self._claim_pods.update(pod_facts([pod]))
-        return dict(self._claim_pods)
+            found = pod is not None and (pod.get("metadata") or {}).get("uid") == uid
+            self._claim_pods[uid] = pod_facts([pod])[uid] if found and pod is not None else None
+        return {uid: f for uid, f in self._claim_pods.items() if f is not None}
 
     def _replan(self, gpu_uuid: str, snapshot: Snapshot, owed: Sequence[Any],
                 facts: Mapping[str, PodFacts]) -> ReclaimPlan | None:

@@ -59,6 +59,7 @@ def _last_heartbeat(text: str) -> float | None:
     except ValueError:
         return None
 
+
 class PluginState(StrEnum):
     STARTING = "starting"
     WAITING_LOCK = "waiting-lock"  # another instance on this node holds the lock
@@ -76,7 +77,7 @@ class DecisionSink(Protocol):
     def state_changed(self, state: PluginState) -> None: ...
 
     def swept(self, found: Unserved) -> None:
-        """A fraction created while the plugin was away, which the runtime is asked to stop."""
+        """A fraction created while the plugin was away, and whether the plugin stopped it (its message says)."""
         ...
 
 
@@ -120,10 +121,12 @@ class NriPlugin:
         away_since = None if self.present_until is None else \
             self.present_until - self._request_timeout_s - HEARTBEAT_S - 1.0
         for each in unserved([(s.pod, s.container) for s in containers if s.live], away_since):
-            stopped = self._stop(each.container)
-            log.warning("NRI: %s%s", each.message, "" if stopped is None else f"; not stopped: {stopped}")
-            self._sink.swept(each if stopped is None else replace(
-                each, message=f"{each.message.split(', so the plugin')[0]}; it could not be stopped: {stopped}"))
+            why_not = self._stop(each.container)
+            done = replace(each, message=each.message + (
+                "; so the plugin stopped it, and the kubelet creates it again through the plugin" if why_not is None
+                else f"; it could not be stopped: {why_not}"))
+            log.warning("NRI: %s", done.message)
+            self._sink.swept(done)
 
     def _stop(self, container: ContainerInfo) -> str | None:
         """Kill the container's first process (its PID namespace goes with it); why not, or None when done."""
