@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpufrac.agent.decide import capabilities
 from gpufrac.agent.decide.errors import NvmlError
 from gpufrac.agent.decide.model import DaemonState, DaemonStatus, Inventory
+from gpufrac.agent.decide.mps_config import MULTI_USER_V3, daemon_spec, multi_user_modes
 from gpufrac.agent.edges.nvml import NvmlSource
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import Enforcement
@@ -204,3 +207,13 @@ def test_labels_from_nvml_for_each_driver(fake_gpus, driver, cuda, major, time_s
     assert labels == {"gpufrac.io/driver-version.major": major, "gpufrac.io/gpu-count": "2",
                       "gpufrac.io/enforcement.time-slicing": time_slicing,
                       "gpufrac.io/enforcement.sm-sharing": sm_sharing}
+
+
+def test_only_the_mps_v3_sm_sharing_daemon_serves_every_user() -> None:
+    """What the NRI plugin holds fractions to (row 5): a daemon without `-m` serves one UID at a time."""
+    assert multi_user_modes(inventory("615.20", 13040, 1)) == {ComputeMode.SM_SHARING}
+    assert multi_user_modes(inventory("580.95.05", 13000, 1)) == frozenset()  # legacy MPS: no -m
+    assert multi_user_modes(None) == frozenset()
+    v3 = {mode: daemon_spec(mode, mps_v3=True, binary="mps", mps_root=Path("/m"), log_root=Path("/l"),
+                            config_dir=Path("/c")).argv for mode in ComputeMode}
+    assert {mode for mode, argv in v3.items() if "-m" in argv} == MULTI_USER_V3

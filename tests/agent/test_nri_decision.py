@@ -266,3 +266,36 @@ def test_a_fraction_created_while_the_plugin_was_away_is_stopped(pair: tuple[Pod
                                            "at 2027-01-15T08:00:05Z, while the gpufrac NRI plugin was away (from about "
                                            "2027-01-15T08:00:00Z)")
     assert unserved([pair], None) == []  # since when is not known: nothing is stopped
+
+
+# ---- a single-user MPS daemon serves one UID at a time (creation_escapes.mps_user_conflict, row 5) ----
+
+def as_user(pair: tuple[PodInfo, ContainerInfo], uid: int | None) -> tuple[PodInfo, ContainerInfo]:
+    return pair[0], replace(pair[1], uid=uid)
+
+
+def serving(mode: ComputeMode, uid: int | None, pod: str = "other") -> ServingContainer:
+    return ServingContainer(f"c-{pod}", "team-a", pod, f"u-{pod}", "app", mode, (UUID_A,), uid)
+
+
+@pytest.mark.parametrize(("mode", "uid", "held", "multi_user", "refused"), [
+    ("time-slicing", 1000, serving(ComputeMode.TIME_SLICING, 0), frozenset(), True),
+    ("time-slicing", 0, serving(ComputeMode.TIME_SLICING, 0), frozenset(), False),  # the same UID
+    ("time-slicing", None, serving(ComputeMode.TIME_SLICING, 0), frozenset(), False),  # its UID not told
+    ("time-slicing", 1000, serving(ComputeMode.TIME_SLICING, None), frozenset(), False),  # theirs not told
+    ("time-slicing", 1000, serving(ComputeMode.SM_SHARING, 0), frozenset(), False),  # the other mode's daemon
+    ("sm-sharing", 1000, serving(ComputeMode.SM_SHARING, 0), frozenset({ComputeMode.SM_SHARING}), False),  # -m
+    ("sm-sharing", 1000, serving(ComputeMode.SM_SHARING, 0), frozenset(), True),  # a legacy daemon
+])
+def test_a_single_user_mps_daemon_refuses_a_fraction_of_another_uid(
+        mode: str, uid: int | None, held: ServingContainer, multi_user: frozenset[ComputeMode], refused: bool) -> None:
+    node = replace(CDI_NODE, serving=(held,), multi_user_modes=multi_user)
+    result = decide(*as_user(fractional(mode=mode), uid), node)
+    if not refused:
+        assert isinstance(result, Injection) and result.serving is not None and result.serving.uid == uid
+        return
+    assert isinstance(result, Refusal) and result.reason is RefusalReason.MPS_USER_CONFLICT
+    assert result.message == (
+        f"container app of pod team-a/infer runs as UID 1000, but this node's {mode} MPS daemon serves one user at a "
+        "time and serves UID 0 (container app of pod team-a/other): MPS would hold its CUDA calls until every client "
+        "of that UID has exited; run it as that UID (securityContext.runAsUser), or on another node")

@@ -12,6 +12,10 @@
   at all: core.annotations.parse_devices takes one GPU per entry, so the plugin refuses it as unreadable.)
 - A legacy CUDA image (`CUDA_VERSION` set, no `NVIDIA_VISIBLE_DEVICES`), which NVIDIA's runtime reads as asking for
   every GPU: refused rather than blanked, so its owner sees why and says `void` (or asks for a GPU) in the pod.
+- A fraction whose user is not the one its mode's MPS daemon serves now (row 5): a daemon without `-m` (time-slicing,
+  and sm-sharing on a pre-r615 driver) runs one server at a time, as the UID of its first client, and holds the
+  clients of any other UID until every client of that one has exited. Refused, naming both, where the runtime tells
+  the container's user (containerd 2: NRI's `user`); a multi-user daemon serves every UID.
 """
 
 from __future__ import annotations
@@ -75,3 +79,11 @@ def foreign_visible_gpus(env: Mapping[str, str], gpus: Iterable[str]) -> list[st
     named = (entry.strip() for entry in env.get(CUDA_VISIBLE_DEVICES, "").split(","))
     return sorted({entry for entry in named if is_gpu_uuid(entry) and entry not in given})
 
+
+
+def mps_user_conflict(uid: int | None, served: Iterable[tuple[int | None, str]]) -> str | None:
+    """Who holds a single-user MPS daemon for another UID than `uid` (`served`: each live fraction of the mode, as
+    its UID and a description), None when no one does or a UID is not known."""
+    if uid is None:
+        return None
+    return next((f"UID {other} ({who})" for other, who in served if other is not None and other != uid), None)

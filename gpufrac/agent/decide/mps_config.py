@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpufrac.agent.decide.capabilities import has_driver_memory_limits
+from gpufrac.agent.decide.model import Inventory
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import DEFAULT_MPS_ROOT, MIB, MPS_CONTROL_SOCKET, LimitEnv, mps_pipe_dir
 
@@ -24,6 +26,15 @@ LOG_DIRECTORY_ENV = "CUDA_MPS_LOG_DIRECTORY"  # where a daemon writes control.lo
 # Memory the agent container needs: the agent itself and the control daemons, plus one MPS server context per
 # GPU per daemon. KAI measured ~50 MiB per GPU server context and OOM'd at 256 MiB on nodes with > 5 GPUs; we
 # size per GPU with headroom instead of one fixed number.
+MULTI_USER_V3 = frozenset({ComputeMode.SM_SHARING})  # the modes whose MPS v3 daemon runs multi-user (`-m`)
+
+
+def multi_user_modes(inventory: Inventory | None) -> frozenset[ComputeMode]:
+    """Whose daemon serves every UID at once on this node: sm-sharing's on MPS v3 (r615+); a legacy daemon, and the
+    time-slicing one, serve one user at a time."""
+    return MULTI_USER_V3 if inventory is not None and has_driver_memory_limits(inventory) else frozenset()
+
+
 AGENT_BASE_MIB = 128
 SERVER_CONTEXT_MIB_PER_GPU = 64
 
@@ -94,7 +105,7 @@ def daemon_spec(
         return MpsDaemonSpec(mode, (binary, "-f"), env, pipe_dir, log_dir, None, None)
     config_path = config_dir / f"{mode}.toml"
     argv = [binary, "-p", "3"]
-    if mode is ComputeMode.SM_SHARING:
+    if mode in MULTI_USER_V3:
         argv.append("-m")
     argv += ["-f", "-a", str(config_path)]
     return MpsDaemonSpec(

@@ -38,6 +38,7 @@ from gpufrac.agent.decide.creation_escapes import (
     foreign_owned_env,
     foreign_visible_gpus,
     legacy_cuda_image,
+    mps_user_conflict,
     pipe_dir_problem,
 )
 from gpufrac.agent.decide.front_door import refusal_for_annotated
@@ -104,6 +105,7 @@ class ServingContainer:
     container: str
     mode: ComputeMode
     gpus: tuple[str, ...]
+    uid: int | None = None  # the user it runs as (None: the runtime did not tell)
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ class NodeFacts:
     delivery: DeliveryFacts | None = None  # the runtime's facts (runtime_support); None: no delivery refusal
     allocations: KubeletAllocations = NO_ALLOCATIONS  # whole GPUs the kubelet allocated (its device checkpoint)
     dra_gpus: Mapping[str, str] = field(default_factory=dict)  # GPU UUID -> why DRA serves it (decide.front_door)
+    multi_user_modes: frozenset[ComputeMode] = frozenset()  # whose MPS daemon serves every UID at once (`-m`)
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,7 @@ class ContainerInfo:
     env_entries: tuple[str, ...] = field(default=(), compare=False)
     created_at: float = 0.0  # seconds since the epoch, as the runtime tells it (0: not told)
     pid: int = 0  # its first process, in the host's PID namespace (0: not running, or not told)
+    uid: int | None = None  # the user its process runs as (None: the runtime did not tell)
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,7 @@ class RefusalReason(StrEnum):
     PIPE_DIR_MISSING = "GPUMpsPipeDirMissing"  # creation_escapes: an sm-sharing fraction outside its MPS daemon
     ENV_DUPLICATED = "GPUEnvDuplicated"  # creation_escapes: an env name the plugin edits, written twice
     LEGACY_IMAGE = "GPULegacyCudaImage"  # creation_escapes: CUDA_VERSION without NVIDIA_VISIBLE_DEVICES
+    MPS_USER_CONFLICT = "GPUMpsUserConflict"  # creation_escapes: a single-user MPS daemon serving another UID
     SERVED_THROUGH_DRA = "GPUServedThroughDra"  # front_door: one front door per GPU
 
 
@@ -318,9 +323,9 @@ def _fraction(pod: PodInfo, container: ContainerInfo, fraction: CanonicalFractio
     if through_dra is not None:
         return Refusal(RefusalReason.SERVED_THROUGH_DRA,
                        refusal_for_annotated(where, through_dra, node.dra_gpus[through_dra]))
-    conflict = _mode_conflict(pod, fraction.mode, gpus, node.serving)
-    if conflict is not None:
-        return Refusal(RefusalReason.MODE_CONFLICT, f"{where} is a {fraction.mode} GPU fraction but {conflict}")
+    held = _held_by_others(pod, container, fraction.mode, gpus, node, where)
+    if held is not None:
+        return held
     running = RunningContainer(pod.namespace, pod.name, pod.uid, container.name, container.id, fraction)
     missing, wrong = env_mismatches(running, container.env)
     if missing or wrong:
@@ -338,11 +343,29 @@ def _fraction(pod: PodInfo, container: ContainerInfo, fraction: CanonicalFractio
         return Refusal(RefusalReason(bare[0]), f"{where}: {bare[1]}")
     if nodes:
         nodes += [node.device_nodes[path] for path in CONTROL_DEVICES if path in node.device_nodes]
-    serving = ServingContainer(container.id, pod.namespace, pod.name, pod.uid, container.name, fraction.mode, gpus)
+    serving = ServingContainer(container.id, pod.namespace, pod.name, pod.uid, container.name, fraction.mode, gpus,
+                               container.uid)
     given = ", ".join([*cdi, *(n.path for n in nodes)])
     return Injection(Outcome.INJECTED, cdi_devices=cdi, device_nodes=tuple(nodes), serving=serving,
                      set_env=uuid_keyed_pinned_env(fraction, gpus), annotations={MARK: f"{fraction.mode} {given}"},
                      note=f"{fraction.mode} GPU fraction: gets {given}")
+
+
+def _held_by_others(pod: PodInfo, container: ContainerInfo, mode: ComputeMode, gpus: tuple[str, ...],
+                    node: NodeFacts, where: str) -> Refusal | None:
+    """A GPU serving the other mode to another pod, or the mode's single-user MPS daemon serving another UID."""
+    conflict = _mode_conflict(pod, mode, gpus, node.serving)
+    if conflict is not None:
+        return Refusal(RefusalReason.MODE_CONFLICT, f"{where} is a {mode} GPU fraction but {conflict}")
+    held = None if mode in node.multi_user_modes else mps_user_conflict(container.uid, (
+        (s.uid, f"container {s.container} of pod {s.namespace}/{s.pod}") for s in node.serving
+        if s.mode is mode and s.container_id != container.id))
+    if held is None:
+        return None
+    return Refusal(RefusalReason.MPS_USER_CONFLICT,
+                   f"{where} runs as UID {container.uid}, but this node's {mode} MPS daemon serves one user at a time "
+                   f"and serves {held}: MPS would hold its CUDA calls until every client of that UID has exited; run "
+                   "it as that UID (securityContext.runAsUser), or on another node")
 
 
 def _not_bound(container: ContainerInfo, fraction: CanonicalFraction, where: str) -> Refusal | None:
@@ -419,7 +442,7 @@ def serving_container(pod: PodInfo, container: ContainerInfo, gpus: Iterable[Gpu
         return None
     known = tuple(gpus)
     return ServingContainer(container.id, pod.namespace, pod.name, pod.uid, container.name, fraction.mode,
-                            tuple(gpu_identity(entry, known) for entry in fraction.devices))
+                            tuple(gpu_identity(entry, known) for entry in fraction.devices), container.uid)
 
 
 def _gpu(identifier: str, gpus: Iterable[GpuInfo]) -> GpuInfo | None:

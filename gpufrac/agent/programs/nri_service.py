@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 from gpufrac.agent.decide.events import EventSink, refusal_event
+from gpufrac.agent.decide.mps_config import multi_user_modes
 from gpufrac.agent.decide.nri_decision import ContainerInfo, Injection, NodeFacts, Outcome, PodInfo, Refusal
 from gpufrac.agent.decide.nri_sweep import REASON, Unserved
 from gpufrac.agent.decide.runtime_support import DeliveryFacts
@@ -50,7 +51,8 @@ class NriService:
         gpus = inventory.gpus if inventory is not None else ()
         runtime = self.plugin.runtime  # as the runtime named itself in Configure; "" before the first registration
         return NodeFacts(gpus, self._cdi.names(), gpu_device_nodes(gpus, self._dev_root), dict(self.agent.not_served),
-                         delivery=DeliveryFacts(runtime) if runtime else None, dra_gpus=self.agent.dra_gpus())
+                         delivery=DeliveryFacts(runtime) if runtime else None, dra_gpus=self.agent.dra_gpus(),
+                         multi_user_modes=multi_user_modes(inventory))
 
     # ---- the plugin's DecisionSink ----
 

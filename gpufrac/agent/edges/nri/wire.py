@@ -199,7 +199,8 @@ def container_info(container: Any) -> ContainerInfo:
     return ContainerInfo(container.id, container.name, env, dict(container.annotations),
                          tuple(device.name for device in container.CDI_devices),
                          tuple(mount.destination for mount in container.mounts), tuple(container.env),
-                         created_at=container.created_at / 1e9, pid=container.pid)  # NRI tells nanoseconds
+                         created_at=container.created_at / 1e9, pid=container.pid,  # NRI tells nanoseconds
+                         uid=container.user.uid if container.HasField("user") else None)
 
 
 def adjustment(injection: Injection) -> Any:

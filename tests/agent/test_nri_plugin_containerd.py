@@ -1,5 +1,8 @@
-"""The escape matrix's row 9 for real: containerd 2 from the tools cache (CRI, NRI and CDI on), crictl making the
-pods as a kubelet would, and the agent's own NRI plugin (NriPlugin, the wire session, decide, nri_sweep). A fraction
+"""The escape matrix's rows 5 and 9 for real: containerd 2 from the tools cache (CRI, NRI and CDI on), crictl making
+the pods as a kubelet would, and the agent's own NRI plugin (NriPlugin, the wire session, decide, nri_sweep).
+
+Row 5: containerd tells the plugin each container's user, and a fraction of another UID than the one a single-user
+MPS daemon serves is refused at creation. Row 9: a fraction
 created while no plugin is registered goes through unchanged (NRI fails open); the plugin, back, finds it at
 Synchronize and stops it (its first process killed: containerd then reports it exited). A fraction created through
 the plugin carries its mark in its OCI spec and is left running across a restart of the plugin."""
@@ -43,12 +46,22 @@ class Pods:
         self.workdir = workdir
 
     def call(self, *argv: str) -> str:
-        done = subprocess.run([crictl_binary(), "--runtime-endpoint", f"unix://{self.cri.socket}", *argv],
-                              capture_output=True, text=True, timeout=120, check=False)
+        done = self.run(*argv)
         assert done.returncode == 0, f"crictl {argv[0]}: {done.stderr.strip()[-400:]}"
         return done.stdout.strip()
 
-    def fraction(self, name: str) -> str:
+    def run(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([crictl_binary(), "--runtime-endpoint", f"unix://{self.cri.socket}", *argv],
+                              capture_output=True, text=True, timeout=120, check=False)
+
+    def fraction(self, name: str, uid: int | None = None) -> str:
+        """The fraction's pod and running container (as `uid`, where given); its container's ID."""
+        sandbox, config = self.configs(name, uid)
+        container_id = self.call("create", self.call("runp", str(sandbox)), str(config), str(sandbox))
+        self.call("start", container_id)
+        return container_id
+
+    def configs(self, name: str, uid: int | None) -> tuple[Path, Path]:
         annotations = canonical_annotations("app", request_mib=1024, limit_mib=2048, devices=[GPU_UUIDS[1]])
         env = {k: v for k, v in injected_env(container("app", request_mib=1024, limit_mib=2048,
                                                        devices=(GPU_UUIDS[1],))).items() if k != "PATH"}
@@ -60,10 +73,9 @@ class Pods:
         config = self.workdir / f"{name}-app.json"
         config.write_text(json.dumps({
             "metadata": {"name": "app"}, "image": {"image": APP_IMAGE}, "command": ["sleep", "3600"],
-            "envs": [{"key": k, "value": v} for k, v in env.items()], "log_path": "app.log"}))
-        container_id = self.call("create", self.call("runp", str(sandbox)), str(config), str(sandbox))
-        self.call("start", container_id)
-        return container_id
+            "envs": [{"key": k, "value": v} for k, v in env.items()], "log_path": "app.log",
+            "linux": {"security_context": {"run_as_user": {"value": uid}} if uid is not None else {}}}))
+        return sandbox, config
 
     def state(self, container_id: str) -> str:
         return str(json.loads(self.call("inspect", container_id))["status"]["state"])
@@ -93,3 +105,18 @@ def test_containerd_stops_a_fraction_created_while_the_plugin_was_away_and_keeps
     with registered_plugin(node, sink, "sweep-test", lock):  # a restart: the served fraction is left alone
         time.sleep(2)
         assert sink.unserved == [] and pods.state(served) == "CONTAINER_RUNNING"
+
+
+def test_a_fraction_of_another_uid_than_the_single_user_daemon_serves_is_refused_at_creation(
+        node: CriNode, tmp_path: Path) -> None:
+    pods = Pods(node, tmp_path)
+    sink = RecordingSink()
+    with registered_plugin(node, sink, "user-test"):  # both modes' daemons single-user here (no MPS v3)
+        first = pods.fraction("as-1000", uid=1000)
+        assert pods.state(first) == "CONTAINER_RUNNING"
+        sandbox, config = pods.configs("as-2000", uid=2000)
+        refused = pods.run("create", pods.call("runp", str(sandbox)), str(config), str(sandbox))
+        assert refused.returncode != 0
+        assert ("container app of pod team-a/as-2000 runs as UID 2000, but this node's time-slicing MPS daemon serves "
+                "one user at a time and serves UID 1000 (container app of pod team-a/as-1000)") in refused.stderr
+        assert pods.fraction("also-1000", uid=1000)  # its own UID is served
