@@ -5,27 +5,11 @@ Under `make test` the suite inherits make's own variables; a test that runs `mak
 shell, so they go: with MAKELEVEL set, the inner make prints "Entering directory" around what the target prints."""
 
 import os
-from collections.abc import Iterator
 
-import pytest
 from hypothesis import HealthCheck, settings
-
-from e2e.cri_harness import missing, started_cri_node
-from e2e.toolkit.cri_node import CriNode
 
 for _make_variable in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS"):
     os.environ.pop(_make_variable, None)
 
 settings.register_profile("gpufrac", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("gpufrac")
-
-
-@pytest.fixture
-def cri_node() -> Iterator[CriNode]:
-    """A real containerd 2 with its CRI, NRI and CDI on (e2e.cri_harness), for a test that drives it as a kubelet
-    would; skipped where it cannot run."""
-    why = missing()
-    if why:
-        pytest.skip(why)
-    with started_cri_node("t") as started:
-        yield started

@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from e2e.cri_harness import crictl, registered_plugin
+from e2e.cri_harness import crictl, registered_plugin, started_cri_node
 from e2e.node import APP_IMAGE, GPU_UUIDS
 from e2e.toolkit.cri_node import CriNode
 from e2e.toolkit.wait import wait_until
@@ -34,8 +35,9 @@ def crictl_binary() -> str:
 
 
 @pytest.fixture
-def node(cri_node: CriNode) -> CriNode:
-    return cri_node
+def node() -> Iterator[CriNode]:
+    with started_cri_node("sw", pytest.skip) as started:
+        yield started
 
 
 class Pods:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from e2e.cri_harness import crictl, registered_plugin
+from e2e.cri_harness import crictl, registered_plugin, started_cri_node
 from e2e.node import APP_IMAGE, GPU_UUIDS
 from e2e.toolkit.cri_node import CriNode
 from gpucheck.rows import FAIL, PASS, SKIPPED
@@ -47,8 +47,9 @@ class Sink:
 
 
 @pytest.fixture
-def node(cri_node: CriNode) -> CriNode:
-    return cri_node
+def node() -> Iterator[CriNode]:
+    with started_cri_node("gc", pytest.skip) as started:
+        yield started
 
 
 @pytest.fixture
