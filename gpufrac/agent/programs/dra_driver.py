@@ -168,7 +168,8 @@ class DraDriver:
             return False
         existing = {s["metadata"]["name"]: s for s in self._api.list_slices(node.name)}
         generation = 1 + max((int(s["spec"]["pool"].get("generation", 0)) for s in existing.values()), default=0)
-        for body in resource_slices(node.name, gpus, self._driver_version(), generation) if gpus else []:
+        for body in wanted:
+            body["spec"]["pool"]["generation"] = generation  # the content is the same at any generation
             current = existing.pop(body["metadata"]["name"], None)
             if current is None:
                 self._api.create_slice(body)
