@@ -28,10 +28,7 @@ class ClaimTenants:
 
     tenants: tuple[RunningContainer, ...] = ()
     by_pod_gpu: Mapping[tuple[str, str], RunningContainer] = field(default_factory=dict)  # (pod UID, GPU UUID)
-
-    @property
-    def pod_uids(self) -> frozenset[str]:
-        return frozenset(uid for uid, _ in self.by_pod_gpu) | frozenset(t.pod_uid for t in self.tenants)
+    pod_uids: frozenset[str] = frozenset()  # every pod a claim is reserved for (the audit asks per process)
 
 
 NO_CLAIMS = ClaimTenants()
@@ -65,4 +62,5 @@ def claim_tenants(claims: Iterable[PreparedClaim]) -> ClaimTenants:
             tenants.append(tenant)
             for pod in claim.pods:
                 by_pod_gpu[(pod.uid, device.gpu_uuid)] = tenant
-    return ClaimTenants(tuple(tenants), by_pod_gpu)
+    pod_uids = frozenset(uid for uid, _ in by_pod_gpu) | frozenset(t.pod_uid for t in tenants)
+    return ClaimTenants(tuple(tenants), by_pod_gpu, pod_uids)
