@@ -6,7 +6,7 @@ from typing import Any
 
 from gpucheck.contract import MIB
 from gpucheck.nvml import NVML_DEVICE_MEMORY_LIMIT_MAX
-from gpucheck.rows import FAIL, PASS
+from gpucheck.rows import FAIL, PASS, SKIPPED
 
 HELD_MIN_FRACTION = 0.5  # a client held to its limit allocates at least this share of it (context memory aside)
 PROBE_HEADROOM = 1.5  # a probe stops at limit x this (+ 256 MiB): reaching it means the limit did not hold
@@ -19,9 +19,12 @@ def probe_max_mib(limit_mib: int) -> int:
 
 
 def judge_probe(limit_mib: int, probe: dict[str, Any]) -> tuple[str, str]:
-    """A client that allocated in chunks until the first failure: held to `limit_mib`, or not."""
+    """A client that allocated in chunks until the first failure: held to `limit_mib`, or not (SKIPPED: the device
+    does not allocate its way, stopped_by "unsupported")."""
     allocated = probe.get("allocated_mib", 0)
     stopped = probe.get("stopped_by")
+    if stopped == "unsupported":
+        return SKIPPED, f"this device does not allocate this way ({probe.get('error_name', '?')})"
     if stopped == "max" or allocated > limit_mib:
         return FAIL, f"not held: allocated {allocated} MiB with a {limit_mib} MiB limit"
     if stopped != "oom":
@@ -31,6 +34,11 @@ def judge_probe(limit_mib: int, probe: dict[str, Any]) -> tuple[str, str]:
         return FAIL, (f"out of memory after only {allocated} MiB of a {limit_mib} MiB limit (less than "
                       f"{HELD_MIN_FRACTION:.0%})")
     return PASS, f"{allocated}/{limit_mib} MiB then OUT_OF_MEMORY"
+
+
+def worst(statuses: list[str]) -> str:
+    """A row's status from its clients': FAIL if one failed, else SKIPPED if one could not be checked, else PASS."""
+    return FAIL if FAIL in statuses else SKIPPED if SKIPPED in statuses else PASS
 
 
 def judge_compute(expect: str, solo_s: float, span_s: float) -> tuple[str, str]:

@@ -6,6 +6,7 @@ import argparse
 import time
 from typing import Any
 
+from gpucheck.checks.allocations import OtherAllocations
 from gpucheck.checks.attribution import Attribution
 from gpucheck.checks.compute import Compute
 from gpucheck.checks.daemons import Daemons
@@ -20,7 +21,8 @@ from gpucheck.session import Session
 
 
 def check_of(row_id: str) -> str:
-    """The check a row belongs to, as --only names it: the row id's number ("9a" -> "9", "10" -> "10")."""
+    """The check a row belongs to, as --only names it: the row id's number ("9a" -> "9", "10" -> "10", "11c" -> "11")
+    (rows 11a-11d run at two places in the order, both selected by --only 11)."""
     return row_id[:len(row_id) - len(row_id.lstrip("0123456789"))]
 
 
@@ -38,12 +40,14 @@ class Run:
         self.runtime = Runtime(session)
         self.daemon_side = DaemonSideLimits(session, self.daemons, self.memory)
         self.dra = DraClaim(session, self.daemons, self.memory, self.daemon_side)
+        self.allocations = OtherAllocations(session, self.daemons, self.memory, self.daemon_side)
 
     def steps(self) -> list[tuple[tuple[str, ...], Any]]:
         memory, compute = self.memory, self.compute
         return [
             (("4b",), lambda: compute.run("4b", None)),
             (("3a",), lambda: memory.driver("3a", None)),
+            (("11a", "11b"), self.allocations.cgroup_rows),  # VMM and pools under 3a's limits, no MPS either
             (("2a",), lambda: memory.pinned("2a", SM_SHARING)),
             (("2b",), lambda: memory.pinned("2b", TIME_SLICING)),
             (("3b",), lambda: memory.driver("3b", TIME_SLICING)),
@@ -53,8 +57,9 @@ class Run:
             (("5a", "5b"), self.pods.run),
             (("6a", "6b"), self.attribution.run),
             (("8a", "8b", "8c"), self.runtime.run),
-            (("9a", "9b"), self.daemon_side.run),  # last (and 10): the daemon keeps the limits these set
+            (("9a", "9b"), self.daemon_side.run),  # last (and 10, 11c, 11d): the daemon keeps the limits these set
             (("10",), self.dra.run),
+            (("11c", "11d"), self.allocations.daemon_rows),  # the daemon told A again
         ]
 
     def run(self) -> None:

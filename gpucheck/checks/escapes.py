@@ -11,8 +11,8 @@ gpufrac's agent tells the sm-sharing daemon each GPU's limit with the documented
 - 9b: the daemon at 2A, one client keyed by its GPU's UUID asking A (held to A: a UUID key is applied on this
   driver), one asking 4A (held to 2A: the env cannot raise the daemon's value).
 
-They run last but for row 10 (gpucheck/checks/dra.py), which tells the daemon its own limits through `tell`: the
-daemon keeps the limits it is told until it stops.
+They run last but for row 10 (gpucheck/checks/dra.py) and rows 11c, 11d (gpucheck/checks/allocations.py), which
+tell the daemon their own limits through `tell`: the daemon keeps the limits it is told until it stops.
 """
 
 from __future__ import annotations

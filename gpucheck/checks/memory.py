@@ -7,6 +7,7 @@ from typing import Any
 
 from gpucheck.checks.cgroups import Cgroups
 from gpucheck.checks.daemons import Daemons
+from gpucheck.client.allocations import PLAIN
 from gpucheck.client_process import Client
 from gpucheck.contract import (
     ENV_MEMORY_LIMIT,
@@ -16,10 +17,10 @@ from gpucheck.contract import (
     format_pinned_mem_limit,
     memory_env_value,
 )
-from gpucheck.judge import judge_probe, probe_max_mib
+from gpucheck.judge import judge_probe, probe_max_mib, worst
 from gpucheck.nvml import NvmlError
 from gpucheck.pairs import zip3, zip_pairs
-from gpucheck.rows import FAIL, PASS, SKIPPED, Row
+from gpucheck.rows import FAIL, SKIPPED, Row
 from gpucheck.session import Session
 
 
@@ -45,10 +46,11 @@ class MemoryLimits:
         self.row(row_id, name, clients, (a, b), {"env": {ENV_PINNED_MEM_LIMIT: [
             format_pinned_mem_limit(a, 1), format_pinned_mem_limit(b, 1)]}})
 
-    def driver(self, row_id: str, mode: str | None) -> None:
-        """3a-3c: NVIDIA_GPU_MEMORY_REQUEST/LIMIT applied to each client's own cgroup through NVML hold it."""
+    def driver(self, row_id: str, mode: str | None, kind: str = PLAIN, name: str = "") -> None:
+        """3a-3c: NVIDIA_GPU_MEMORY_REQUEST/LIMIT applied to each client's own cgroup through NVML hold it (11a, 11b:
+        clients allocating the `kind` way, gpucheck/checks/allocations.py)."""
         s = self.s
-        name = f"13.4 limits, {'no MPS' if mode is None else f'{mode} daemon'}"
+        name = name or f"13.4 limits, {'no MPS' if mode is None else f'{mode} daemon'}"
         reason = self.cgroups.problem() or s.node.no_cuda() or (self.daemons.problem(mode) if mode else None)
         if reason:
             s.add(Row(row_id, name, SKIPPED, reason))
@@ -68,7 +70,8 @@ class MemoryLimits:
                                        int(env[ENV_MEMORY_LIMIT]) * MIB)
                 numbers["cgroups"].append({"path": leaf, "env": env, "backend": "dmem" if os.path.exists(
                     os.path.join(leaf, "dmem.max")) else "misc", "read_back": nvml.get_memory_limits(handle, leaf)})
-                clients.append(self.probe_client(f"limits-{row_id}-{label}", limit, pipe, env, {"cgroup": leaf}))
+                clients.append(self.probe_client(f"limits-{row_id}-{label}", limit, pipe, env,
+                                                 {"cgroup": leaf, "probe_kind": kind}))
         except (OSError, NvmlError) as err:
             for client in clients:
                 client.close()
@@ -95,7 +98,7 @@ class MemoryLimits:
             numbers["clients"] = [{"limit_mib": limit, "probe": {k: v for k, v in r["probe"].items() if k != "chunks"},
                                    "mem_before": ready.get("mem"), "mem_after": r.get("mem_after"), "pid": ready["pid"]}
                                   for limit, ready, r in zip3(limits, readies, results)]
-            status = PASS if all(v[0] == PASS for v in verdicts) else FAIL
+            status = worst([v[0] for v in verdicts])
             texts = [f"{f'client {chr(97 + i)}: ' if len(clients) > 1 else ''}{text} "
                      f"(cuMemGetInfo total {r.get('mem_after', {}).get('total_mib')} MiB)"
                      for i, ((_, text), r) in enumerate(zip_pairs(verdicts, results))]

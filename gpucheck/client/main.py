@@ -8,6 +8,7 @@ import os
 import time
 from typing import Any
 
+from gpucheck.client.allocations import PLAIN, give_back, probe
 from gpucheck.client.kernel import Kernel, calibrate
 from gpucheck.client.pod import enter_pod
 from gpucheck.client.protocol import emit, wait_word
@@ -16,7 +17,6 @@ from gpucheck.cuda import (
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-    CUDA_ERROR_OUT_OF_MEMORY,
     Cuda,
     CudaError,
 )
@@ -25,30 +25,6 @@ from gpucheck.cuda import (
 def join_cgroup(path: str) -> None:
     with open(os.path.join(path, "cgroup.procs"), "w") as procs:
         procs.write(str(os.getpid()))
-
-
-def alloc_probe(cuda: Cuda, max_mib: int, chunk_mib: int = 64, fine_mib: int = 4) -> dict[str, Any]:
-    """Allocates (and touches) chunks until the first failure, then smaller chunks up to the edge; keeps them."""
-    chunks: list[int] = []
-    allocated = 0
-    failed: int | None = None  # the CUresult that ended the last phase; None: it reached max_mib
-    for size in (chunk_mib, fine_mib):
-        failed = None
-        while allocated + size <= max_mib:
-            ptr = ctypes.c_ulonglong()
-            code = cuda.call("cuMemAlloc_v2", ctypes.byref(ptr), size * MIB)
-            if code != 0:
-                failed = code
-                break
-            cuda.check("cuMemsetD8_v2", ptr, 0x5A, size * MIB)
-            chunks.append(ptr.value)
-            allocated += size
-        if failed is not None and failed != CUDA_ERROR_OUT_OF_MEMORY:
-            break
-    cuda.check("cuCtxSynchronize")
-    stopped_by = "max" if failed is None else "oom" if failed == CUDA_ERROR_OUT_OF_MEMORY else "error"
-    return {"allocated_mib": allocated, "stopped_by": stopped_by, "chunks": chunks,
-            "error_name": None if failed is None else cuda.error_name(failed), "error_code": failed}
 
 
 def alloc_fixed(cuda: Cuda, mib: int) -> list[int]:
@@ -110,19 +86,24 @@ def cuda_client(spec: dict[str, Any], stage: list[str]) -> None:
     stage[0] = "go"
     wait_word("go", spec.get("go_timeout", 120))
     stage[0] = "work"
-    emit(event="result", **client_work(spec, cuda, kernel))
+    result = client_work(spec, cuda, kernel, device.value)
+    allocator = result.pop("allocator", None)  # the probe's, which gives its chunks back after `release`
+    emit(event="result", **result)
     if spec.get("hold"):
         stage[0] = "hold"
         wait_word("release", spec.get("hold_timeout", 120))
+    if allocator is not None:
+        give_back(allocator, result["probe"]["chunks"])
     cuda.call("cuDevicePrimaryCtxRelease_v2", device)
 
 
-def client_work(spec: dict[str, Any], cuda: Cuda, kernel: Kernel) -> dict[str, Any]:
+def client_work(spec: dict[str, Any], cuda: Cuda, kernel: Kernel, device: int) -> dict[str, Any]:
     result: dict[str, Any] = {"t_go": time.time()}
     if spec.get("action") == "calibrate":
         result.update(calibrate(kernel, spec["target_s"]))
-    if "probe_max_mib" in spec:
-        result["probe"] = alloc_probe(cuda, spec["probe_max_mib"])
+    if "probe_max_mib" in spec:  # allocate the spec's way (probe_kind) until refused
+        kind = spec.get("probe_kind", PLAIN)
+        result["probe"], result["allocator"] = probe(cuda, device, spec["probe_max_mib"], kind)
         result["mem_after"] = mem_info(cuda)
     if "alloc_mib" in spec:
         alloc_fixed(cuda, spec["alloc_mib"])

@@ -9,7 +9,11 @@
  *   or through a server without context sharing, kernels of different processes take turns (a lock file shared
  *   by every process: $GPUFRAC_FAKE_CUDA_LOCK, default /tmp/gpufrac-fake-cuda.lock); with sm-sharing they overlap.
  * - Memory: allocations over 1 MiB are bookkeeping only (no host memory); small ones are real, for the kernel's
- *   output buffer. Exceeding the limit (or the total) returns CUDA_ERROR_OUT_OF_MEMORY.
+ *   output buffer. Exceeding the limit (or the total) returns CUDA_ERROR_OUT_OF_MEMORY. cuMemAlloc_v2, cuMemCreate
+ *   (virtual memory management: the physical memory, then cuMemAddressReserve / cuMemMap / cuMemSetAccess make it
+ *   addressable) and cuMemAllocAsync (the device's default stream-ordered pool, as cudaMallocAsync) all count
+ *   through one path (charge) against the same limit; the device answers 1 for VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+ *   (102) and MEMORY_POOLS_SUPPORTED (115).
  * - NVML: with $GPUFRAC_FAKE_GPU_PROCESSES set, each client writes <dir>/<pid>.json (used memory, SM utilization
  *   while a kernel runs) for the fake NVML to list, and is held to the CUDA 13.4 hard limit the fake NVML set on
  *   its cgroup v2 (/proc/self/cgroup `0::<path>`, limits in <dir>/memory-limits), MPS client or not.
@@ -17,6 +21,8 @@
  *   <path> is not visible, as if MPS needed the daemon's /dev/shm.
  * - $GPUFRAC_FAKE_CUDA_REJECT_TARGET=<sm_XY>: cuModuleLoadData refuses PTX for that target (CUDA_ERROR_INVALID_PTX).
  * - $GPUFRAC_FAKE_CUDA_IGNORE_PINNED_LIMIT=1: MPS clients are not held to their pinned limit (a broken MPS).
+ * - $GPUFRAC_FAKE_CUDA_UNCOUNTED=vmm,pool: cuMemCreate's (vmm) or the pool's (pool) allocations are not counted
+ *   against any limit (a driver whose limits miss them), only against the device's total.
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -31,6 +37,19 @@ typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream;
+typedef unsigned long long CUmemGenericAllocationHandle;
+
+/* cuda.h's layouts, as the check's ctypes Structures give them */
+typedef struct { int type; int id; } CUmemLocation;
+typedef struct {
+    int type;                 /* CUmemAllocationType: 1, PINNED */
+    int requestedHandleTypes; /* CUmemAllocationHandleType */
+    CUmemLocation location;   /* type 1 (DEVICE), id: the ordinal */
+    void *win32HandleMetaData;
+    struct { unsigned char compressionType, gpuDirectRDMACapable; unsigned short usage; unsigned char reserved[4]; }
+        allocFlags;
+} CUmemAllocationProp;
+typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
 
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1
@@ -39,16 +58,29 @@ typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream;
 #define CUDA_ERROR_INVALID_DEVICE 101
 #define CUDA_ERROR_INVALID_PTX 218
 #define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_NOT_SUPPORTED 801
 #define CUDA_ERROR_MPS_CONNECTION_FAILED 805
 
 #define MIB (1024ULL * 1024ULL)
 #define MAX_ALLOCS 4096
 #define REAL_MAX MIB
+#define GRANULARITY (2 * MIB) /* cuMemGetAllocationGranularity's minimum, as on an H100/H200 */
+
+/* What an entry of `allocs` is: memory cuMemAlloc_v2 gave, a cuMemCreate handle (physical memory, no address), a
+ * range cuMemAddressReserve reserved (an address, no memory), mapped to a handle (`handle`, `access` once
+ * cuMemSetAccess gave the device read-write), or the pool's. Memory (ALLOC, HANDLE, POOL) is charged; ranges not. */
+enum kind { ALLOC, HANDLE, RANGE, POOL };
 
 static int initialized, mps, context_share;
 static unsigned long long total_bytes, limit_bytes, used_bytes, next_fake = 0x7f0000000000ULL;
 static double rate = 1e8;
-static struct { CUdeviceptr ptr; unsigned long long size; int real; } allocs[MAX_ALLOCS];
+static unsigned long long next_handle = 0x1000;
+static struct {
+    CUdeviceptr ptr; /* HANDLE: the handle */
+    unsigned long long size;
+    int real, kind, access, counted;
+    CUmemGenericAllocationHandle handle; /* RANGE: the handle mapped there, 0: none */
+} allocs[MAX_ALLOCS];
 static int nallocs;
 static int pending, running_util;
 static unsigned long long pending_iterations;
@@ -210,6 +242,8 @@ CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev) {
     case 16: *value = 132; return CUDA_SUCCESS; /* MULTIPROCESSOR_COUNT */
     case 75: *value = 9; return CUDA_SUCCESS;   /* COMPUTE_CAPABILITY_MAJOR */
     case 76: *value = 0; return CUDA_SUCCESS;   /* COMPUTE_CAPABILITY_MINOR */
+    case 102: *value = 1; return CUDA_SUCCESS;  /* VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
+    case 115: *value = 1; return CUDA_SUCCESS;  /* MEMORY_POOLS_SUPPORTED */
     default: return CUDA_ERROR_INVALID_VALUE;
     }
 }
@@ -243,53 +277,178 @@ CUresult cuCtxSetCurrent(CUcontext ctx) { return ctx == &context_token ? CUDA_SU
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     if (!free_bytes || !total) return CUDA_ERROR_INVALID_VALUE;
     *total = (size_t)limit_bytes;
-    *free_bytes = (size_t)(limit_bytes - used_bytes);
+    *free_bytes = (size_t)(used_bytes < limit_bytes ? limit_bytes - used_bytes : 0); /* uncounted kinds may pass it */
     return CUDA_SUCCESS;
 }
 
-CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t size) {
-    int real = size <= REAL_MAX;
-    if (!ptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
-    if (used_bytes + size > limit_bytes || nallocs == MAX_ALLOCS) return CUDA_ERROR_OUT_OF_MEMORY;
+/* Not counted against the limits ($GPUFRAC_FAKE_CUDA_UNCOUNTED names the kind: vmm or pool). */
+static int uncounted(const char *kind) {
+    const char *list = getenv("GPUFRAC_FAKE_CUDA_UNCOUNTED");
+    char buf[256], *word, *save = NULL;
+    if (!list) return 0;
+    snprintf(buf, sizeof buf, "%s", list);
+    for (word = strtok_r(buf, ",", &save); word; word = strtok_r(NULL, ",", &save))
+        if (!strcmp(word, kind)) return 1;
+    return 0;
+}
+
+/* The one accounting path: `size` bytes of device memory of this kind, at `ptr`, held to the limit (or only to
+ * the device's total where the kind is uncounted); small ALLOCs are real host memory, the kernel's output. */
+static CUresult charge(int kind, CUdeviceptr ptr, unsigned long long size, int counted) {
+    int real = kind == ALLOC && size <= REAL_MAX;
+    if (nallocs == MAX_ALLOCS || used_bytes + size > (counted ? limit_bytes : total_bytes))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     if (real) {
         void *p = calloc(1, size);
         if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
-        *ptr = (CUdeviceptr)(unsigned long)p;
-    } else {
-        *ptr = next_fake;
-        next_fake += size;
+        ptr = (CUdeviceptr)(unsigned long)p;
     }
-    allocs[nallocs].ptr = *ptr;
+    allocs[nallocs].ptr = ptr;
     allocs[nallocs].size = size;
     allocs[nallocs].real = real;
+    allocs[nallocs].kind = kind;
+    allocs[nallocs].access = kind != RANGE;
+    allocs[nallocs].counted = counted;
+    allocs[nallocs].handle = 0;
     nallocs++;
-    used_bytes += size;
+    if (kind != RANGE) used_bytes += size;
     publish();
     return CUDA_SUCCESS;
 }
 
-static int find(CUdeviceptr ptr) {
+static CUresult charge_new(int kind, CUdeviceptr *ptr, unsigned long long size, int counted) {
+    CUresult r;
+    if (!ptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    if ((r = charge(kind, next_fake, size, counted)) != CUDA_SUCCESS) return r;
+    *ptr = allocs[nallocs - 1].ptr;
+    if (!allocs[nallocs - 1].real) next_fake += size;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t size) { return charge_new(ALLOC, ptr, size, 1); }
+
+static int find_kind(CUdeviceptr ptr, int kind) {
     int i;
     for (i = 0; i < nallocs; i++)
-        if (allocs[i].ptr == ptr) return i;
+        if (allocs[i].ptr == ptr && allocs[i].kind == kind) return i;
     return -1;
 }
 
-CUresult cuMemFree_v2(CUdeviceptr ptr) {
-    int i = find(ptr);
+static int find(CUdeviceptr ptr) { return find_kind(ptr, ALLOC); }
+
+static CUresult uncharge(int i) {
     if (i < 0) return CUDA_ERROR_INVALID_VALUE;
-    if (allocs[i].real) free((void *)(unsigned long)ptr);
-    used_bytes -= allocs[i].size;
+    if (allocs[i].real) free((void *)(unsigned long)allocs[i].ptr);
+    if (allocs[i].kind != RANGE) used_bytes -= allocs[i].size;
     allocs[i] = allocs[--nallocs];
     publish();
     return CUDA_SUCCESS;
 }
 
+CUresult cuMemFree_v2(CUdeviceptr ptr) { return uncharge(find(ptr)); }
+
+/* The entry whose memory `ptr` .. ptr+count lies in, and may be written through: an allocation, the pool's, or a
+ * mapped range the device has access to. -1: none. */
+static int find_writable(CUdeviceptr ptr, size_t count) {
+    int i;
+    for (i = 0; i < nallocs; i++) {
+        if (allocs[i].kind == HANDLE || ptr < allocs[i].ptr || ptr + count > allocs[i].ptr + allocs[i].size) continue;
+        if (allocs[i].kind == RANGE && (!allocs[i].handle || !allocs[i].access)) return -1;
+        return i;
+    }
+    return -1;
+}
+
 CUresult cuMemsetD8_v2(CUdeviceptr ptr, unsigned char value, size_t count) {
-    int i = find(ptr);
-    if (i < 0 || count > allocs[i].size) return CUDA_ERROR_INVALID_VALUE;
+    int i = find_writable(ptr, count);
+    if (i < 0) return CUDA_ERROR_INVALID_VALUE;
     if (allocs[i].real) memset((void *)(unsigned long)ptr, value, count);
     return CUDA_SUCCESS;
+}
+
+/* ---- virtual memory management (cuMemCreate and the ranges it is mapped into) ---- */
+
+static int device_location(const CUmemLocation *where) { return where->type == 1 && where->id == 0; }
+
+CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop, int option) {
+    if (!granularity || !prop || prop->type != 1 || !device_location(&prop->location) || (option != 0 && option != 1))
+        return CUDA_ERROR_INVALID_VALUE;
+    *granularity = GRANULARITY;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                     unsigned long long flags) {
+    CUresult r;
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!handle || !prop || size == 0 || size % GRANULARITY || flags || prop->type != 1 ||
+        !device_location(&prop->location))
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((r = charge(HANDLE, next_handle, size, !uncounted("vmm"))) != CUDA_SUCCESS) return r;
+    *handle = next_handle++;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    int i;
+    for (i = 0; i < nallocs; i++) /* still mapped: real CUDA frees it at the unmap; the check unmaps first */
+        if (allocs[i].kind == RANGE && allocs[i].handle == handle) return CUDA_ERROR_INVALID_VALUE;
+    return uncharge(find_kind(handle, HANDLE));
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (size % GRANULARITY || (alignment && alignment % GRANULARITY) || addr || flags) return CUDA_ERROR_INVALID_VALUE;
+    return charge_new(RANGE, ptr, size, 0);
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    int i = find_kind(ptr, RANGE);
+    if (i < 0 || allocs[i].size != size || allocs[i].handle) return CUDA_ERROR_INVALID_VALUE;
+    return uncharge(i);
+}
+
+/* One handle mapped over a whole reserved range (the check maps each chunk into its own range). */
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags) {
+    int range = find_kind(ptr, RANGE), memory = find_kind(handle, HANDLE);
+    if (range < 0 || memory < 0 || offset || flags || allocs[range].handle || allocs[range].size != size ||
+        allocs[memory].size != size)
+        return CUDA_ERROR_INVALID_VALUE;
+    allocs[range].handle = handle;
+    allocs[range].access = 0;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    int range = find_kind(ptr, RANGE);
+    if (range < 0 || !allocs[range].handle || allocs[range].size != size || !desc || count != 1 ||
+        !device_location(&desc->location) || desc->flags != 3)
+        return CUDA_ERROR_INVALID_VALUE;
+    allocs[range].access = 1;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    int range = find_kind(ptr, RANGE);
+    if (range < 0 || !allocs[range].handle || allocs[range].size != size) return CUDA_ERROR_INVALID_VALUE;
+    allocs[range].handle = 0;
+    allocs[range].access = 0;
+    return CUDA_SUCCESS;
+}
+
+/* ---- the device's default stream-ordered pool (cudaMallocAsync), on the one stream the check uses: 0 ---- */
+
+CUresult cuMemAllocAsync(CUdeviceptr *ptr, size_t size, CUstream stream) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (stream) return CUDA_ERROR_INVALID_VALUE;
+    return charge_new(POOL, ptr, size, !uncounted("pool"));
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream) {
+    if (stream) return CUDA_ERROR_INVALID_VALUE;
+    return uncharge(find_kind(ptr, POOL));
 }
 
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t count) {
@@ -372,6 +531,8 @@ CUresult cuCtxSynchronize(void) {
     return CUDA_SUCCESS;
 }
 
+CUresult cuStreamSynchronize(CUstream stream) { return stream ? CUDA_ERROR_INVALID_VALUE : cuCtxSynchronize(); }
+
 CUresult cuGetErrorName(CUresult error, const char **name) {
     if (!name) return CUDA_ERROR_INVALID_VALUE;
     switch (error) {
@@ -382,6 +543,7 @@ CUresult cuGetErrorName(CUresult error, const char **name) {
     case 101: *name = "CUDA_ERROR_INVALID_DEVICE"; break;
     case 218: *name = "CUDA_ERROR_INVALID_PTX"; break;
     case 500: *name = "CUDA_ERROR_NOT_FOUND"; break;
+    case 801: *name = "CUDA_ERROR_NOT_SUPPORTED"; break;
     case 805: *name = "CUDA_ERROR_MPS_CONNECTION_FAILED"; break;
     default: return CUDA_ERROR_INVALID_VALUE;
     }

@@ -9,7 +9,7 @@ import pytest
 from gpucheck import contract as restated
 from gpucheck import judge, nvml
 from gpucheck.checks import runtime
-from gpucheck.rows import FAIL, PASS
+from gpucheck.rows import FAIL, PASS, SKIPPED
 
 # ---- the judgements ----
 
@@ -21,9 +21,17 @@ from gpucheck.rows import FAIL, PASS
     ({"allocated_mib": 2100, "stopped_by": "oom"}, FAIL),  # past the limit
     ({"allocated_mib": 3328, "stopped_by": "max"}, FAIL),  # never failed: no limit at all
     ({"allocated_mib": 1900, "stopped_by": "error", "error_name": "CUDA_ERROR_MPS_CLIENT_TERMINATED"}, FAIL),
+    # the device does not allocate this way (VMM, pools: rows 11): nothing to judge
+    ({"allocated_mib": 0, "stopped_by": "unsupported", "error_name": "CU_DEVICE_ATTRIBUTE_X is 0"}, SKIPPED),
 ])
 def test_judge_probe(probe: dict[str, Any], status: str) -> None:
     assert judge.judge_probe(2048, probe)[0] == status
+
+
+@pytest.mark.parametrize(("statuses", "status"), [
+    ([PASS, PASS], PASS), ([PASS, SKIPPED], SKIPPED), ([SKIPPED, FAIL], FAIL), ([FAIL, PASS], FAIL)])
+def test_a_rows_status_is_its_worst_clients(statuses: list[str], status: str) -> None:
+    assert judge.worst(statuses) == status
 
 
 @pytest.mark.parametrize(("expect", "span", "status"), [
