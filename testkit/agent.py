@@ -119,6 +119,8 @@ class FakeKube:
         self.create_event_calls = 0
         self.evictions: list[tuple[str, str]] = []
         self.blocked: set[str] = set()  # pod names a PodDisruptionBudget protects: their evictions get 429
+        # KAI's PodGroups by (namespace, name); an exception is what reading that one raises
+        self.pod_groups: dict[tuple[str, str], dict[str, Any] | Exception] = {}
 
     def patch_node_labels(self, node: str, labels: dict[str, str]) -> None:
         self.labels.update(labels)
@@ -156,6 +158,12 @@ class FakeKube:
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return next((p for p in self.pods if p["metadata"]["namespace"] == namespace
                      and p["metadata"]["name"] == name), None)
+
+    def get_pod_group(self, namespace: str, name: str) -> dict[str, Any] | None:
+        found = self.pod_groups.get((namespace, name))
+        if isinstance(found, Exception):
+            raise found
+        return found
 
     def watch_pods(self, node: str, resource_version: str, timeout_seconds: int) -> Iterator[dict[str, Any]]:
         import threading

@@ -24,6 +24,7 @@ from gpufrac.agent.programs.agent_config import AgentConfig
 from gpufrac.agent.programs.guarantee import GuaranteeConfig, pod_facts
 from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.core.contract import MIB
+from gpufrac.kube.errors import KubeError
 from testkit.agent import UUID_A, UUID_B, FakeKube, canonical_annotations, cid, env_for, pod, value
 from testkit.fakes.state import ProcRoot
 from testkit.pods import running_pod
@@ -237,6 +238,42 @@ def test_a_higher_priority_pod_is_reclaimed_after_a_lower_one(node):
     agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
     agent.tick()
     assert node.kube.evictions == [("team-a", "c")]  # c's 10000 MiB cover the 5000 short: b stays
+
+
+def test_a_gang_at_its_minimum_keeps_its_members_and_one_with_a_member_to_spare_loses_one(node):
+    """B and C burst above their requests and are two workers of one KAI gang (PodGroup `train`, minMember 2). At
+    its minimum, or with its PodGroup unreadable, neither is evicted and the shortage is said; with three running
+    (a third worker elsewhere), one of them is."""
+    contended(node)
+    node.add_pod("c", 3, request_mib=1000, limit_mib=20000, started="2026-01-01T02:00:00Z")
+    node.proc.add(4003, cid(3), env_for("time-slicing", 20000, 1000, UUID_A), pod_uid="u-c")
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000}, {"pid": 4002, "used_memory_mib": 45000},
+                                 {"pid": 4003, "used_memory_mib": 10000}])
+    for body in node.kube.pods[1:]:
+        body["metadata"]["annotations"]["pod-group-name"] = "train"
+    gang = {"spec": {"minMember": 2}, "status": {"running": 2}}
+    node.kube.pod_groups[("team-a", "train")] = gang
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    assert node.kube.evictions == []
+    [short] = node.events("GPUMemoryGuaranteeShort")
+    assert "needed by its gang at its minimum" in short["message"]
+    node.kube.pod_groups[("team-a", "train")] = KubeError("podgroups.scheduling.run.ai is forbidden")
+    agent.tick()
+    assert node.kube.evictions == []
+    node.kube.pod_groups[("team-a", "train")] = {**gang, "status": {"running": 3}}
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "c")]  # the youngest: its 10000 MiB cover the 5000 MiB short
+
+
+def test_a_gangs_members_are_victims_like_any_pod_where_configured(node):
+    contended(node)
+    node.kube.pods[1]["metadata"]["annotations"]["pod-group-name"] = "train"
+    node.kube.pod_groups[("team-a", "train")] = {"spec": {"minMember": 2}, "status": {"running": 2}}
+    guarantee = reclaiming(ReclaimPolicy.EVICT)
+    agent = node.agent(replace(guarantee, reclaim=replace(guarantee.reclaim, evict_gang_members=True)))
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "b")]
 
 
 def test_pod_facts():
@@ -515,4 +552,4 @@ def test_a_claim_pods_priority_is_read_from_the_api_server(node):
     agent.tick()
     assert node.kube.evictions == []
     [short] = node.events("GPUMemoryGuaranteeShort")
-    assert "no pod uses more than its request there" in short["message"]
+    assert "no pod uses more than its request there that may be evicted" in short["message"]

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from gpufrac.agent.decide.audit import AttributedProcess
+from gpufrac.agent.decide.gangs import Gang, pod_group, read_gang, unknown_gang
 from gpufrac.agent.decide.model import GpuMemory, GpuProcess, RunningContainer
 from gpufrac.agent.decide.owed import owed_containers, owed_on_node
 from gpufrac.agent.decide.reclaim import (
@@ -112,6 +113,59 @@ def test_pods_at_or_above_the_protected_priority_are_never_candidates():
     protect = ReclaimSettings(ReclaimPolicy.EVICT, protected_priority=1000)
     assert [x.pod for x in candidates(share, facts, protect)] == ["c"]
     assert [x.pod for x in candidates(share, facts, ReclaimSettings(protected_priority=-5))] == []
+
+
+def test_no_more_of_a_gang_than_it_can_lose_unless_configured():
+    """A KAI gang with minMember 2: with 3 running it can lose one member, at 2 none; a PodGroup not read spares all
+    its members; minMember 1 is no gang. Lowest priority first still decides which member goes."""
+    owed = tenant("owed", 1, 30000)
+    w1, w2, w3, solo = (tenant(n, i, 5000) for i, n in enumerate(("w1", "w2", "w3", "solo"), start=2))
+    share = gpu([owed, w1, w2, w3, solo], (w1, 20000), (w2, 20000), (w3, 20000), (solo, 20000))
+
+    def facts(gang: Gang | None, solo_gang: Gang | None = None) -> dict[str, PodFacts]:
+        found = {f"u-{n}": PodFacts(n, p, 1.0, pod_group="train", gang=gang)
+                 for n, p in (("w1", 10), ("w2", 5), ("w3", 20))}
+        return found | {"u-solo": PodFacts("solo", 30, 1.0, pod_group="solo", gang=solo_gang)}
+
+    three_running = Gang("team-a", "train", min_member=2, running=3)
+    assert [x.pod for x in candidates(share, facts(three_running))] == ["w2", "solo"]
+    at_minimum = Gang("team-a", "train", min_member=2, running=2)
+    assert [x.pod for x in candidates(share, facts(at_minimum, Gang("team-a", "solo", 1, 1)))] == ["solo"]
+    assert [x.pod for x in candidates(share, facts(unknown_gang("team-a", "train")))] == ["solo"]
+    everyone = ReclaimSettings(ReclaimPolicy.EVICT, evict_gang_members=True)
+    assert [x.pod for x in candidates(share, facts(at_minimum), everyone)] == ["w2", "w1", "w3", "solo"]
+
+
+def test_a_gang_member_going_already_counts_against_what_the_gang_can_lose():
+    owed = tenant("owed", 1, 30000)
+    w1, w2 = tenant("w1", 2, 5000), tenant("w2", 3, 5000)
+    share = gpu([owed, w1, w2], (w1, 20000), (w2, 20000))
+    gang = Gang("team-a", "train", min_member=2, running=3)
+    facts = {"u-w1": PodFacts("w1", 0, 2.0, terminating=True, gang=gang), "u-w2": PodFacts("w2", 0, 1.0, gang=gang)}
+    found = candidates(share, facts)
+    assert [(x.pod, x.terminating) for x in found] == [("w1", True)]  # w1 is the one it can lose
+
+
+def test_a_podgroup_reads_as_a_gang():
+    assert pod_group({"pod-group-name": "pg-1"}) == "pg-1" and pod_group({}) == ""
+    obj = {"spec": {"minMember": 4}, "status": {"running": 6}}
+    assert read_gang("ns", "pg-1", obj) == Gang("ns", "pg-1", 4, 6) and Gang("ns", "pg-1", 4, 6).spare == 2
+    assert read_gang("ns", "pg-1", {"spec": {}}) == Gang("ns", "pg-1", 1, 0)  # KAI's defaults: a single pod
+    assert read_gang("ns", "gone", None) is None
+    assert read_gang("ns", "pg-1", {"spec": {"minMember": "4"}, "status": {"running": "6"}}) == Gang("ns", "pg-1", 1,
+                                                                                                     None)
+    assert str(unknown_gang("ns", "pg-1")) == "gang ns/pg-1 (minMember 1, running unknown)"
+    assert str(Gang("ns", "pg-1", 4, 6)) == "gang ns/pg-1 (minMember 4, running 6)"
+
+
+def test_gangs_are_counted_apart_each_to_what_it_can_lose():
+    owed = tenant("owed", 1, 60000)
+    members = [tenant(n, i, 1000) for i, n in enumerate(("a1", "a2", "a3", "b1", "b2"), start=2)]
+    share = gpu([owed, *members], *((m, 5000) for m in members))
+    a, b = Gang("ns", "a", min_member=2, running=4), Gang("ns", "b", min_member=2, running=3)
+    facts = {f"u-{n}": PodFacts(n, i, 1.0, gang=a if n.startswith("a") else b)
+             for i, n in enumerate(("a1", "a2", "a3", "b1", "b2"))}
+    assert [x.pod for x in candidates(share, facts)] == ["a1", "a2", "b1"]
 
 
 def victim(name: str, used_mib: int, terminating: bool = False) -> Candidate:

@@ -1,4 +1,5 @@
-"""reclaim.protectedPriority reaches the agent's reclaim settings, and only when set (tests/chart)."""
+"""reclaim.protectedPriority and reclaim.evictGangMembers reach the agent's reclaim settings, and only when set
+(tests/chart)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,12 @@ def test_protected_priority_reaches_the_agent(values, protected):
 def test_a_protected_priority_that_is_not_a_number_is_refused():
     failed = helm("template", "g", str(CHART), "--set", "reclaim.protectedPriority=high", check=False)
     assert failed.returncode != 0 and "protectedPriority" in failed.stderr
+
+
+@pytest.mark.parametrize(("values", "evict", "reads_gangs"), [((), False, True),
+                                                              (("reclaim.evictGangMembers=true",), True, False)])
+def test_evict_gang_members_reaches_the_agent_and_the_role_reads_podgroups_only_when_needed(values, evict, reads_gangs):
+    assert reclaim_settings(*values).evict_gang_members is evict
+    role = one(render(*(a for v in values for a in ("--set", v))), "ClusterRole", "gpufrac-agent")
+    podgroups = {"apiGroups": ["scheduling.run.ai"], "resources": ["podgroups"], "verbs": ["get"]}
+    assert (podgroups in role["rules"]) is reads_gangs

@@ -9,7 +9,8 @@ that GPU and are owed nothing there themselves; the victim order is:
 
 1. only pods above their requests on that GPU (a pod at or below its request is never evicted);
 2. the lowest pod priority first (pods at or above `protected_priority` are never evicted);
-3. then the youngest (started last).
+3. then the youngest (started last);
+4. no more of a gang's members than it can lose and keep its minimum (`gangs`), unless `evict_gang_members`.
 
 The loop that evicts takes one victim at a time (`next_victim`), feeding back the pods whose eviction was refused
 and those going already (evicted, terminating, gone): their memory is counted as being freed.
@@ -28,6 +29,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from gpufrac.agent.decide.audit import AttributedProcess, device_assigned
+from gpufrac.agent.decide.gangs import Gang
 from gpufrac.agent.decide.model import GpuInfo, GpuMemory, GpuProcess, RunningContainer
 from gpufrac.core.contract import MIB
 
@@ -43,6 +45,7 @@ class ReclaimSettings:
     grace_seconds: float = 30.0  # the window a shortfall must last, and the wait after acting
     hysteresis_bytes: int = 256 * MIB
     protected_priority: int | None = None  # pods at or above this priority are never evicted
+    evict_gang_members: bool = False  # True: a gang's members are candidates like any pod, its minimum or not
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,8 @@ class PodFacts:
     priority: int
     started: float  # seconds since the epoch
     terminating: bool = False  # deleted already (an eviction under way): its memory is being freed
+    pod_group: str = ""  # the KAI PodGroup it names (gangs.pod_group)
+    gang: Gang | None = None  # that PodGroup as read (None: none, or not read: no gang)
 
 
 @dataclass(frozen=True)
@@ -207,7 +212,25 @@ def candidates(share: GpuShare, pods: Mapping[str, PodFacts],
             continue
         found.append(Candidate(names[uid][0], names[uid][1], uid, facts.priority, facts.started, used[uid], extra,
                                facts.terminating))
-    return tuple(sorted(found, key=lambda c: (c.priority, -c.started, c.namespace, c.pod)))
+    ordered = sorted(found, key=lambda c: (c.priority, -c.started, c.namespace, c.pod))
+    return tuple(ordered if settings.evict_gang_members else _within_gangs(ordered, pods))
+
+
+def _within_gangs(ordered: Sequence[Candidate], pods: Mapping[str, PodFacts]) -> list[Candidate]:
+    """The candidates, in order, but no more of a gang's members than it can lose. A member going already stays
+    (its memory is being freed) and counts against what its gang can lose."""
+    taken: dict[tuple[str, str], int] = {}
+    kept = []
+    for candidate in ordered:
+        gang = pods.get(candidate.pod_uid, _UNKNOWN_POD).gang
+        spare = None if gang is None else gang.spare
+        if gang is not None and spare is not None:
+            key = (gang.namespace, gang.name)
+            if taken.get(key, 0) >= spare and not candidate.terminating:
+                continue
+            taken[key] = taken.get(key, 0) + 1
+        kept.append(candidate)
+    return kept
 
 
 def plan(share: GpuShare, pods: Mapping[str, PodFacts], settings: ReclaimSettings) -> ReclaimPlan | None:

@@ -12,6 +12,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
+from gpufrac.agent.decide.gangs import POD_GROUP_API
 from gpufrac.agent.decide.model import EvictionOutcome
 from gpufrac.core.contract import FRACTIONAL_LABEL, FRACTIONAL_VALUE
 from gpufrac.kube.client import load_api_client, translated
@@ -34,6 +35,7 @@ class KubeClient:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
         self.apps = client.AppsV1Api(api_client)
 
     @classmethod
@@ -190,6 +192,18 @@ class KubeClient:
             return None
         pod: dict[str, Any] = json.loads(resp.data)
         return pod
+
+    def get_pod_group(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """KAI's PodGroup (gangs.POD_GROUP_API); None when there is none (or KAI's CRD is not installed)."""
+        group, version, plural = POD_GROUP_API
+        try:
+            with translated(f"reading PodGroup {namespace}/{name}"):
+                resp = self.custom.get_namespaced_custom_object(group, version, namespace, plural, name,
+                                                                _preload_content=False)
+        except NotFoundError:
+            return None
+        body: dict[str, Any] = json.loads(resp.data)
+        return body
 
     def list_pods(self, node: str) -> tuple[list[dict[str, Any]], str]:
         with translated(f"listing pods on {node}"):

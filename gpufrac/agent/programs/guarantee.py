@@ -13,13 +13,14 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from gpufrac.agent.decide import capacity, reclaim
 from gpufrac.agent.decide.audit import Findings, Snapshot, attribute
 from gpufrac.agent.decide.errors import NvmlError, ProcReadError
 from gpufrac.agent.decide.events import EventSink, pod_event
+from gpufrac.agent.decide.gangs import Gang, pod_group, read_gang, unknown_gang
 from gpufrac.agent.decide.model import (
     EnforcementViolation,
     EvictionOutcome,
@@ -71,6 +72,8 @@ class GuaranteeKube(EventSink, Protocol):
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
+    def get_pod_group(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
 
 def _timestamp(text: object) -> float | None:
     if not isinstance(text, str) or not text:
@@ -96,6 +99,7 @@ def pod_facts(pods: Iterable[Mapping[str, Any]]) -> dict[str, PodFacts]:
             priority if isinstance(priority, int) else 0,
             started or 0.0,
             terminating=bool(metadata.get("deletionTimestamp")),
+            pod_group=pod_group(metadata.get("annotations") or {}),
         )
     return facts
 
@@ -262,8 +266,8 @@ class Guarantee:
     def reclaim(self, reading: UsageReading, snapshot: Snapshot, pods: Sequence[Mapping[str, Any]]) -> dict[str, int]:
         """Decide (pure) on one reading and carry out; returns each GPU's shortfall, for the metric."""
         owed = [*owed_on_node(pods), *snapshot.claims.tenants]  # a claim is owed from Prepare on
-        facts = pod_facts(pods) | self._claim_pod_facts(snapshot.claims.tenants)
         shares = self._shares(reading, snapshot, owed)
+        facts = self._with_gangs(pod_facts(pods) | self._claim_pod_facts(snapshot.claims.tenants), shares)
         plans, self._episodes = reclaim.decide(shares, facts, self._episodes, self._clock(), self.config.reclaim)
         for plan in plans:
             self._carry_out(plan, lambda uuid: self._replan(uuid, snapshot, owed, facts))
@@ -280,6 +284,32 @@ class Guarantee:
                 continue  # exited since the reading
         attributed = attribute(reading.processes, by_id, cgroups, {}, snapshot.claims)
         return reclaim.shares(attributed, owed, snapshot.gpus, reading.memory)
+
+    def _with_gangs(self, facts: Mapping[str, PodFacts], shares: Sequence[GpuShare]) -> dict[str, PodFacts]:
+        """The gangs of the pods that can be victims now (above their requests on a GPU short of memory), read from
+        their PodGroups at this pass; one the API server does not answer for spares all of its members."""
+        found = dict(facts)
+        if self.config.reclaim.evict_gang_members:
+            return found
+        above = {t.container.pod_uid: t.container.namespace for share in shares if share.shortfall_bytes > 0
+                 for t in share.tenants if t.above_request_bytes > 0}
+        gangs: dict[tuple[str, str], Gang | None] = {}
+        for uid, namespace in above.items():
+            pod = facts.get(uid)
+            if pod is None or not pod.pod_group:
+                continue
+            key = (namespace, pod.pod_group)
+            if key not in gangs:
+                gangs[key] = self._gang(*key)
+            found[uid] = replace(pod, gang=gangs[key])
+        return found
+
+    def _gang(self, namespace: str, name: str) -> Gang | None:
+        try:
+            return read_gang(namespace, name, self._kube.get_pod_group(namespace, name))
+        except KubeError as err:
+            log.warning("reading PodGroup %s/%s: %s; its members are not reclaim victims", namespace, name, err)
+            return unknown_gang(namespace, name)
 
     def _claim_pod_facts(self, tenants: Sequence[RunningContainer]) -> dict[str, PodFacts]:
         """The facts of the pods the claims are for (the agent's pod list holds only annotated pods): read once per
@@ -313,7 +343,9 @@ class Guarantee:
     def _carry_out(self, plan: ReclaimPlan, replan: Callable[[str], ReclaimPlan | None]) -> None:
         if not plan.candidates:
             self._metrics.reclaims.labels(outcome="no-candidate").inc()
-            self._short(plan, "no pod uses more than its request there, so nothing can be reclaimed")
+            self._short(plan, "no pod uses more than its request there that may be evicted (a pod owed memory, at "
+                              "or above the protected priority, or needed by its gang at its minimum is not), so "
+                              "nothing can be reclaimed")
             return
         if plan.policy is ReclaimPolicy.OFF:
             for candidate in reclaim.to_evict(plan):

@@ -88,6 +88,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reclaim-protected-priority", type=int, default=_RECLAIM.protected_priority,
                         metavar="PRIORITY", help="pods whose spec.priority is at least this are never evicted by "
                                                  "reclaim (default: none protected)")
+    parser.add_argument("--reclaim-evict-gang-members", action=argparse.BooleanOptionalAction,
+                        default=_RECLAIM.evict_gang_members,
+                        help="evict members of a KAI gang (PodGroup) like any pod, even below its minMember (default: "
+                             "no more of a gang's members than it can lose)")
     parser.add_argument("--ready-condition-type", action="append", metavar="TYPE",
                         help="node condition published with gpufrac.io/Ready's status, besides it (repeatable; "
                              f"default {' and '.join(KAI_CONDITION_TYPES)}, the names KAI's NvFractions mode gates "
@@ -160,7 +164,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         guarantee=GuaranteeConfig(
             args.over_limit_action,
             ReclaimSettings(args.reclaim_policy, args.reclaim_grace_period, args.reclaim_hysteresis_mib * MIB,
-                            args.reclaim_protected_priority),
+                            args.reclaim_protected_priority, args.reclaim_evict_gang_members),
         ),
         image=args.image,
     )

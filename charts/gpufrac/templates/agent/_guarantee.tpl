@@ -18,6 +18,9 @@ evict. `policy: off` written unquoted is YAML's false: it means off too. */}}
 - --reclaim-protected-priority
 - {{ .Values.reclaim.protectedPriority | int64 | quote }}
 {{- end }}
+{{- if .Values.reclaim.evictGangMembers }}
+- --reclaim-evict-gang-members
+{{- end }}
 {{- end }}
 
 {{/* "true" when the agent can evict: overLimitAction evict, reclaim evict, or --evict-on-violation in extraArgs. */}}
