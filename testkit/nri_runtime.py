@@ -89,6 +89,9 @@ class FakeRuntime:
     def create(self, pod: Any, container: Any) -> Any:
         return self.call("CreateContainer", api_pb2.CreateContainerRequest(pod=pod, container=container))
 
+    def start(self, pod: Any, container: Any) -> Any:
+        return self.call("StartContainer", api_pb2.StartContainerRequest(pod=pod, container=container))
+
     def _send(self, conn: int, message: TtrpcMessage) -> None:
         assert self.conn is not None
         self.conn.sendall(mux_frames(conn, message.encode()))

@@ -15,7 +15,7 @@ from gpufrac.agent.decide.model import RunningContainer
 from gpufrac.agent.decide.mps_config import daemon_spec
 from gpufrac.agent.edges.mps_control import send
 from gpufrac.agent.edges.supervisor import MpsSupervisor, RestartPolicy
-from gpufrac.agent.programs.mps_limits import DaemonSideLimits
+from gpufrac.agent.programs.mps_limits import CREATED_TTL_S, DaemonSideLimits
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import UUID_A, UUID_B, FakeNode, canonical_annotations, cid, container, gpu_info, pod
 from testkit.fakes.mps_client import ClientLimits, connect, records
@@ -131,6 +131,37 @@ def test_a_restarted_daemon_is_told_again(daemon: MpsSupervisor) -> None:
                 f"get_default_device_pinned_mem_limit {UUID_A}") == "0"  # a new daemon forgot the defaults
     limits.apply([sm("a", 4096)], GPUS)
     assert connect(daemon.spec.pipe_dir, UUID_A, env={PINNED: f"{UUID_A}=81920M"}).pinned_mib == 4096
+
+
+def test_a_fraction_held_at_its_creation_counts_until_the_pod_watch_has_it(daemon: MpsSupervisor) -> None:
+    """The NRI plugin tells the daemon a fraction being created (its pod may not be in the watch yet): the next
+    passes keep its limit until the node's pods include it, or CREATED_TTL_S."""
+    now = [0.0]
+    limits = DaemonSideLimits(daemon.spec.argv[0], daemon.spec.pipe_dir, clock=lambda: now[0])
+    limits.apply([sm("a", 4096)], GPUS, created=[sm("new", 6144, UUID_B)])
+    assert limits.failure is None
+    assert records(daemon.spec.log_dir, "limit")[-1]["defaults"]["pinned"] == {UUID_A: 4096, UUID_B: 6144}
+    assert connect(daemon.spec.pipe_dir, UUID_B, env={}).pinned_mib == 6144
+    kept = limits.apply([sm("a", 4096)], GPUS)  # the loop's pass, its pod not watched yet
+    assert [c.uuid for c in kept.ceilings] == [UUID_A, UUID_B]
+    now[0] += CREATED_TTL_S + 1  # never watched (deleted at once, say): no longer held for it
+    assert [c.uuid for c in limits.apply([sm("a", 4096)], GPUS).ceilings] == [UUID_A]
+
+    limits.apply([sm("a", 4096)], GPUS, created=[sm("new", 6144, UUID_B)])
+    limits.apply([sm("a", 4096), sm("new", 6144, UUID_B)], GPUS)  # watched: its pod's record stands for it
+    assert [c.uuid for c in limits.apply([sm("a", 4096)], GPUS).ceilings] == [UUID_A]  # and goes with it
+
+
+def test_telling_the_daemon_within_a_deadline_fails_rather_than_overrun_it(daemon: MpsSupervisor) -> None:
+    limits = DaemonSideLimits(daemon.spec.argv[0], daemon.spec.pipe_dir)
+    limits.apply([sm("a", 4096)], GPUS, within_s=0.0)
+    assert limits.failure is not None and "no time left" in limits.failure
+    assert "did not take its limits" in (limits.problem or "")
+    limits.apply([sm("a", 4096)], GPUS, within_s=30.0)
+    assert limits.failure is None
+    before = len(records(daemon.spec.log_dir, "command"))
+    limits.apply([sm("a", 4096)], GPUS, within_s=1.0)  # a creation that changes nothing costs the daemon nothing
+    assert records(daemon.spec.log_dir, "command")[before:] == [] and limits.failure is None
 
 
 # ---- the agent's loop tells the daemon ----

@@ -13,7 +13,7 @@ import contextlib
 import json
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,8 +76,8 @@ class World:
     state: StateFile
     sockets: Path
 
-    def driver(self, node: DraNode | None = None) -> DraDriver:
-        return DraDriver(lambda: node or self.node, self.api, self.specs, self.state, lambda: "615.10")
+    def driver(self, node: DraNode | None = None, hold: Callable[[], str | None] = lambda: None) -> DraDriver:
+        return DraDriver(lambda: node or self.node, self.api, self.specs, self.state, lambda: "615.10", hold)
 
     def kubectl(self, *args: str, input: str | None = None) -> str:
         return self.plane.kubectl(*args, user="admin", input=input, check=True).stdout
@@ -204,6 +204,26 @@ def test_one_refused_claim_does_not_fail_the_others_of_the_call(world: World) ->
     assert answers[second].error.startswith("GPU 0 (GPU-01111111-bbbb) serves time-slicing to claim default/ts")
     assert answers["uid-gone"].error == "claim default/gone (uid-gone) is gone from the API server"
     assert sorted(world.driver().prepared) == sorted([first, third])
+
+
+def test_an_sm_sharing_claim_is_prepared_only_once_the_daemon_holds_its_limits(world: World) -> None:
+    """After recording an sm-sharing share, Prepare has the agent tell the MPS daemon (Agent.hold_now) before it
+    answers: the share's process never connects to a daemon that does not hold it. Where that fails, Prepare fails
+    (the kubelet retries; the record stays, so the retry only asks again). A time-slicing share needs no daemon."""
+    sm_uid = allocated_claim(world, "sm", "gpu-1-sm-sharing", "10Gi")
+    ts_uid = allocated_claim(world, "ts", "gpu-0-time-slicing", "10Gi")
+    asked: list[str] = []
+    answer: list[str | None] = ["'get_server_list' to the MPS daemon in /run/gpufrac/mps/sm-sharing: exit 1"]
+    driver = world.driver(hold=lambda: asked.append("hold") or answer[0])
+    refused = driver.prepare(ClaimRef("default", "sm", sm_uid))
+    assert isinstance(refused, str) and refused.startswith(
+        f"claim default/sm ({sm_uid}) is prepared, but the sm-sharing MPS daemon did not take its limits ('get_")
+    assert asked == ["hold"] and sm_uid in driver.prepared
+    assert not isinstance(driver.prepare(ClaimRef("default", "ts", ts_uid)), str) and asked == ["hold"]
+    answer[0] = None
+    devices = driver.prepare(ClaimRef("default", "sm", sm_uid))
+    assert not isinstance(devices, str) and [d.device for d in devices] == ["gpu-1-sm-sharing"]
+    assert asked == ["hold", "hold"]
 
 
 def test_a_state_file_that_does_not_read_stops_the_start_with_one_line(world: World) -> None:

@@ -25,7 +25,10 @@ from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.agent.programs.nri_service import NriService
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import UUID_A, UUID_B, canonical_annotations, container, injected_env, two_pod_node, value
+from testkit.fakes.mps_client import connect, records
 from testkit.nri_runtime import FakeRuntime, nri_container, pod_sandbox
+
+PINNED = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 
 
 def write_cdi_spec(directory: Path) -> None:
@@ -182,3 +185,35 @@ def test_without_an_nri_socket_the_agent_says_so(tmp_path: Path, fake_gpus: Any,
     finally:
         service.stop()
         agent.shutdown()
+
+
+def test_an_sm_sharing_fraction_is_held_by_the_daemon_before_its_creation_is_answered(world: World) -> None:
+    """Issue 30: a fraction created within one pass of its bind (its pod not even in the watch yet) starts under its
+    own daemon-side limit, not the daemon's previous one: the plugin tells the daemon before it answers, and the
+    loop's next pass keeps it."""
+    runtime = registered(world, serve_both_modes)
+    pipe, log_dir = world.tmp / "mps" / "sm-sharing", world.tmp / "log" / "sm-sharing"
+    assert connect(pipe, UUID_A, env={}).pinned_mib is None  # GPU A had no sm-sharing fraction: no daemon limit
+    new, new_env = fraction(world, "u-new", "sm-sharing", UUID_A)
+    answer = runtime.create(new, nri_container("c-new", "app", new, new_env))
+    assert answer.status.code == 0, answer.status.message
+    assert records(log_dir, "limit")[-1]["defaults"]["pinned"][UUID_A] == 2048
+    assert connect(pipe, UUID_A, env={}).pinned_mib == 2048  # its process dropped its env: held all the same
+    world.agent.tick()
+    assert connect(pipe, UUID_A, env={PINNED: f"{UUID_A}=80000M"}).pinned_mib == 2048
+
+
+def test_a_fraction_whose_limits_the_daemon_does_not_take_is_refused_at_creation(world: World) -> None:
+    runtime = registered(world, serve_both_modes)
+    limits = world.agent.daemon_limits
+    assert limits is not None
+    limits.pipe_dir = world.tmp / "no-daemon-here"  # the daemon cannot be told
+    new, new_env = fraction(world, "u-new", "sm-sharing", UUID_A)
+    refused = runtime.create(new, nri_container("c-new", "app", new, new_env))
+    assert refused.status.code != 0
+    assert refused.status.message.startswith(
+        "container app of pod team-a/pod-u-new is an sm-sharing GPU fraction, but the MPS daemon could not be told "
+        "its limits ('get_server_list' to the MPS daemon in "), refused.status.message
+    assert wait_until(lambda: any(e["reason"] == "GPUMpsLimitsNotSet" for e in world.kube.events.values()))
+    train, train_env = fraction(world, "u-train", "time-slicing", UUID_B)  # no daemon side to hold
+    assert runtime.create(train, nri_container("c-train", "app", train, train_env)).status.code == 0

@@ -185,6 +185,40 @@ def test_back_after_a_disconnect_it_stops_the_fractions_created_without_it(runti
     halt_plugin(plugin, stop, thread)
 
 
+def test_a_fraction_created_while_away_and_not_started_is_refused_its_start(runtime: FakeRuntime,
+                                                                           tmp_path: Path) -> None:
+    """The sweep has no process to stop for a fraction created while the plugin was away but not yet started: its
+    start is refused instead (the runtime fails it; the kubelet creates it again, through the plugin). A fraction
+    the plugin served, and one created before the window, start."""
+    lock = tmp_path / "lock"
+    lock.write_text(f"4242\n{time.time() - 30:.3f}\n")  # the plugin before this one: last present 30 s ago
+    sink = RecordingSink()
+    plugin, stop, thread = start_plugin(NriConfig(runtime.path, lock_file=lock), sink, FACTS)
+    runtime.accept()
+    away_pod, env = fraction_pod("u-away", "sm-sharing")
+    earlier_pod = fraction_pod("u-earlier", "sm-sharing")[0]
+    created = api_pb2.CONTAINER_CREATED
+    away = nri_container(cid(7), "app", away_pod, env, created, created_at=time.time() - 10)
+    earlier = nri_container(cid(8), "app", earlier_pod, env, created, created_at=time.time() - 60)
+    runtime.handshake([away_pod, earlier_pod], [away, earlier])
+    assert wait_for(lambda: plugin.state is PluginState.REGISTERED)
+    assert sink.unserved == []  # nothing to stop yet: neither has a process
+    refused = runtime.start(away_pod, away)
+    assert refused.status.code == 9 and refused.status.message.startswith(
+        "container app of pod team-a/pod-u-away is a sm-sharing GPU fraction created at ")
+    assert refused.status.message.endswith("so the plugin refused its start, and the kubelet creates it again "
+                                           "through the plugin")
+    assert [u.container.id for u in sink.unserved] == [cid(7)]
+    assert runtime.start(earlier_pod, earlier).status.code == 0
+    served_pod, served_env = fraction_pod("u-served", "sm-sharing")
+    answer = runtime.create(served_pod, nri_container(cid(9), "app", served_pod, served_env))
+    adjust = api_pb2.CreateContainerResponse.FromString(answer.payload).adjust
+    served = nri_container(cid(9), "app", served_pod, served_env, created, created_at=time.time(),
+                           annotations=dict(adjust.annotations))  # as the runtime starts it: with the mark
+    assert runtime.start(served_pod, served).status.code == 0
+    halt_plugin(plugin, stop, thread)
+
+
 def test_a_restarted_plugin_knows_from_the_lock_file_since_when_it_was_away(runtime: FakeRuntime, tmp_path: Path,
                                                                              processes) -> None:
     lock = tmp_path / "lock"

@@ -4,8 +4,9 @@ the pods as a kubelet would, and the agent's own NRI plugin (NriPlugin, the wire
 Row 5: containerd tells the plugin each container's user, and a fraction of another UID than the one a single-user
 MPS daemon serves is refused at creation. Row 9: a fraction
 created while no plugin is registered goes through unchanged (NRI fails open); the plugin, back, finds it at
-Synchronize and stops it (its first process killed: containerd then reports it exited). A fraction created through
-the plugin carries its mark in its OCI spec and is left running across a restart of the plugin."""
+Synchronize and stops it (its first process killed: containerd then reports it exited), or, created but not started,
+refuses its start (containerd then fails it). A fraction created through the plugin carries its mark in its OCI spec
+and is left running across a restart of the plugin."""
 
 from __future__ import annotations
 
@@ -107,6 +108,27 @@ def test_containerd_stops_a_fraction_created_while_the_plugin_was_away_and_keeps
     with registered_plugin(node, sink, "sweep-test", lock):  # a restart: the served fraction is left alone
         time.sleep(2)
         assert sink.unserved == [] and pods.state(served) == "CONTAINER_RUNNING"
+
+
+def test_containerd_fails_the_start_of_a_fraction_created_while_the_plugin_was_away(node: CriNode,
+                                                                                  tmp_path: Path) -> None:
+    """Created (not started) while no plugin was registered: the sweep has no process to stop, so the plugin refuses
+    its start, and containerd fails it; started after the plugin is back, a fraction it served runs."""
+    pods = Pods(node, tmp_path)
+    lock = tmp_path / "nri.lock"
+    lock.write_text(f"4242\n{time.time():.3f}\n")  # a plugin was registered here until now, then went away
+    sandbox, config = pods.configs("created-while-away", None)
+    away = pods.call("create", pods.call("runp", str(sandbox)), str(config), str(sandbox))
+    assert pods.state(away) == "CONTAINER_CREATED"
+    sink = RecordingSink()
+    with registered_plugin(node, sink, "start-test", lock):
+        started = pods.run("start", away)
+        assert started.returncode != 0 and "while the gpufrac NRI plugin was away" in started.stderr, started.stderr
+        assert pods.state(away) != "CONTAINER_RUNNING"
+        [found] = sink.unserved
+        assert found.container.id == away and "refused its start" in found.message
+        served = pods.fraction("created-through-the-plugin")
+        assert pods.state(served) == "CONTAINER_RUNNING"
 
 
 def test_a_fraction_of_another_uid_than_the_single_user_daemon_serves_is_refused_at_creation(

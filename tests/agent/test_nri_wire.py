@@ -112,7 +112,7 @@ def test_a_ttrpc_message_over_4_mib_is_refused_both_ways() -> None:
 
 def test_the_event_mask_is_the_api_protos_bits() -> None:
     assert event_mask([Event.CREATE_CONTAINER]) == 0x8  # containerd's own example: CreateContainer only
-    assert SUBSCRIBED == 0x8 | 0x200 | 0x400
+    assert SUBSCRIBED == 0x8 | 0x20 | 0x200 | 0x400  # create, start, stop, remove
 
 
 def test_an_injection_becomes_nris_adjustment() -> None:
@@ -136,6 +136,8 @@ class RecordingHandler:
         self.synced: list[SyncedContainer] = []
         self.created: list[tuple[PodInfo, ContainerInfo]] = []
         self.gone: list[str] = []
+        self.started: list[str] = []
+        self.refuse_start: dict[str, str] = {}  # container ID -> why its start is refused
 
     def configured(self, runtime: str, version: str, nri_version: str, request_timeout_ms: int) -> None:
         self.configured_with = (runtime, version, nri_version, request_timeout_ms)
@@ -148,6 +150,10 @@ class RecordingHandler:
         if isinstance(self.result, Exception):
             raise self.result
         return self.result
+
+    def start_container(self, pod: PodInfo, container: ContainerInfo) -> str | None:
+        self.started.append(container.id)
+        return self.refuse_start.get(container.id)
 
     def container_gone(self, container_id: str) -> None:
         self.gone.append(container_id)
@@ -253,6 +259,7 @@ def test_unsubscribed_methods_get_their_empty_answer_and_unknown_ones_unimplemen
     answer = runtime.call("RunPodSandbox", api_pb2.RunPodSandboxRequest(pod=pod))
     assert answer.status.code == 0 and answer.payload == b""
     assert runtime.call("StateChange", api_pb2.StateChangeEvent()).status.code == 0
+    assert handler.started == []  # a StateChange that is no start asks nothing
     unknown = runtime.call("Frobnicate", api_pb2.Empty())
     assert unknown.status.code == 12 and "Frobnicate" in unknown.status.message
     session.close()
@@ -275,3 +282,22 @@ def test_a_refused_registration_ends_the_session(tmp_path: Path) -> None:
         session.run()
     for s in (client, conn, server):
         s.close()
+
+
+def test_a_start_is_refused_with_the_handlers_reason_by_either_rpc(runtime: FakeRuntime) -> None:
+    """The runtime relays a container's start as StartContainer, or (an older one) as StateChange START_CONTAINER:
+    either way the handler's reason fails the start, and a start it allows gets an empty answer."""
+    handler = RecordingHandler(Injection(Outcome.UNTOUCHED))
+    handler.refuse_start["c-away"] = "created while the plugin was away"
+    session, thread, _ = _session(runtime, handler)
+    runtime.accept()
+    pod = pod_sandbox("p", "u1", {})
+    refused = runtime.start(pod, nri_container("c-away", "app", pod, {}))
+    assert (refused.status.code, refused.status.message) == (9, "created while the plugin was away")
+    assert runtime.start(pod, nri_container("c-ok", "app", pod, {})).status.code == 0
+    old_style = runtime.call("StateChange", api_pb2.StateChangeEvent(
+        event=Event.START_CONTAINER, pod=pod, container=nri_container("c-away", "app", pod, {})))
+    assert (old_style.status.code, old_style.status.message) == (9, "created while the plugin was away")
+    assert handler.started == ["c-away", "c-ok", "c-away"]
+    session.close()
+    thread.join(5)

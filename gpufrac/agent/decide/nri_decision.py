@@ -186,6 +186,7 @@ class RefusalReason(StrEnum):
     LEGACY_IMAGE = "GPULegacyCudaImage"  # creation_escapes: CUDA_VERSION without NVIDIA_VISIBLE_DEVICES
     MPS_USER_CONFLICT = "GPUMpsUserConflict"  # creation_escapes: a single-user MPS daemon serving another UID
     SERVED_THROUGH_DRA = "GPUServedThroughDra"  # front_door: one front door per GPU
+    DAEMON_LIMITS_NOT_SET = "GPUMpsLimitsNotSet"  # the sm-sharing daemon could not be told the fraction's limits
 
 
 @dataclass(frozen=True)
@@ -366,6 +367,14 @@ def _held_by_others(pod: PodInfo, container: ContainerInfo, mode: ComputeMode, g
                    f"{where} runs as UID {container.uid}, but this node's {mode} MPS daemon serves one user at a time "
                    f"and serves {held}: MPS would hold its CUDA calls until every client of that UID has exited; run "
                    "it as that UID (securityContext.runAsUser), or on another node")
+
+
+def daemon_limits_refusal(pod: PodInfo, container: ContainerInfo, why_not: str) -> Refusal:
+    """An sm-sharing fraction whose limits the MPS daemon did not take before its creation was answered."""
+    return Refusal(RefusalReason.DAEMON_LIMITS_NOT_SET,
+                   f"container {container.name} of pod {pod} is an sm-sharing GPU fraction, but the MPS daemon could "
+                   f"not be told its limits ({why_not}): without them a process that drops its env would have the "
+                   "whole GPU; the kubelet creates it again")
 
 
 def _not_bound(container: ContainerInfo, fraction: CanonicalFraction, where: str) -> Refusal | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,11 +36,23 @@ def send(binary: str, pipe_dir: Path, command: str, *, timeout: float = COMMAND_
     return answer
 
 
-def send_all(binary: str, pipe_dir: Path, commands: Sequence[str]) -> None:
+def _within(deadline: float | None, command: str, pipe_dir: Path) -> float:
+    """A command's timeout: COMMAND_TIMEOUT, or what is left before `deadline` (time.monotonic)."""
+    if deadline is None:
+        return COMMAND_TIMEOUT
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise MpsControlError(f"{command!r} to the MPS daemon in {pipe_dir}: no time left to send it")
+    return min(left, COMMAND_TIMEOUT)
+
+
+def send_all(binary: str, pipe_dir: Path, commands: Sequence[str], *, deadline: float | None = None) -> None:
     for command in commands:
-        send(binary, pipe_dir, command)
+        send(binary, pipe_dir, command, timeout=_within(deadline, command, pipe_dir))
 
 
-def server_pids(binary: str, pipe_dir: Path) -> list[int]:
+def server_pids(binary: str, pipe_dir: Path, *, deadline: float | None = None) -> list[int]:
     """The MPS servers the daemon runs (`get_server_list`: one PID a line)."""
-    return [int(line) for line in send(binary, pipe_dir, "get_server_list").split() if line.isdigit()]
+    command = "get_server_list"
+    return [int(line) for line in send(binary, pipe_dir, command, timeout=_within(deadline, command, pipe_dir)).split()
+            if line.isdigit()]

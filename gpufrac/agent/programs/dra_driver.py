@@ -36,6 +36,7 @@ from gpufrac.agent.decide.pods import placed_fractions
 from gpufrac.agent.edges.dra.files import DEFAULT_CDI_DIR, DEFAULT_STATE_FILE, ClaimSpecs, StateFile
 from gpufrac.agent.edges.dra.services import DeviceAnswer
 from gpufrac.agent.edges.nri.devices import DEFAULT_CDI_DIRS, CdiSpecs
+from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import FRONT_DOOR_LABEL, FrontDoor
 from gpufrac.kube.errors import ConflictError, KubeError
 
@@ -76,8 +77,11 @@ class DraDriver:
     """The kubelet's claims in, CDI specs and a state record out; one claim at a time (the record is one file)."""
 
     def __init__(self, node: Callable[[], DraNode | None], api: SliceApi, specs: ClaimSpecs, state: StateFile,
-                 driver_version: Callable[[], str] = lambda: "") -> None:
+                 driver_version: Callable[[], str] = lambda: "",
+                 hold: Callable[[], str | None] = lambda: None) -> None:
         self._node = node
+        # Tells the sm-sharing daemon the node's limits now (Agent.hold_now); why it could not
+        self._hold = hold
         self._api = api
         self._specs = specs
         self._state = state
@@ -98,9 +102,20 @@ class DraDriver:
     def prepare(self, claim: ClaimRef) -> tuple[DeviceAnswer, ...] | str:
         with self._lock:
             try:
-                return self._prepare(claim)
+                answers = self._prepare(claim)
             except (ClaimError, KubeError, OSError) as err:
                 return str(err)
+            prepared = self.prepared.get(claim.uid)
+        if isinstance(answers, str) or prepared is None or \
+                not any(d.mode == str(ComputeMode.SM_SHARING) for d in prepared.devices):
+            return answers
+        # Outside the lock (the agent reads the claims through it): the daemon holds the share's limits before its
+        # container's process connects, not from the loop's next pass; the kubelet retries a Prepare that failed.
+        why_not = self._hold()
+        if why_not is not None:
+            return (f"claim {claim} is prepared, but the sm-sharing MPS daemon did not take its limits ({why_not}); "
+                    "without them a process that drops its env would have the whole GPU")
+        return answers
 
     def _prepare(self, claim: ClaimRef) -> tuple[DeviceAnswer, ...] | str:
         node = self._node()
@@ -312,7 +327,8 @@ def dra_service(args: argparse.Namespace, agent: Agent, api_client: Any) -> DraS
     def driver_version() -> str:
         return agent.inventory.driver_version if agent.inventory is not None else ""
 
-    driver = DraDriver(node, kube, ClaimSpecs(args.dra_cdi_dir), StateFile(args.dra_state_file), driver_version)
+    driver = DraDriver(node, kube, ClaimSpecs(args.dra_cdi_dir), StateFile(args.dra_state_file), driver_version,
+                       hold=agent.hold_now)
     agent.claims = lambda: claim_tenants(driver.claims())  # held like annotated fractions
 
     def dra_gpus() -> dict[str, str]:

@@ -21,6 +21,7 @@ from gpufrac.agent.decide.model import (
     EvictionOutcome,
     Inventory,
     NodeCondition,
+    RunningContainer,
 )
 from gpufrac.agent.decide.mps_config import memory_problem
 from gpufrac.agent.decide.pods import placed_fractions
@@ -165,9 +166,24 @@ class Agent:
         if (self.daemon_limits is None or self.inventory is None or status is None or not status.up
                 or not self.pods.synced.is_set()):
             return None
-        self.daemon_limits.apply([*placed_fractions(self.pods.snapshot()), *self.claims().tenants],
-                                 self.inventory.gpus)
+        self.daemon_limits.apply(self._placed(), self.inventory.gpus)
         return self.daemon_limits.problem
+
+    def _placed(self) -> list[RunningContainer]:
+        return [*placed_fractions(self.pods.snapshot()), *self.claims().tenants]
+
+    def hold_now(self, created_pod: Mapping[str, Any] | None = None, within_s: float | None = None) -> str | None:
+        """Tell the sm-sharing daemon now, not at the next pass: before the NRI plugin answers the creation of
+        `created_pod`'s fraction, and after the DRA driver prepares an sm-sharing claim, so the daemon holds their
+        limits from their processes' first connection; within `within_s` seconds if given. Why it could not (the
+        caller then refuses, and the kubelet tries again), None when it holds them or there is no daemon side here."""
+        if self.daemon_limits is None or self.inventory is None:
+            return None  # no sm-sharing daemon on this node, or no GPUs read: the fraction is refused anyway
+        if not self.pods.synced.is_set():
+            return "the agent has not read the node's pods yet, so it cannot tell the daemon every fraction's limits"
+        created = placed_fractions([created_pod]) if created_pod is not None else []
+        self.daemon_limits.apply(self._placed(), self.inventory.gpus, created=created, within_s=within_s)
+        return self.daemon_limits.failure
 
     def _condition(self, enforced: Mapping[ComputeMode, Enforcement], statuses: Mapping[ComputeMode, DaemonStatus],
                    skew: str | None, daemon_side: str | None = None) -> NodeCondition:

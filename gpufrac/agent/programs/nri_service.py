@@ -13,7 +13,15 @@ from pathlib import Path
 
 from gpufrac.agent.decide.events import EventSink, refusal_event
 from gpufrac.agent.decide.mps_config import multi_user_modes
-from gpufrac.agent.decide.nri_decision import ContainerInfo, Injection, NodeFacts, Outcome, PodInfo, Refusal
+from gpufrac.agent.decide.nri_decision import (
+    ContainerInfo,
+    Injection,
+    NodeFacts,
+    Outcome,
+    PodInfo,
+    Refusal,
+    ServingContainer,
+)
 from gpufrac.agent.decide.nri_sweep import REASON, Unserved
 from gpufrac.agent.decide.runtime_support import DeliveryFacts
 from gpufrac.agent.edges.metrics import AgentMetrics
@@ -21,6 +29,7 @@ from gpufrac.agent.edges.nri.config import NriConfig
 from gpufrac.agent.edges.nri.devices import CdiSpecs, gpu_device_nodes
 from gpufrac.agent.edges.nri.plugin import NriPlugin, PluginState
 from gpufrac.agent.programs.node_loop import Agent
+from gpufrac.core.annotations import ComputeMode
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +49,7 @@ class NriService:
         self._queue: queue.Queue[dict[str, object] | None] = queue.Queue(EVENT_QUEUE)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.plugin = NriPlugin(config, self.facts, self)
+        self.plugin = NriPlugin(config, self.facts, self, hold=self.hold)
         for outcome in [*Outcome, SWEPT]:
             metrics.nri_containers.labels(outcome=str(outcome))
         self.state_changed(self.plugin.state)
@@ -53,6 +62,13 @@ class NriService:
         return NodeFacts(gpus, self._cdi.names(), gpu_device_nodes(gpus, self._dev_root), dict(self.agent.not_served),
                          delivery=DeliveryFacts(runtime) if runtime else None, dra_gpus=self.agent.dra_gpus(),
                          multi_user_modes=multi_user_modes(inventory))
+
+    def hold(self, pod: PodInfo, serving: ServingContainer, within_s: float) -> str | None:
+        """An sm-sharing fraction's limits told to the MPS daemon before its creation is answered (Agent.hold_now)."""
+        if serving.mode is not ComputeMode.SM_SHARING:
+            return None  # time-slicing: the toolkit's hook sets its cgroup limit as the container starts
+        metadata = {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid, "annotations": dict(pod.annotations)}
+        return self.agent.hold_now({"metadata": metadata}, within_s)
 
     # ---- the plugin's DecisionSink ----
 

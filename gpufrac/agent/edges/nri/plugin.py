@@ -36,6 +36,7 @@ from gpufrac.agent.decide.nri_decision import (
     Policy,
     Refusal,
     ServingContainer,
+    daemon_limits_refusal,
     decide,
     serving_container,
 )
@@ -82,10 +83,15 @@ class DecisionSink(Protocol):
 
 
 class NriPlugin:
-    def __init__(self, config: NriConfig, facts: Callable[[], NodeFacts], sink: DecisionSink) -> None:
+    def __init__(self, config: NriConfig, facts: Callable[[], NodeFacts], sink: DecisionSink,
+                 hold: Callable[[PodInfo, ServingContainer, float], str | None] = lambda *_: None) -> None:
         self.config = config
         self._facts = facts
         self._sink = sink
+        # Before a fraction's creation is answered: its limits set where its process cannot raise them (the MPS
+        # daemon's side), within the seconds given; why they could not be, and the creation is refused (None: they
+        # are, or need not be).
+        self._hold = hold
         self._policy = Policy(config.void_env_grants, config.trusted_namespaces)
         self._checkpoint = KubeletCheckpoint(config.device_checkpoint)  # read at each creation: allocated just before
         self._lock = threading.Lock()
@@ -97,6 +103,8 @@ class NriPlugin:
         self.sessions = 0  # registrations so far: one per connection
         self._request_timeout_s = 2.0  # the runtime's answer deadline, as Configure tells it
         self.present_until: float | None = None  # when this plugin (or the one before it here) was last registered
+        # As of the last Synchronize: since when the plugin was away, less the slack (nri_sweep); None: not known
+        self._away_since: float | None = None
 
     # ---- the Handler the wire session calls ----
 
@@ -120,7 +128,11 @@ class NriPlugin:
         log.info("NRI synchronized: %d containers, %d GPU fractions among them", len(containers), len(serving))
         away_since = None if self.present_until is None else \
             self.present_until - self._request_timeout_s - HEARTBEAT_S - 1.0
+        self._away_since = away_since
         for each in unserved([(s.pod, s.container) for s in containers if s.live], away_since):
+            if each.container.pid <= 0:
+                log.info("NRI: %s; it has not started: its start is refused", each.message)
+                continue  # start_container refuses it, with the Event
             why_not = self._stop(each.container)
             done = replace(each, message=each.message + (
                 "; so the plugin stopped it, and the kubelet creates it again through the plugin" if why_not is None
@@ -130,8 +142,6 @@ class NriPlugin:
 
     def _stop(self, container: ContainerInfo) -> str | None:
         """Kill the container's first process (its PID namespace goes with it); why not, or None when done."""
-        if container.pid <= 0:
-            return "the runtime told no process of it (created, not started)"
         try:
             if container.id not in container_ids_in_cgroup(read_cgroup(self.config.proc_root, container.pid)):
                 return f"process {container.pid} is no longer the container's"
@@ -146,9 +156,27 @@ class NriPlugin:
                             allocations=self._checkpoint.allocations())
             result = decide(pod, container, facts, self._policy)
             if isinstance(result, Injection) and result.serving is not None:
-                self._serving[container.id] = result.serving
+                # half the runtime's deadline: an answer later than it lets the container through unchanged
+                why_not = self._hold(pod, result.serving, self._request_timeout_s / 2)
+                if why_not is None:
+                    self._serving[container.id] = result.serving
+                else:
+                    result = daemon_limits_refusal(pod, container, why_not)
         self._sink.decided(pod, container, result)
         return result
+
+    def start_container(self, pod: PodInfo, container: ContainerInfo) -> str | None:
+        """A fraction created while the plugin was away and not started when it came back (the sweep had no process
+        to stop): its start is refused, and the kubelet creates it again, through the plugin. One the plugin served
+        carries its mark."""
+        found = unserved([(pod, container)], self._away_since)
+        if not found:
+            return None
+        refused = replace(found[0], message=found[0].message + "; so the plugin refused its start, and the kubelet "
+                          "creates it again through the plugin")
+        log.warning("NRI: %s", refused.message)
+        self._sink.swept(refused)
+        return refused.message
 
     def container_gone(self, container_id: str) -> None:
         with self._lock:

@@ -156,6 +156,7 @@ class Event(IntEnum):
     """api.proto's Event: a plugin subscribes to a set of them in ConfigureResponse (bit `1 << (event - 1)`)."""
 
     CREATE_CONTAINER = 4
+    START_CONTAINER = 6
     STOP_CONTAINER = 10
     REMOVE_CONTAINER = 11
 
@@ -167,7 +168,8 @@ def event_mask(events: Sequence[Event]) -> int:
     return mask
 
 
-SUBSCRIBED = event_mask((Event.CREATE_CONTAINER, Event.STOP_CONTAINER, Event.REMOVE_CONTAINER))
+SUBSCRIBED = event_mask((Event.CREATE_CONTAINER, Event.START_CONTAINER, Event.STOP_CONTAINER,
+                         Event.REMOVE_CONTAINER))
 LIVE_STATES = frozenset({api_pb2.CONTAINER_CREATED, api_pb2.CONTAINER_PAUSED, api_pb2.CONTAINER_RUNNING})
 
 
@@ -186,6 +188,10 @@ class Handler(Protocol):
     def synchronize(self, containers: Sequence[SyncedContainer]) -> None: ...
 
     def create_container(self, pod: PodInfo, container: ContainerInfo) -> Injection | Refusal: ...
+
+    def start_container(self, pod: PodInfo, container: ContainerInfo) -> str | None:
+        """Why the container must not start (the runtime then fails its start), None when it may."""
+        ...
 
     def container_gone(self, container_id: str) -> None: ...
 
@@ -248,6 +254,8 @@ class Session:
             "Configure": self._configure,
             "Synchronize": self._synchronize,
             "CreateContainer": self._create_container,
+            "StartContainer": self._start_container,
+            "StateChange": self._state_change,  # how an older runtime relays the start (and other events)
             "StopContainer": self._container_gone(api_pb2.StopContainerRequest, api_pb2.StopContainerResponse),
             "RemoveContainer": self._container_gone(api_pb2.RemoveContainerRequest, api_pb2.RemoveContainerResponse),
             "Shutdown": self._shutdown,
@@ -318,8 +326,6 @@ class Session:
         """Methods we did not subscribe to get the empty answer of their type, unknown ones Unimplemented."""
         if envelope.service == PLUGIN_SERVICE:
             answer = getattr(api_pb2, f"{envelope.method}Response", None)
-            if envelope.method == "StateChange":
-                answer = api_pb2.Empty
             if answer is not None:
                 return response(stream_id, answer().SerializeToString())
         return response(stream_id, code=Code.UNIMPLEMENTED,
@@ -348,6 +354,21 @@ class Session:
         if isinstance(result, Refusal):
             return b"", Code.FAILED_PRECONDITION, result.message
         return api_pb2.CreateContainerResponse(adjust=adjustment(result)).SerializeToString(), Code.OK, ""
+
+    def _start_container(self, payload: bytes) -> tuple[bytes, Code, str]:
+        req = api_pb2.StartContainerRequest.FromString(payload)
+        why_not = self._handler.start_container(pod_info(req.pod), container_info(req.container))
+        if why_not is not None:
+            return b"", Code.FAILED_PRECONDITION, why_not
+        return api_pb2.StartContainerResponse().SerializeToString(), Code.OK, ""
+
+    def _state_change(self, payload: bytes) -> tuple[bytes, Code, str]:
+        event = api_pb2.StateChangeEvent.FromString(payload)
+        if event.event == Event.START_CONTAINER:
+            why_not = self._handler.start_container(pod_info(event.pod), container_info(event.container))
+            if why_not is not None:
+                return b"", Code.FAILED_PRECONDITION, why_not
+        return api_pb2.Empty().SerializeToString(), Code.OK, ""
 
     def _container_gone(self, request_type: Any, response_type: Any) -> Callable[[bytes], tuple[bytes, Code, str]]:
         def handle(payload: bytes) -> tuple[bytes, Code, str]:
