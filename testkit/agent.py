@@ -184,7 +184,8 @@ def two_pod_node(tmp_path: Path, mps_binary: str, restart_policy: RestartPolicy)
     config = AgentConfig(node="gpu-node-1", mps_binary=mps_binary, mps_root=tmp_path / "mps",
                          mps_log_root=tmp_path / "log", mps_config_dir=tmp_path / "cfg", proc_root=proc.root,
                          memory_limit_file=tmp_path / "memory.max", interval=0.05,
-                         restart_policy=restart_policy, quit_timeout=5.0)
+                         restart_policy=restart_policy, quit_timeout=5.0,
+                         cgroup_controllers_file=tmp_path / "cgroup.controllers")
     return proc, kube, config
 
 

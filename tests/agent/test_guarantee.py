@@ -25,7 +25,7 @@ from gpufrac.agent.programs.guarantee import GuaranteeConfig, pod_facts
 from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.core.contract import MIB
 from gpufrac.kube.errors import KubeError
-from testkit.agent import UUID_A, UUID_B, FakeKube, canonical_annotations, cid, env_for, pod, value
+from testkit.agent import UUID_A, UUID_B, FakeKube, canonical_annotations, cid, env_for, pod, scrape, value
 from testkit.fakes.state import ProcRoot
 from testkit.pods import running_pod
 
@@ -43,7 +43,8 @@ def node(tmp_path: Path, fake_gpus, mps_binary, monkeypatch):
     kube = FakeKube()
     config = AgentConfig(node=NODE, mps_binary=mps_binary, mps_root=tmp_path / "mps", mps_log_root=tmp_path / "log",
                          mps_config_dir=tmp_path / "cfg", proc_root=proc.root,
-                         memory_limit_file=tmp_path / "memory.max", interval=0.05, quit_timeout=5.0)
+                         memory_limit_file=tmp_path / "memory.max", interval=0.05, quit_timeout=5.0,
+                         cgroup_controllers_file=tmp_path / "cgroup.controllers")
     agents: list[Agent] = []
     children: list[subprocess.Popen[bytes]] = []
 
@@ -274,6 +275,25 @@ def test_a_gangs_members_are_victims_like_any_pod_where_configured(node):
     agent = node.agent(replace(guarantee, reclaim=replace(guarantee.reclaim, evict_gang_members=True)))
     agent.tick()
     assert node.kube.evictions == [("team-a", "b")]
+
+
+def test_where_the_driver_holds_requests_as_soft_limits_the_agent_evicts_nothing_and_says_so(node, tmp_path):
+    """r615 with CUDA 13.4 and the cgroup v2 dmem controller: the driver takes back memory above a request, so the
+    agent's eviction would race it. The shortfall is still measured; the condition says who holds the requests."""
+    contended(node)
+    controllers = tmp_path / "cgroup.controllers"
+    controllers.write_text("cpuset cpu io memory hugetlb pids rdma misc dmem\n")
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    assert node.kube.evictions == [] and node.events("GPUMemoryGuaranteeShort") == []
+    shortfall = {dict(labels)["UUID"]: v for (name, labels), v in scrape(agent.metrics).items()
+                 if name == "gpufrac_gpu_memory_guarantee_shortfall_bytes"}
+    assert shortfall[UUID_A] == 5000 * MIB
+    assert "taken back by the driver" in node.kube.last_condition()["message"]
+    controllers.write_text("cpuset cpu io memory hugetlb pids rdma misc\n")  # no dmem: the agent's eviction
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "b")]
+    assert "taken back by the agent's eviction (reclaim.policy evict)" in node.kube.last_condition()["message"]
 
 
 def test_pod_facts():

@@ -124,6 +124,7 @@ def node_condition(
     runtime_problems: Sequence[tuple[str, str]] = (),
     daemon_side: str | None = None,
     front_door: str | None = None,
+    reclaim: str | None = None,
 ) -> NodeCondition:
     """The gpufrac.io/Ready condition: True when every enabled mode is enforced, or every one this driver can
     enforce (a pre-r615 driver: sm-sharing, not time-slicing, whose fractions the NRI plugin then refuses).
@@ -136,7 +137,8 @@ def node_condition(
     no CDI spec names: runtime_support.runtime_problems) make it False: fractions there get no working GPU.
     `daemon_side` (mps_limits.holds: what the sm-sharing daemon's own limits do not hold) is said on a True condition:
     each container's limits still hold through its client env and the agent's container total. So is `front_door`
-    (front_door.choose's problem: the node's front-door label cannot be followed, the default is).
+    (front_door.choose's problem: the node's front-door label cannot be followed, the default is), and `reclaim`
+    (soft_limits.reclaim_note: whether the driver or the agent takes back memory above a request).
     """
     if inventory is None:
         return _condition([(
@@ -167,6 +169,7 @@ def node_condition(
     notes += [skew] if skew else []
     notes += [daemon_side] if daemon_side else []
     notes += [front_door] if front_door else []
+    notes += [reclaim] if reclaim else []
     reason = (NRI_UNAVAILABLE if delivery_problem else DRIVER_WITHOUT_LIMITS if gap else
               "MpsVersionSkew" if skew else "FractionsEnforced")
     return NodeCondition(ConditionStatus.TRUE, reason, "; ".join([enforced_text, *notes]))

@@ -62,6 +62,15 @@ def read_memory_limit(path: Path) -> int | None:
     return None if value >= 1 << 62 else value  # cgroup v1 "unlimited" is a huge number
 
 
+def read_cgroup_controllers(path: Path) -> frozenset[str]:
+    """The controllers the agent container's cgroup may use (v2 `cgroup.controllers`); none where it cannot be read
+    (cgroup v1 has no such file)."""
+    try:
+        return frozenset(path.read_text().split())
+    except OSError:
+        return frozenset()
+
+
 MPS_PROGRAMS = frozenset({"nvidia-cuda-mps-control", "nvidia-cuda-mps-server"})
 
 

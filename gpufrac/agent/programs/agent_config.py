@@ -33,6 +33,8 @@ class AgentConfig:
     mps_config_dir: Path = _DAEMON.config_dir
     proc_root: Path = _DAEMON.proc_root
     memory_limit_file: Path = Path("/sys/fs/cgroup/memory.max")
+    # cgroup v2: whether the dmem controller (the driver's soft and hard memory limits) is there (decide.soft_limits)
+    cgroup_controllers_file: Path = Path("/sys/fs/cgroup/cgroup.controllers")
     interval: float = 10.0
     evict_on_violation: bool = False
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)

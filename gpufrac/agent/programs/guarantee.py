@@ -42,6 +42,7 @@ from gpufrac.agent.decide.reclaim import (
     Tenant,
     UsageReading,
 )
+from gpufrac.agent.decide.soft_limits import ReclaimBy
 from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.edges.procfs import read_cgroup, read_parent_pid, read_start_time
 from gpufrac.core.contract import mib_ceil
@@ -132,6 +133,7 @@ class Guarantee:
         clock: Callable[[], float] = time.monotonic,
         kill: Callable[[int, int], None] = os.kill,
         mps_daemons: Callable[[], Iterable[int]] = tuple,
+        reclaim_by: Callable[[], ReclaimBy] = lambda: ReclaimBy.AGENT,
     ) -> None:
         self._kube = kube
         self._gpus = gpus
@@ -142,6 +144,7 @@ class Guarantee:
         self._clock = clock
         self._kill = kill
         self._mps_daemons = mps_daemons  # the PIDs of the MPS control daemons the agent runs or supervises
+        self._reclaim_by = reclaim_by  # the driver where it holds requests as soft limits: then the agent evicts none
         self._episodes: dict[str, reclaim.Episode] = {}
         self._mps_context: dict[str, capacity.Remembered] = {}  # the most each GPU's MPS servers were seen holding
         self._killed: set[tuple[int, int]] = set()  # (pid, start time): a killed process NVML still lists
@@ -267,6 +270,9 @@ class Guarantee:
         """Decide (pure) on one reading and carry out; returns each GPU's shortfall, for the metric."""
         owed = [*owed_on_node(pods), *snapshot.claims.tenants]  # a claim is owed from Prepare on
         shares = self._shares(reading, snapshot, owed)
+        if self._reclaim_by() is ReclaimBy.DRIVER:
+            self._episodes = {}  # the driver takes memory above a request back: the agent only reports the shortfall
+            return {share.gpu_uuid: share.shortfall_bytes for share in shares}
         facts = self._with_gangs(pod_facts(pods) | self._claim_pod_facts(snapshot.claims.tenants), shares)
         plans, self._episodes = reclaim.decide(shares, facts, self._episodes, self._clock(), self.config.reclaim)
         for plan in plans:

@@ -62,6 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", type=_modes, default=",".join(_DEFAULTS.modes), metavar="MODE,…",
                         help=f"compute modes to serve, a comma list of {', '.join(ComputeMode)}")
     add_daemon_arguments(parser)
+    parser.add_argument("--cgroup-controllers-file", type=Path, default=_DEFAULTS.cgroup_controllers_file,
+                        metavar="PATH", help="the agent's cgroup v2 controllers: with dmem there (and r615+), the "
+                                             "driver takes back memory above a request and the agent evicts nothing "
+                                             "for it")
     parser.add_argument("--memory-limit-file", type=Path, default=_DEFAULTS.memory_limit_file, metavar="PATH",
                         help="the agent container's cgroup memory limit, checked against the MPS budget")
     parser.add_argument("--metrics-bind", default=DEFAULT_METRICS_BIND, metavar="HOST:PORT",
@@ -154,6 +158,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         mps_config_dir=args.mps_config_dir,
         proc_root=args.proc_root,
         memory_limit_file=args.memory_limit_file,
+        cgroup_controllers_file=args.cgroup_controllers_file,
         interval=args.interval,
         evict_on_violation=args.evict_on_violation,
         restart_policy=restart_policy(args),

@@ -25,10 +25,11 @@ from gpufrac.agent.decide.model import (
 )
 from gpufrac.agent.decide.mps_config import memory_problem
 from gpufrac.agent.decide.pods import placed_fractions
+from gpufrac.agent.decide.soft_limits import ReclaimBy, reclaim_by, reclaim_note
 from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.edges.node import NodePublisher, NodeSink
 from gpufrac.agent.edges.podwatch import PodCache, PodSource
-from gpufrac.agent.edges.procfs import read_memory_limit
+from gpufrac.agent.edges.procfs import read_cgroup_controllers, read_memory_limit
 from gpufrac.agent.programs.agent_config import AgentConfig
 from gpufrac.agent.programs.audit_pass import AuditKube, AuditPass, GpuSource
 from gpufrac.agent.programs.daemons import Daemon, MpsDaemons
@@ -68,8 +69,11 @@ class Agent:
         )
         self.publisher = NodePublisher(kube, config.node, extra_condition_types=config.extra_condition_types)
         self.daemons = MpsDaemons(config, kube, metrics, clock=clock, sleep=sleep)
+        # Who takes back memory above a request here (decide.soft_limits), as of the last tick
+        self.reclaim_by = ReclaimBy.AGENT
         guarantee = Guarantee(kube, gpus, metrics, config.node, config.proc_root, config.guarantee, clock=clock,
-                              mps_daemons=lambda: [s.pid for s in self.daemons.statuses().values() if s.pid])
+                              mps_daemons=lambda: [s.pid for s in self.daemons.statuses().values() if s.pid],
+                              reclaim_by=lambda: self.reclaim_by)
         self.audit = AuditPass(config, kube, gpus, metrics, self.pods, guarantee, lambda: self.claims())
         sm_pipe_dir = Path(mps_pipe_dir(str(config.mps_root), ComputeMode.SM_SHARING))
         self.daemon_limits = (DaemonSideLimits(config.mps_binary, sm_pipe_dir)
@@ -199,6 +203,7 @@ class Agent:
             runtime_problems=self.runtime_problems(),
             daemon_side=daemon_side,
             front_door=self.front_door_problem(),
+            reclaim=reclaim_note(self.reclaim_by, self.config.guarantee.reclaim.policy),
         )
 
     def _labels(self, enforced: dict[ComputeMode, Enforcement]) -> dict[str, str]:
@@ -216,6 +221,7 @@ class Agent:
             self.nvml_error = str(err)
             self.metrics.nvml_up.set(0)
             self.metrics.set_usage(())  # the last snapshot's usage is no longer known: no stale series
+        self.reclaim_by = reclaim_by(self.inventory, read_cgroup_controllers(self.config.cgroup_controllers_file))
 
     def daemon_statuses(self) -> dict[ComputeMode, DaemonStatus]:
         return self.daemons.statuses()
