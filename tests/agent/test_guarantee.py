@@ -16,6 +16,7 @@ from e2e.toolkit.wait import wait_until
 from gpufrac.agent.decide.claim_tenants import ClaimTenants, claim_tenants
 from gpufrac.agent.decide.dra_claims import ClaimPod, ClaimRef
 from gpufrac.agent.decide.dra_prepare import PreparedClaim, PreparedDevice
+from gpufrac.agent.decide.events import Owner
 from gpufrac.agent.decide.overlimit import OverLimitAction
 from gpufrac.agent.decide.reclaim import ReclaimPolicy, ReclaimSettings
 from gpufrac.agent.edges.metrics import AgentMetrics
@@ -170,9 +171,17 @@ def reclaiming(policy: ReclaimPolicy, grace: float = 0.0) -> GuaranteeConfig:
 
 def test_evict_reclaims_from_the_pod_above_its_request_with_events_on_both(node):
     contended(node)
+    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "b-5d9f", "uid": "u-rs-b", "controller": True}
+    node.kube.pods[1]["metadata"]["ownerReferences"] = [owner]
     agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
     agent.tick()
     assert node.kube.evictions == [("team-a", "b")]
+    [on_owner] = node.events("GPUMemoryReclaimedFromPod")  # its controller is told, beside the pod
+    assert on_owner["involvedObject"] == {"apiVersion": "apps/v1", "kind": "ReplicaSet", "namespace": "team-a",
+                                          "name": "b-5d9f", "uid": "u-rs-b"}
+    assert on_owner["message"].startswith(f"evicted its pod b on node {NODE} to reclaim GPU memory on {UUID_A} for "
+                                          "team-a/a (container app: 20000 MiB of its 30000 MiB request not yet used)")
+    assert on_owner["metadata"]["labels"] == {"gpufrac.io/reclaim": "owner"}
     [on_b] = node.events("GPUMemoryReclaimed")
     assert on_b["involvedObject"]["name"] == "b" and on_b["type"] == "Warning"
     assert "evicted this pod to reclaim GPU memory on " + UUID_A in on_b["message"]
@@ -304,6 +313,11 @@ def test_pod_facts():
     assert pod_facts([body])["u-p"].started == 1767312000.0
     body["status"]["startTime"] = "2026-01-03T00:00:00Z"
     assert pod_facts([body])["u-p"].started == 1767398400.0
+    assert pod_facts([body])["u-p"].owner is None  # a bare pod
+    body["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Node", "name": "n", "uid": "u-n"},  # an owner that does not control it
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "u-job", "controller": True}]
+    assert pod_facts([body])["u-p"].owner == Owner("batch/v1", "Job", "train", "u-job")
 
 
 # ---- usable capacity ----

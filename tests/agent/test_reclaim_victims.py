@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from gpufrac.agent.decide.audit import AttributedProcess
+from gpufrac.agent.decide.events import Owner
 from gpufrac.agent.decide.gangs import Gang, pod_group, read_gang, unknown_gang
 from gpufrac.agent.decide.model import GpuMemory, GpuProcess, RunningContainer
 from gpufrac.agent.decide.owed import owed_containers, owed_on_node
@@ -110,6 +111,8 @@ def test_pods_at_or_above_the_protected_priority_are_never_candidates():
     share = gpu([a, b, c], (b, 30000), (c, 30000))
     facts = {"u-b": PodFacts("b", 1000, 1.0), "u-c": PodFacts("c", 999, 2.0)}
     assert [x.pod for x in candidates(share, facts)] == ["c", "b"]
+    owned = {**facts, "u-c": PodFacts("c", 999, 2.0, owner=Owner("apps/v1", "ReplicaSet", "c-1", "u-rs"))}
+    assert [x.owner for x in candidates(share, owned)] == [Owner("apps/v1", "ReplicaSet", "c-1", "u-rs"), None]
     protect = ReclaimSettings(ReclaimPolicy.EVICT, protected_priority=1000)
     assert [x.pod for x in candidates(share, facts, protect)] == ["c"]
     assert [x.pod for x in candidates(share, facts, ReclaimSettings(protected_priority=-5))] == []

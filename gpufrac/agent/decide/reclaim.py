@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from gpufrac.agent.decide.audit import AttributedProcess, device_assigned
+from gpufrac.agent.decide.events import Owner
 from gpufrac.agent.decide.gangs import Gang
 from gpufrac.agent.decide.model import GpuInfo, GpuMemory, GpuProcess, RunningContainer
 from gpufrac.core.contract import MIB
@@ -66,6 +67,7 @@ class PodFacts:
     terminating: bool = False  # deleted already (an eviction under way): its memory is being freed
     pod_group: str = ""  # the KAI PodGroup it names (gangs.pod_group)
     gang: Gang | None = None  # that PodGroup as read (None: none, or not read: no gang)
+    owner: Owner | None = None  # its controller, told when the pod is evicted (None: a bare pod)
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class Candidate:
     used_bytes: int
     above_request_bytes: int
     terminating: bool = False  # going already: counted as freeing its memory, never evicted again
+    owner: Owner | None = None  # its controller (PodFacts.owner)
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,7 @@ def candidates(share: GpuShare, pods: Mapping[str, PodFacts],
         if extra <= 0 or uid in owed or _protected(facts, settings):
             continue
         found.append(Candidate(names[uid][0], names[uid][1], uid, facts.priority, facts.started, used[uid], extra,
-                               facts.terminating))
+                               facts.terminating, facts.owner))
     ordered = sorted(found, key=lambda c: (c.priority, -c.started, c.namespace, c.pod))
     return tuple(ordered if settings.evict_gang_members else _within_gangs(ordered, pods))
 

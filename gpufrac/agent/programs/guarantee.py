@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from gpufrac.agent.decide import capacity, reclaim
 from gpufrac.agent.decide.audit import Findings, Snapshot, attribute
 from gpufrac.agent.decide.errors import NvmlError, ProcReadError
-from gpufrac.agent.decide.events import EventSink, pod_event
+from gpufrac.agent.decide.events import EventSink, controller_of, owner_event, pod_event
 from gpufrac.agent.decide.gangs import Gang, pod_group, read_gang, unknown_gang
 from gpufrac.agent.decide.model import (
     EnforcementViolation,
@@ -101,6 +101,7 @@ def pod_facts(pods: Iterable[Mapping[str, Any]]) -> dict[str, PodFacts]:
             started or 0.0,
             terminating=bool(metadata.get("deletionTimestamp")),
             pod_group=pod_group(metadata.get("annotations") or {}),
+            owner=controller_of(metadata),
         )
     return facts
 
@@ -397,6 +398,8 @@ class Guarantee:
         self._metrics.reclaims.labels(outcome="evicted").inc()
         self._metrics.reclaimed_bytes.inc(candidate.used_bytes)
         self._candidate_event(candidate, plan, "GPUMemoryReclaimed", "evicted", "evicted this pod")
+        if candidate.owner is not None:
+            self._owner_event(candidate, plan)
         self._tell_owed(
             plan, "GPUMemoryReclaimedFor",
             lambda t: f"evicted {candidate.namespace}/{candidate.pod} ({_mib(candidate.used_bytes)} on "
@@ -405,6 +408,22 @@ class Guarantee:
             "free",
             event_type="Normal", labels={RECLAIM_LABEL: "reclaimed-for"},
         )
+
+    def _owner_event(self, candidate: Candidate, plan: ReclaimPlan) -> None:
+        """Its controller hears it too: what it replaces the pod with may be placed on the same GPU again."""
+        owner = candidate.owner
+        assert owner is not None
+        message = (f"evicted its pod {candidate.pod} on node {self._node} to reclaim GPU memory on {plan.gpu_uuid} "
+                   f"for {_owed_text(plan.owed)}: it used {_mib(candidate.used_bytes)} there, "
+                   f"{_mib(candidate.above_request_bytes)} above its requests. A replacement that grows above its "
+                   "request the same way is evicted again while that GPU's requests do not fit")
+        try:
+            self._kube.create_event(candidate.namespace, owner_event(
+                self._node, candidate.namespace, owner, "GPUMemoryReclaimedFromPod", message,
+                labels={RECLAIM_LABEL: "owner"}))
+        except Exception as err:  # an Event is worth a warning, not a failed pass
+            log.warning("recording GPUMemoryReclaimedFromPod on %s %s/%s: %s", owner.kind, candidate.namespace,
+                        owner.name, err)
 
     def _candidate_event(self, candidate: Candidate, plan: ReclaimPlan, reason: str, label: str, what: str,
                          after: str = "") -> None:
