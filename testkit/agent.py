@@ -4,7 +4,7 @@ hand out (the GPU fakes live in testkit/fakes)."""
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -119,11 +119,21 @@ class FakeKube:
         self.create_event_calls = 0
         self.evictions: list[tuple[str, str]] = []
         self.blocked: set[str] = set()  # pod names a PodDisruptionBudget protects: their evictions get 429
+        self.label_patches: list[dict[str, str | None]] = []  # each patch of the node's labels, in order
+        self.evicted_after_patch: list[int] = []  # per eviction: the index of the last label patch before it
         # KAI's PodGroups by (namespace, name); an exception is what reading that one raises
         self.pod_groups: dict[tuple[str, str], dict[str, Any] | Exception] = {}
 
-    def patch_node_labels(self, node: str, labels: dict[str, str]) -> None:
-        self.labels.update(labels)
+    def patch_node_labels(self, node: str, labels: Mapping[str, str | None]) -> None:
+        self.label_patches.append(dict(labels))
+        for key, label in labels.items():
+            if label is None:
+                self.labels.pop(key, None)
+            else:
+                self.labels[key] = label
+
+    def node_labels(self, node: str) -> dict[str, str]:
+        return dict(self.labels)
 
     def patch_node_condition(self, node: str, condition: dict[str, Any]) -> None:
         self.conditions.append(condition)
@@ -147,6 +157,7 @@ class FakeKube:
         if name in self.blocked:
             return EvictionOutcome.BLOCKED, "Cannot evict pod as it would violate the pod's disruption budget."
         self.evictions.append((namespace, name))
+        self.evicted_after_patch.append(len(self.label_patches) - 1)
         return EvictionOutcome.EVICTED, ""
 
     def list_pods(self, node: str) -> tuple[list[dict[str, Any]], str]:

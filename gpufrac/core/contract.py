@@ -19,6 +19,7 @@ Pure: no I/O besides logging. See docs/architecture.md, "The contract".
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import posixpath
@@ -143,6 +144,18 @@ class FrontDoor(StrEnum):
 
 def enforcement_label(mode: ComputeMode) -> str:
     return f"{ENFORCEMENT_LABEL_PREFIX}{mode}"
+
+
+# After reclaim evicts a pod with a controller, the agent labels its node with this key (value: when the back-off
+# ends, epoch seconds) for the back-off, and the webhook gives every fractional pod of that controller a node
+# affinity the label's presence fails: its replacement is not placed on that node again meanwhile, by any scheduler.
+RECLAIM_BACKOFF_PREFIX = "gpufrac.io/reclaimed."
+
+
+def reclaim_backoff_label(owner_uid: str) -> str:
+    """The node label that keeps a controller's pods off a node where one of them was reclaimed (63-character name
+    part: a digest of the controller's UID)."""
+    return RECLAIM_BACKOFF_PREFIX + hashlib.sha256(owner_uid.encode()).hexdigest()[:16]
 
 
 # ---- the injected env ----

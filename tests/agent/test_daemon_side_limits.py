@@ -13,7 +13,7 @@ from gpufrac.agent.decide import mps_limits
 from gpufrac.agent.decide.claim_tenants import ClaimTenants
 from gpufrac.agent.decide.model import RunningContainer
 from gpufrac.agent.decide.mps_config import daemon_spec
-from gpufrac.agent.edges.mps_control import send
+from gpufrac.agent.edges.mps_control import MpsControlError, send
 from gpufrac.agent.edges.supervisor import MpsSupervisor, RestartPolicy
 from gpufrac.agent.programs.mps_limits import CREATED_TTL_S, DaemonSideLimits
 from gpufrac.core.annotations import ComputeMode
@@ -127,8 +127,14 @@ def test_a_restarted_daemon_is_told_again(daemon: MpsSupervisor) -> None:
     wait_until(lambda: daemon.status().restarts >= 1, timeout=10, what="the fake daemon to crash")
     crash.unlink()
     wait_until(lambda: daemon.status().up and daemon.pid != first, timeout=10, what="the restarted daemon")
-    assert send(daemon.spec.argv[0], daemon.spec.pipe_dir,
-                f"get_default_device_pinned_mem_limit {UUID_A}") == "0"  # a new daemon forgot the defaults
+
+    def default_limit() -> str | None:
+        try:
+            return send(daemon.spec.argv[0], daemon.spec.pipe_dir, f"get_default_device_pinned_mem_limit {UUID_A}")
+        except MpsControlError:
+            return None  # a daemon started while the crash flag was still there crashed again: asked once more
+
+    assert wait_until(default_limit, timeout=10, what="the restarted daemon's answer") == "0"  # it forgot them
     limits.apply([sm("a", 4096)], GPUS)
     assert connect(daemon.spec.pipe_dir, UUID_A, env={PINNED: f"{UUID_A}=81920M"}).pinned_mib == 4096
 

@@ -24,7 +24,7 @@ from gpufrac.agent.edges.nvml import NvmlSource
 from gpufrac.agent.programs.agent_config import AgentConfig
 from gpufrac.agent.programs.guarantee import GuaranteeConfig, pod_facts
 from gpufrac.agent.programs.node_loop import Agent
-from gpufrac.core.contract import MIB
+from gpufrac.core.contract import MIB, reclaim_backoff_label
 from gpufrac.kube.errors import KubeError
 from testkit.agent import UUID_A, UUID_B, FakeKube, canonical_annotations, cid, env_for, pod, scrape, value
 from testkit.fakes.state import ProcRoot
@@ -53,8 +53,8 @@ def node(tmp_path: Path, fake_gpus, mps_binary, monkeypatch):
         def __init__(self) -> None:
             self.gpus, self.kube, self.proc = fake_gpus, kube, proc
 
-        def agent(self, guarantee: GuaranteeConfig) -> Agent:
-            agent = Agent(replace(config, guarantee=guarantee), kube, NvmlSource(), AgentMetrics(node=NODE))
+        def agent(self, guarantee: GuaranteeConfig, **options: Any) -> Agent:
+            agent = Agent(replace(config, guarantee=guarantee), kube, NvmlSource(), AgentMetrics(node=NODE), **options)
             agent.start()
             agent.pods.synced.wait(10)
             agents.append(agent)
@@ -208,6 +208,41 @@ def test_evict_reclaims_from_the_pod_above_its_request_with_events_on_both(node)
     assert node.kube.evictions == [("team-a", "b")]
 
 
+def test_an_evicted_pods_controller_is_kept_off_the_node_for_the_back_off(node):
+    """Reclaim evicts B, a ReplicaSet's pod: the node gets that ReplicaSet's back-off label, its value the back-off's
+    end, which the webhook's node affinity for the ReplicaSet's pods fails on; once it ends the label goes. An
+    agent started later keeps the back-offs it finds on the node and removes those that ended."""
+    contended(node)
+    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "b-5d9f", "uid": "u-rs-b", "controller": True}
+    node.kube.pods[1]["metadata"]["ownerReferences"] = [owner]
+    now = [1_800_000_000.0]
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT), wall_clock=lambda: now[0])
+    patches = len(node.kube.label_patches)
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "b")]
+    label = reclaim_backoff_label("u-rs-b")
+    assert node.kube.labels[label] == "1800000600"  # reclaim.backoffSeconds: 600
+    # on the node before the eviction: the ReplicaSet creates the replacement at once
+    assert label in node.kube.label_patches[node.kube.evicted_after_patch[0]]
+    assert len(node.kube.label_patches) > patches
+    [on_owner] = node.events("GPUMemoryReclaimedFromPod")
+    assert f"its fractional pods are kept off node {NODE} until 2027-01-15T08:10:00Z" in on_owner["message"]
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000}])  # B is gone
+    node.kube.pods.pop()
+    agent.pods.relist()
+    now[0] += 599
+    agent.tick()
+    assert label in node.kube.labels
+    now[0] += 2
+    agent.tick()
+    assert label not in node.kube.labels
+    ended, running = reclaim_backoff_label("u-old"), reclaim_backoff_label("u-new")
+    node.kube.labels.update({ended: str(int(now[0]) - 1), running: str(int(now[0]) + 60), "zone": "a"})
+    later = node.agent(reclaiming(ReclaimPolicy.EVICT), wall_clock=lambda: now[0])
+    later.tick()
+    assert running in node.kube.labels and ended not in node.kube.labels and node.kube.labels["zone"] == "a"
+
+
 def test_off_only_says_what_would_have_been_reclaimed(node):
     contended(node)
     agent = node.agent(reclaiming(ReclaimPolicy.OFF))
@@ -223,10 +258,15 @@ def test_off_only_says_what_would_have_been_reclaimed(node):
 
 def test_a_blocking_disruption_budget_is_honoured_and_retried(node):
     contended(node)
+    node.kube.pods[1]["metadata"]["ownerReferences"] = [
+        {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "b", "uid": "u-sts-b", "controller": True}]
     node.kube.blocked.add("b")
     agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
     agent.tick()
     assert node.kube.evictions == []
+    backoff = reclaim_backoff_label("u-sts-b")
+    assert backoff not in node.kube.labels  # put on before the eviction, taken off when it was refused
+    assert any(backoff in patch for patch in node.kube.label_patches)
     [blocked] = node.events("GPUReclaimBlocked")
     assert blocked["involvedObject"]["name"] == "b"
     assert "would violate the pod's disruption budget" in blocked["message"]
@@ -235,7 +275,7 @@ def test_a_blocking_disruption_budget_is_honoured_and_retried(node):
     assert value(agent.metrics, "gpufrac_reclaims_total", outcome="blocked") == 1
     node.kube.blocked.clear()  # the budget allows a disruption again
     agent.tick()
-    assert node.kube.evictions == [("team-a", "b")]
+    assert node.kube.evictions == [("team-a", "b")] and backoff in node.kube.labels
 
 
 def test_a_higher_priority_pod_is_reclaimed_after_a_lower_one(node):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import jsonpatch
 import kubernetes_validate
 import pytest
 
-from gpufrac.core.contract import Delivery
+from gpufrac.core.contract import Delivery, reclaim_backoff_label
 from gpufrac.webhook.decide import admission
 from gpufrac.webhook.decide.policy import Policy
 from testkit.admission import BINDER, POLICY
@@ -185,6 +187,33 @@ def test_required_node_affinity_is_added_to_every_term():
     wanted = {"key": "gpufrac.io/enforcement.sm-sharing", "operator": "In", "values": ["driver", "mps"]}
     assert all(wanted in term["matchExpressions"] for term in terms)
     assert admission.mutate(review(final), Policy(require_enforcing_node=True)).patch == []
+
+
+def test_a_controllers_fractional_pod_is_kept_off_the_nodes_where_reclaim_evicted_one_of_its_pods():
+    """The agent labels a node gpufrac.io/reclaimed.<digest of the controller's UID> for the back-off; a fractional
+    pod of that controller gets a node affinity that label fails, in every term. A bare pod, a pod whose only owner
+    does not control it, and a plain pod get none."""
+    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "infer-7c9", "uid": "u-rs-1", "controller": True}
+    obj = pod(INFERENCE)
+    obj["metadata"]["ownerReferences"] = [owner]
+    obj["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                              {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}
+    final, _ = mutated(obj)
+    terms = final["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    wanted = {"key": reclaim_backoff_label("u-rs-1"), "operator": "DoesNotExist"}
+    assert wanted["key"] == "gpufrac.io/reclaimed." + hashlib.sha256(b"u-rs-1").hexdigest()[:16]
+    assert all(wanted in term["matchExpressions"] for term in terms) and len(terms) == 2
+    assert admission.mutate(review(final), POLICY).patch == []  # once is enough
+    bare = mutated(pod(INFERENCE))[0]
+    assert "affinity" not in bare["spec"]
+    not_controlling = pod(INFERENCE)
+    not_controlling["metadata"]["ownerReferences"] = [{**owner, "controller": False}]
+    assert "affinity" not in mutated(not_controlling)[0]["spec"]
+    plain = pod({})
+    plain["metadata"]["ownerReferences"] = [owner]
+    assert "affinity" not in mutated(plain)[0]["spec"]
 
 
 def test_mps_directories_are_configurable():

@@ -47,6 +47,7 @@ class ReclaimSettings:
     hysteresis_bytes: int = 256 * MIB
     protected_priority: int | None = None  # pods at or above this priority are never evicted
     evict_gang_members: bool = False  # True: a gang's members are candidates like any pod, its minimum or not
+    backoff_seconds: float = 600.0  # an evicted pod's controller is kept off the node this long (0: not at all)
 
 
 @dataclass(frozen=True)

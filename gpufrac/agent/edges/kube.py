@@ -44,7 +44,14 @@ class KubeClient:
 
     # ---- node ----
 
-    def patch_node_labels(self, node: str, labels: dict[str, str]) -> None:
+    def node_labels(self, node: str) -> dict[str, str]:
+        """The node's labels, read once (the back-offs an earlier agent left on it)."""
+        with translated(f"reading node {node}"):
+            resp = self.core.read_node(node, _preload_content=False)
+        labels: dict[str, str] = (json.loads(resp.data).get("metadata") or {}).get("labels") or {}
+        return labels
+
+    def patch_node_labels(self, node: str, labels: Mapping[str, str | None]) -> None:
         with translated(f"labelling node {node}"):
             self.core.patch_node(
                 node, {"metadata": {"labels": labels}}, field_manager=FIELD_MANAGER, _content_type=STRATEGIC

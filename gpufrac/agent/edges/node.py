@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from gpufrac.agent.decide.capabilities import CONDITION_TYPE
@@ -20,7 +20,9 @@ log = logging.getLogger(__name__)
 
 
 class NodeSink(Protocol):
-    def patch_node_labels(self, node: str, labels: dict[str, str]) -> None: ...
+    def patch_node_labels(self, node: str, labels: Mapping[str, str | None]) -> None:
+        """None removes the label."""
+        ...
 
     def patch_node_condition(self, node: str, condition: dict[str, Any]) -> None: ...
 
@@ -49,8 +51,10 @@ class NodePublisher:
         heartbeat: float = 300.0,
         now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
         extra_condition_types: tuple[str, ...] = (),
+        removable: Callable[[str], bool] = lambda key: False,
     ) -> None:
         self._sink = sink
+        self._removable = removable  # the labels it takes off the node once it no longer publishes them
         self.condition_types = (CONDITION_TYPE, *(t for t in extra_condition_types if t != CONDITION_TYPE))
         self._node = node
         self._heartbeat = heartbeat
@@ -59,12 +63,13 @@ class NodePublisher:
         self._condition: NodeCondition | None = None
         self._condition_at: dt.datetime | None = None
 
+    def adopt(self, labels: Mapping[str, str]) -> None:
+        """Labels an earlier agent published on the node (read from it): removed unless published again."""
+        self._labels = {**{k: v for k, v in labels.items() if self._removable(k)}, **(self._labels or {})}
+
     def publish(self, labels: dict[str, str], condition: NodeCondition) -> None:
         """Raises KubeError; what failed is retried on the next call."""
-        if labels != self._labels:
-            self._sink.patch_node_labels(self._node, labels)
-            log.info("node %s labels: %s", self._node, labels)
-            self._labels = dict(labels)
+        self._publish_labels(labels)
         now = self._now()
         due = self._condition_at is None or (now - self._condition_at).total_seconds() >= self._heartbeat
         if condition != self._condition or due:
@@ -84,6 +89,25 @@ class NodePublisher:
                 )
             self._condition = condition
             self._condition_at = now
+
+    def _publish_labels(self, labels: dict[str, str]) -> None:
+        """A label published before (or adopted) and not now is removed where it is `removable`; others stay as last
+        published."""
+        if labels != self._labels:
+            gone: dict[str, str | None] = {key: None for key in self._labels or {}
+                                           if key not in labels and self._removable(key)}
+            self._sink.patch_node_labels(self._node, {**labels, **gone})
+            log.info("node %s labels: %s", self._node, labels)
+            self._labels = dict(labels)
+
+    def try_publish_labels(self, labels: dict[str, str]) -> bool:
+        """The labels alone, now (between two ticks)."""
+        try:
+            self._publish_labels(labels)
+        except KubeError as err:
+            log.warning("labelling node %s: %s", self._node, err)
+            return False
+        return True
 
     def try_publish(self, labels: dict[str, str], condition: NodeCondition) -> bool:
         try:

@@ -45,7 +45,8 @@ from gpufrac.agent.decide.reclaim import (
 from gpufrac.agent.decide.soft_limits import ReclaimBy
 from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.edges.procfs import read_cgroup, read_parent_pid, read_start_time
-from gpufrac.core.contract import mib_ceil
+from gpufrac.agent.programs.backoffs import Backoffs
+from gpufrac.core.contract import mib_ceil, reclaim_backoff_label
 from gpufrac.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,8 @@ class Guarantee:
         kill: Callable[[int, int], None] = os.kill,
         mps_daemons: Callable[[], Iterable[int]] = tuple,
         reclaim_by: Callable[[], ReclaimBy] = lambda: ReclaimBy.AGENT,
+        wall_clock: Callable[[], float] = time.time,
+        hold_off: Callable[[], None] = lambda: None,
     ) -> None:
         self._kube = kube
         self._gpus = gpus
@@ -152,6 +155,7 @@ class Guarantee:
         self._evicted: set[str] = set()  # pod UIDs evicted for their total
         self._claim_pods: dict[str, PodFacts | None] = {}  # by UID: the pods claims are for (None: not there)
         self.labels: dict[str, str] = {}  # the usable-memory labels, published with the agent's others
+        self.backoffs = Backoffs(config.reclaim.backoff_seconds, wall_clock, hold_off)
 
     # ---- one pass ----
 
@@ -374,7 +378,7 @@ class Guarantee:
         blocked: list[str] = []
         current: ReclaimPlan | None = plan
         while current is not None and (victim := reclaim.next_victim(current, refused, going)) is not None:
-            outcome, said = self._evict(victim.namespace, victim.pod)
+            outcome, said = self.backoffs.evict(victim.owner, lambda: self._evict(victim.namespace, victim.pod))
             if outcome is None:
                 self._metrics.reclaims.labels(outcome="failed").inc()
                 refused.add(victim.pod_uid)
@@ -398,8 +402,6 @@ class Guarantee:
         self._metrics.reclaims.labels(outcome="evicted").inc()
         self._metrics.reclaimed_bytes.inc(candidate.used_bytes)
         self._candidate_event(candidate, plan, "GPUMemoryReclaimed", "evicted", "evicted this pod")
-        if candidate.owner is not None:
-            self._owner_event(candidate, plan)
         self._tell_owed(
             plan, "GPUMemoryReclaimedFor",
             lambda t: f"evicted {candidate.namespace}/{candidate.pod} ({_mib(candidate.used_bytes)} on "
@@ -408,15 +410,20 @@ class Guarantee:
             "free",
             event_type="Normal", labels={RECLAIM_LABEL: "reclaimed-for"},
         )
+        if candidate.owner is not None:
+            self._owner_event(candidate, plan, self.backoffs.until(candidate.owner))
 
-    def _owner_event(self, candidate: Candidate, plan: ReclaimPlan) -> None:
-        """Its controller hears it too: what it replaces the pod with may be placed on the same GPU again."""
+    def _owner_event(self, candidate: Candidate, plan: ReclaimPlan, until: float | None) -> None:
+        """Its controller hears it too, and for how long its pods are kept off this node."""
         owner = candidate.owner
         assert owner is not None
+        after = (f"its fractional pods are kept off node {self._node} until "
+                 f"{dt.datetime.fromtimestamp(until, dt.UTC):%Y-%m-%dT%H:%M:%SZ} (reclaim.backoffSeconds; node label "
+                 f"{reclaim_backoff_label(owner.uid)})" if until is not None else
+                 "a replacement may be placed on the same GPU again (reclaim.backoffSeconds is 0)")
         message = (f"evicted its pod {candidate.pod} on node {self._node} to reclaim GPU memory on {plan.gpu_uuid} "
                    f"for {_owed_text(plan.owed)}: it used {_mib(candidate.used_bytes)} there, "
-                   f"{_mib(candidate.above_request_bytes)} above its requests. A replacement that grows above its "
-                   "request the same way is evicted again while that GPU's requests do not fit")
+                   f"{_mib(candidate.above_request_bytes)} above its requests; {after}")
         try:
             self._kube.create_event(candidate.namespace, owner_event(
                 self._node, candidate.namespace, owner, "GPUMemoryReclaimedFromPod", message,

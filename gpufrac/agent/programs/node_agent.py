@@ -92,6 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reclaim-protected-priority", type=int, default=_RECLAIM.protected_priority,
                         metavar="PRIORITY", help="pods whose spec.priority is at least this are never evicted by "
                                                  "reclaim (default: none protected)")
+    parser.add_argument("--reclaim-backoff", type=float, default=_RECLAIM.backoff_seconds, metavar="SECONDS",
+                        help="after reclaim evicts a pod with a controller, keep that controller's fractional pods off "
+                             "this node this long (a node label their node affinity fails on; 0: not at all)")
     parser.add_argument("--reclaim-evict-gang-members", action=argparse.BooleanOptionalAction,
                         default=_RECLAIM.evict_gang_members,
                         help="evict members of a KAI gang (PodGroup) like any pod, even below its minMember (default: "
@@ -169,7 +172,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         guarantee=GuaranteeConfig(
             args.over_limit_action,
             ReclaimSettings(args.reclaim_policy, args.reclaim_grace_period, args.reclaim_hysteresis_mib * MIB,
-                            args.reclaim_protected_priority, args.reclaim_evict_gang_members),
+                            args.reclaim_protected_priority, args.reclaim_evict_gang_members,
+                            args.reclaim_backoff),
         ),
         image=args.image,
     )

@@ -37,13 +37,16 @@ from gpufrac.agent.programs.guarantee import Guarantee
 from gpufrac.agent.programs.mps_limits import DaemonSideLimits
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.buildinfo import build
-from gpufrac.core.contract import Enforcement, mps_pipe_dir, mps_shm_dir
+from gpufrac.core.contract import RECLAIM_BACKOFF_PREFIX, Enforcement, mps_pipe_dir, mps_shm_dir
+from gpufrac.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
 
 
 class KubeSink(NodeSink, AuditKube, PodSource, Protocol):
     def request_eviction(self, namespace: str, name: str) -> tuple[EvictionOutcome, str]: ...
+
+    def node_labels(self, node: str) -> dict[str, str]: ...
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
@@ -58,6 +61,7 @@ class Agent:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.kube = kube
@@ -67,18 +71,22 @@ class Agent:
         self.pods = PodCache(
             kube, config.node, watch_timeout=config.watch_timeout, on_reconnect=metrics.watch_reconnects.inc
         )
-        self.publisher = NodePublisher(kube, config.node, extra_condition_types=config.extra_condition_types)
+        self.publisher = NodePublisher(kube, config.node, extra_condition_types=config.extra_condition_types,
+                                       removable=lambda key: key.startswith(RECLAIM_BACKOFF_PREFIX))
+        self._backoffs_adopted = False  # the back-off labels an earlier agent left on the node, read once
         self.daemons = MpsDaemons(config, kube, metrics, clock=clock, sleep=sleep)
         # Who takes back memory above a request here (decide.soft_limits), as of the last tick
         self.reclaim_by = ReclaimBy.AGENT
         guarantee = Guarantee(kube, gpus, metrics, config.node, config.proc_root, config.guarantee, clock=clock,
                               mps_daemons=lambda: [s.pid for s in self.daemons.statuses().values() if s.pid],
-                              reclaim_by=lambda: self.reclaim_by)
+                              reclaim_by=lambda: self.reclaim_by, wall_clock=wall_clock,
+                              hold_off=self._publish_backoffs)
         self.audit = AuditPass(config, kube, gpus, metrics, self.pods, guarantee, lambda: self.claims())
         sm_pipe_dir = Path(mps_pipe_dir(str(config.mps_root), ComputeMode.SM_SHARING))
         self.daemon_limits = (DaemonSideLimits(config.mps_binary, sm_pipe_dir)
                               if ComputeMode.SM_SHARING in config.modes else None)
         self.inventory: Inventory | None = None
+        self._enforced: dict[ComputeMode, Enforcement] = {}  # as of the last tick: its labels, published again
         self.nvml_error: str | None = None
         self._last_tick: float | None = None
         self._started = self._clock()
@@ -139,13 +147,14 @@ class Agent:
             self.daemons.ensure(self.inventory)
         self.daemons.report()
         statuses = self.daemon_statuses()  # one reading: a daemon may come up between two
-        enforced = self._enforcement(statuses)
+        enforced = self._enforced = self._enforcement(statuses)
         own_build = build(self.config.image)
         skew = capabilities.version_skew(own_build, statuses)
         self._report_enforcement(enforced, statuses, skew)
         self.not_served = self._not_served(enforced, statuses)
         skew_message = capabilities.skew_message(own_build, skew) if skew else None
         daemon_side = self._hold_daemon_side(statuses)
+        self._adopt_backoffs()
         self.publisher.try_publish(self._labels(enforced),
                                    self._condition(enforced, statuses, skew_message, daemon_side))
         if self.inventory is not None and self.pods.synced.is_set():
@@ -207,8 +216,28 @@ class Agent:
         )
 
     def _labels(self, enforced: dict[ComputeMode, Enforcement]) -> dict[str, str]:
-        """What the node can enforce, and the usable memory per GPU model (measured by the last audit)."""
-        return {**capabilities.node_labels(self.inventory, enforced), **self.audit.guarantee.labels}
+        """What the node can enforce, the usable memory per GPU model (measured by the last audit) and the
+        back-offs of controllers whose pods reclaim evicted here."""
+        guarantee = self.audit.guarantee
+        return {**capabilities.node_labels(self.inventory, enforced), **guarantee.labels,
+                **guarantee.backoffs.labels()}
+
+    def _publish_backoffs(self) -> None:
+        """Between two ticks, before an eviction: the node's labels with the back-offs as they are now."""
+        self.publisher.try_publish_labels(self._labels(self._enforced))
+
+    def _adopt_backoffs(self) -> None:
+        """Once: the back-offs an earlier agent left on the node are kept until they end, then taken off."""
+        if self._backoffs_adopted:
+            return
+        try:
+            labels = self.kube.node_labels(self.config.node)
+        except KubeError as err:
+            log.warning("reading node %s for the reclaim back-offs it holds: %s; trying again", self.config.node, err)
+            return
+        self.audit.guarantee.backoffs.adopt(labels)
+        self.publisher.adopt(labels)
+        self._backoffs_adopted = True
 
     def _refresh_inventory(self) -> None:
         try:

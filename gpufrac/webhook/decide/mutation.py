@@ -28,6 +28,7 @@ from gpufrac.core.contract import (
     active_thread_percent,
     enforcement_label,
     pinned_limits,
+    reclaim_backoff_label,
     write_canonical,
 )
 from gpufrac.webhook.decide import pod as podview
@@ -159,7 +160,24 @@ def _upsert(items: list[dict[str, Any]], wanted: dict[str, Any], key: str = "nam
 
 
 def _require_enforcing_node(obj: dict[str, Any], mode: ComputeMode) -> None:
-    expression = {"key": enforcement_label(mode), "operator": "In", "values": [str(v) for v in ENFORCING]}
+    _require_node(obj, {"key": enforcement_label(mode), "operator": "In", "values": [str(v) for v in ENFORCING]})
+
+
+def _keep_off_reclaimed_nodes(obj: dict[str, Any]) -> None:
+    """A pod of a controller whose pod reclaim evicted is kept off that node during the back-off: the agent labels
+    the node (contract.reclaim_backoff_label), and this affinity fails where the label is."""
+    owner = next((ref for ref in _owner_references(obj) if ref.get("controller") is True), None)
+    if owner is not None and isinstance(owner.get("uid"), str) and owner["uid"]:
+        _require_node(obj, {"key": reclaim_backoff_label(owner["uid"]), "operator": "DoesNotExist"})
+
+
+def _owner_references(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    refs = (obj.get("metadata") or {}).get("ownerReferences")
+    return [ref for ref in refs if isinstance(ref, dict)] if isinstance(refs, list) else []
+
+
+def _require_node(obj: dict[str, Any], expression: dict[str, Any]) -> None:
+    """`expression` added to every required node selector term (one made where there is none)."""
     affinity = podview.child_object(podview.child_object(obj, "spec", "object"), "affinity", "object.spec")
     node_affinity = podview.child_object(affinity, "nodeAffinity", "spec.affinity")
     required = podview.child_object(node_affinity, "requiredDuringSchedulingIgnoredDuringExecution",
@@ -219,6 +237,7 @@ def mutate_create(obj: dict[str, Any], fractions: PodFractions, policy: Policy) 
     if policy.require_enforcing_node:
         for mode in sorted(modes):
             _require_enforcing_node(pod, mode)
+    _keep_off_reclaimed_nodes(pod)
     return result
 
 

@@ -14,6 +14,8 @@ evict. `policy: off` written unquoted is YAML's false: it means off too. */}}
 - {{ .Values.reclaim.gracePeriodSeconds | quote }}
 - --reclaim-hysteresis-mib
 - {{ .Values.reclaim.hysteresisMiB | quote }}
+- --reclaim-backoff
+- {{ .Values.reclaim.backoffSeconds | quote }}
 {{- if not (kindIs "invalid" .Values.reclaim.protectedPriority) }}
 - --reclaim-protected-priority
 - {{ .Values.reclaim.protectedPriority | int64 | quote }}
