@@ -144,8 +144,7 @@ def test_a_fraction_held_at_its_creation_counts_until_the_pod_watch_has_it(daemo
     passes keep its limit until the node's pods include it, or CREATED_TTL_S."""
     now = [0.0]
     limits = DaemonSideLimits(daemon.spec.argv[0], daemon.spec.pipe_dir, clock=lambda: now[0])
-    limits.apply([sm("a", 4096)], GPUS, created=[sm("new", 6144, UUID_B)])
-    assert limits.failure is None
+    assert limits.hold([sm("a", 4096)], GPUS, [sm("new", 6144, UUID_B)], 30.0) is None
     assert records(daemon.spec.log_dir, "limit")[-1]["defaults"]["pinned"] == {UUID_A: 4096, UUID_B: 6144}
     assert connect(daemon.spec.pipe_dir, UUID_B, env={}).pinned_mib == 6144
     kept = limits.apply([sm("a", 4096)], GPUS)  # the loop's pass, its pod not watched yet
@@ -153,21 +152,27 @@ def test_a_fraction_held_at_its_creation_counts_until_the_pod_watch_has_it(daemo
     now[0] += CREATED_TTL_S + 1  # never watched (deleted at once, say): no longer held for it
     assert [c.uuid for c in limits.apply([sm("a", 4096)], GPUS).ceilings] == [UUID_A]
 
-    limits.apply([sm("a", 4096)], GPUS, created=[sm("new", 6144, UUID_B)])
+    limits.hold([sm("a", 4096)], GPUS, [sm("new", 6144, UUID_B)], 30.0)
     limits.apply([sm("a", 4096), sm("new", 6144, UUID_B)], GPUS)  # watched: its pod's record stands for it
     assert [c.uuid for c in limits.apply([sm("a", 4096)], GPUS).ceilings] == [UUID_A]  # and goes with it
 
 
 def test_telling_the_daemon_within_a_deadline_fails_rather_than_overrun_it(daemon: MpsSupervisor) -> None:
     limits = DaemonSideLimits(daemon.spec.argv[0], daemon.spec.pipe_dir)
-    limits.apply([sm("a", 4096)], GPUS, within_s=0.0)
-    assert limits.failure is not None and "no time left" in limits.failure
+    failed = limits.hold([sm("a", 4096)], GPUS, (), 0.0)
+    assert failed is not None and "no time left" in failed
     assert "did not take its limits" in (limits.problem or "")
-    limits.apply([sm("a", 4096)], GPUS, within_s=30.0)
-    assert limits.failure is None
+    assert limits.hold([sm("a", 4096)], GPUS, (), 30.0) is None
     before = len(records(daemon.spec.log_dir, "command"))
-    limits.apply([sm("a", 4096)], GPUS, within_s=1.0)  # a creation that changes nothing costs the daemon nothing
-    assert records(daemon.spec.log_dir, "command")[before:] == [] and limits.failure is None
+    assert limits.hold([sm("a", 4096)], GPUS, (), 1.0) is None  # a creation that changes nothing: no command
+    assert records(daemon.spec.log_dir, "command")[before:] == []
+
+
+def test_a_creation_waits_for_a_pass_under_way_no_longer_than_its_deadline(daemon: MpsSupervisor) -> None:
+    limits = DaemonSideLimits(daemon.spec.argv[0], daemon.spec.pipe_dir)
+    with limits._lock:  # a pass telling a wedged daemon
+        failed = limits.hold([sm("a", 4096)], GPUS, (), 0.2)
+    assert failed == "the agent's pass was still telling the MPS daemon its limits after 0.2 s"
 
 
 # ---- the agent's loop tells the daemon ----

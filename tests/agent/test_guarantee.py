@@ -16,7 +16,6 @@ from e2e.toolkit.wait import wait_until
 from gpufrac.agent.decide.claim_tenants import ClaimTenants, claim_tenants
 from gpufrac.agent.decide.dra_claims import ClaimPod, ClaimRef
 from gpufrac.agent.decide.dra_prepare import PreparedClaim, PreparedDevice
-from gpufrac.agent.decide.events import Owner
 from gpufrac.agent.decide.overlimit import OverLimitAction
 from gpufrac.agent.decide.reclaim import ReclaimPolicy, ReclaimSettings
 from gpufrac.agent.edges.metrics import AgentMetrics
@@ -25,6 +24,7 @@ from gpufrac.agent.programs.agent_config import AgentConfig
 from gpufrac.agent.programs.guarantee import GuaranteeConfig, pod_facts
 from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.core.contract import MIB, reclaim_backoff_label
+from gpufrac.core.owners import Owner
 from gpufrac.kube.errors import KubeError
 from testkit.agent import UUID_A, UUID_B, FakeKube, canonical_annotations, cid, env_for, pod, scrape, value
 from testkit.fakes.state import ProcRoot

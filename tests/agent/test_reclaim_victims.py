@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 
 from gpufrac.agent.decide.audit import AttributedProcess
-from gpufrac.agent.decide.events import Owner
 from gpufrac.agent.decide.gangs import Gang, pod_group, read_gang, unknown_gang
 from gpufrac.agent.decide.model import GpuMemory, GpuProcess, RunningContainer
 from gpufrac.agent.decide.owed import owed_containers, owed_on_node
@@ -25,6 +24,7 @@ from gpufrac.agent.decide.reclaim import (
     to_evict,
 )
 from gpufrac.core.contract import MIB
+from gpufrac.core.owners import Owner
 from testkit.agent import UUID_A, canonical_annotations, cid, container, gpu_info, pod
 
 GPUS = {UUID_A: gpu_info(0, UUID_A, 80000)}

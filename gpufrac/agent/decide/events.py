@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpufrac.agent.decide.model import DaemonStatus, EnforcementViolation
+from gpufrac.core.owners import Owner
 
 COMPONENT = "gpufrac-agent"
 
@@ -71,24 +70,6 @@ def pod_event(node: str, namespace: str, pod: str, pod_uid: str, reason: str, me
         {"generateName": f"{pod[:200]}.gpufrac-", "namespace": namespace, "labels": labels or {}},
         involved, reason, message[:1024], now or dt.datetime.now(dt.UTC), event_type,
     )
-
-
-@dataclass(frozen=True)
-class Owner:
-    """A pod's controller (its ownerReference with `controller: true`): a ReplicaSet, a StatefulSet, a Job..."""
-
-    api_version: str
-    kind: str
-    name: str
-    uid: str
-
-
-def controller_of(metadata: Mapping[str, Any]) -> Owner | None:
-    """The pod's controller, None for a bare pod."""
-    for ref in metadata.get("ownerReferences") or []:
-        if ref.get("controller") and all(isinstance(ref.get(k), str) for k in ("apiVersion", "kind", "name", "uid")):
-            return Owner(ref["apiVersion"], ref["kind"], ref["name"], ref["uid"])
-    return None
 
 
 def owner_event(node: str, namespace: str, owner: Owner, reason: str, message: str, *,

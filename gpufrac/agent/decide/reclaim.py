@@ -29,10 +29,10 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from gpufrac.agent.decide.audit import AttributedProcess, device_assigned
-from gpufrac.agent.decide.events import Owner
 from gpufrac.agent.decide.gangs import Gang
 from gpufrac.agent.decide.model import GpuInfo, GpuMemory, GpuProcess, RunningContainer
 from gpufrac.core.contract import MIB
+from gpufrac.core.owners import Owner
 
 
 class ReclaimPolicy(StrEnum):

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from gpufrac.agent.decide.events import Owner
 from gpufrac.agent.decide.model import EvictionOutcome
 from gpufrac.core.contract import RECLAIM_BACKOFF_PREFIX, reclaim_backoff_label
+from gpufrac.core.owners import Owner
 
 Eviction = tuple[EvictionOutcome | None, str]  # what the Eviction API said (None: the call failed), and its words
 

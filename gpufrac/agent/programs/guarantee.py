@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from gpufrac.agent.decide import capacity, reclaim
 from gpufrac.agent.decide.audit import Findings, Snapshot, attribute
 from gpufrac.agent.decide.errors import NvmlError, ProcReadError
-from gpufrac.agent.decide.events import EventSink, controller_of, owner_event, pod_event
+from gpufrac.agent.decide.events import EventSink, owner_event, pod_event
 from gpufrac.agent.decide.gangs import Gang, pod_group, read_gang, unknown_gang
 from gpufrac.agent.decide.model import (
     EnforcementViolation,
@@ -47,6 +47,7 @@ from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.edges.procfs import read_cgroup, read_parent_pid, read_start_time
 from gpufrac.agent.programs.backoffs import Backoffs
 from gpufrac.core.contract import mib_ceil, reclaim_backoff_label
+from gpufrac.core.owners import controller_of
 from gpufrac.kube.errors import KubeError
 
 log = logging.getLogger(__name__)

@@ -42,14 +42,25 @@ class DaemonSideLimits:
         self.problem: str | None = None  # for the node's condition: what the daemon side does not hold now
         self.failure: str | None = None  # why the daemon did not take the last plan (None: it did)
 
-    def apply(self, containers: Iterable[RunningContainer], gpus: Sequence[GpuInfo],
-              created: Iterable[RunningContainer] = (), *, within_s: float | None = None) -> DaemonPlan:
-        """Tell the daemon the plan for `containers` (the node's placed fractions), the fractions being `created`
-        and those created lately that `containers` do not hold yet; all of it within `within_s` seconds, if given
-        (the NRI plugin's answer has a deadline), or it is a failure."""
+    def apply(self, containers: Iterable[RunningContainer], gpus: Sequence[GpuInfo]) -> DaemonPlan:
+        """The loop's pass: tell the daemon the plan for `containers` (the node's placed fractions) and the fractions
+        created lately that `containers` do not hold yet."""
         with self._lock:
-            deadline = None if within_s is None else time.monotonic() + within_s
-            return self._apply(self._with_created(list(containers), created), gpus, deadline)
+            return self._apply(self._with_created(list(containers), ()), gpus, None)
+
+    def hold(self, containers: Iterable[RunningContainer], gpus: Sequence[GpuInfo],
+             created: Iterable[RunningContainer], within_s: float | None) -> str | None:
+        """At a creation: as `apply`, with the fractions being `created`, all of it within `within_s` seconds if
+        given (the NRI plugin's answer has a deadline), waiting for a pass under way no longer than that. Why the
+        daemon did not take the plan (None: it did)."""
+        deadline = None if within_s is None else time.monotonic() + within_s
+        if not self._lock.acquire(timeout=-1 if within_s is None else within_s):
+            return f"the agent's pass was still telling the MPS daemon its limits after {within_s:.1f} s"
+        try:
+            self._apply(self._with_created(list(containers), created), gpus, deadline)
+            return self.failure
+        finally:
+            self._lock.release()
 
     def _with_created(self, containers: list[RunningContainer],
                       created: Iterable[RunningContainer]) -> list[RunningContainer]:

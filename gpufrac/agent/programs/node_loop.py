@@ -195,8 +195,7 @@ class Agent:
         if not self.pods.synced.is_set():
             return "the agent has not read the node's pods yet, so it cannot tell the daemon every fraction's limits"
         created = placed_fractions([created_pod]) if created_pod is not None else []
-        self.daemon_limits.apply(self._placed(), self.inventory.gpus, created=created, within_s=within_s)
-        return self.daemon_limits.failure
+        return self.daemon_limits.hold(self._placed(), self.inventory.gpus, created, within_s)
 
     def _condition(self, enforced: Mapping[ComputeMode, Enforcement], statuses: Mapping[ComputeMode, DaemonStatus],
                    skew: str | None, daemon_side: str | None = None) -> NodeCondition:

@@ -31,6 +31,7 @@ from gpufrac.core.contract import (
     reclaim_backoff_label,
     write_canonical,
 )
+from gpufrac.core.owners import controller_of
 from gpufrac.webhook.decide import pod as podview
 from gpufrac.webhook.decide.errors import BadReviewError, show_value
 from gpufrac.webhook.decide.fractions import ContainerFraction, PodFractions
@@ -166,14 +167,9 @@ def _require_enforcing_node(obj: dict[str, Any], mode: ComputeMode) -> None:
 def _keep_off_reclaimed_nodes(obj: dict[str, Any]) -> None:
     """A pod of a controller whose pod reclaim evicted is kept off that node during the back-off: the agent labels
     the node (contract.reclaim_backoff_label), and this affinity fails where the label is."""
-    owner = next((ref for ref in _owner_references(obj) if ref.get("controller") is True), None)
-    if owner is not None and isinstance(owner.get("uid"), str) and owner["uid"]:
-        _require_node(obj, {"key": reclaim_backoff_label(owner["uid"]), "operator": "DoesNotExist"})
-
-
-def _owner_references(obj: dict[str, Any]) -> list[dict[str, Any]]:
-    refs = (obj.get("metadata") or {}).get("ownerReferences")
-    return [ref for ref in refs if isinstance(ref, dict)] if isinstance(refs, list) else []
+    owner = controller_of(obj.get("metadata") or {})
+    if owner is not None:
+        _require_node(obj, {"key": reclaim_backoff_label(owner.uid), "operator": "DoesNotExist"})
 
 
 def _require_node(obj: dict[str, Any], expression: dict[str, Any]) -> None:
