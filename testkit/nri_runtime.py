@@ -75,11 +75,13 @@ class FakeRuntime:
         assert answer.stream_id == stream and answer.kind == MessageType.RESPONSE
         return request_pb2.Response.FromString(answer.data)
 
-    def handshake(self, pods: Sequence[Any] = (), containers: Sequence[Any] = ()) -> int:
-        """Configure then Synchronize, as containerd does after registration; returns the subscribed event mask."""
+    def handshake(self, pods: Sequence[Any] = (), containers: Sequence[Any] = (),
+                  request_timeout_ms: int = 2000) -> int:
+        """Configure then Synchronize, as containerd does after registration (its plugin_request_timeout: 2 s by
+        default); returns the subscribed event mask."""
         configured = self.call("Configure", api_pb2.ConfigureRequest(
-            runtime_name="containerd", runtime_version="v2.4.2", registration_timeout=5000, request_timeout=2000,
-            NRI_version="v0.12.3"))
+            runtime_name="containerd", runtime_version="v2.4.2", registration_timeout=5000,
+            request_timeout=request_timeout_ms, NRI_version="v0.12.3"))
         assert configured.status.code == 0, configured.status.message
         events = api_pb2.ConfigureResponse.FromString(configured.payload).events
         synced = self.call("Synchronize", api_pb2.SynchronizeRequest(pods=pods, containers=containers))

@@ -70,13 +70,13 @@ def serve_both_modes(agent: Agent) -> None:
     agent.tick()
 
 
-def registered(world: World, serve: Callable[[Agent], None]) -> FakeRuntime:
+def registered(world: World, serve: Callable[[Agent], None], request_timeout_ms: int = 2000) -> FakeRuntime:
     """The agent ticked (so its plugin registers), the runtime stand-in accepted it and synchronized nothing."""
     serve(world.agent)
     runtime = world.runtime
     assert runtime is not None
     runtime.accept()
-    runtime.handshake()
+    runtime.handshake(request_timeout_ms=request_timeout_ms)
     return runtime
 
 
@@ -190,8 +190,9 @@ def test_without_an_nri_socket_the_agent_says_so(tmp_path: Path, fake_gpus: Any,
 def test_an_sm_sharing_fraction_is_held_by_the_daemon_before_its_creation_is_answered(world: World) -> None:
     """Issue 30: a fraction created within one pass of its bind (its pod not even in the watch yet) starts under its
     own daemon-side limit, not the daemon's previous one: the plugin tells the daemon before it answers, and the
-    loop's next pass keeps it."""
-    runtime = registered(world, serve_both_modes)
+    loop's next pass keeps it. (A runtime that waits 10 s: the fake daemon's client is a Python program, which a
+    loaded machine may start more slowly than half of containerd's default 2 s.)"""
+    runtime = registered(world, serve_both_modes, request_timeout_ms=10000)
     pipe, log_dir = world.tmp / "mps" / "sm-sharing", world.tmp / "log" / "sm-sharing"
     assert connect(pipe, UUID_A, env={}).pinned_mib is None  # GPU A had no sm-sharing fraction: no daemon limit
     new, new_env = fraction(world, "u-new", "sm-sharing", UUID_A)
@@ -217,3 +218,28 @@ def test_a_fraction_whose_limits_the_daemon_does_not_take_is_refused_at_creation
     assert wait_until(lambda: any(e["reason"] == "GPUMpsLimitsNotSet" for e in world.kube.events.values()))
     train, train_env = fraction(world, "u-train", "time-slicing", UUID_B)  # no daemon side to hold
     assert runtime.create(train, nri_container("c-train", "app", train, train_env)).status.code == 0
+
+
+def test_a_fraction_whose_request_does_not_fit_next_to_the_owed_ones_is_refused_with_the_numbers(world: World) -> None:
+    """GPU A (80000 MiB, less the driver's reserve) holds the node's `train` pod's 20000 MiB request: a new fraction
+    asking 70000 MiB there is refused at creation, naming the usable memory and who holds it; 50000 MiB fits."""
+    runtime = registered(world, serve_both_modes)
+    usable = world.agent.audit.guarantee.usable_mib[UUID_A]
+    assert 70000 < usable <= 80000
+
+    def created(uid: str, request_mib: int) -> Any:
+        annotations = canonical_annotations("app", request_mib=request_mib, limit_mib=request_mib, devices=[UUID_A],
+                                            mode="time-slicing")
+        env = injected_env(container("app", mode=ComputeMode.TIME_SLICING, request_mib=request_mib,
+                                     limit_mib=request_mib, devices=(UUID_A,)), str(world.agent.config.mps_root))
+        pod = pod_sandbox(f"pod-{uid}", uid, annotations)
+        return runtime.create(pod, nri_container(f"c-{uid}", "app", pod, env))
+
+    refused = created("u-big", 70000)
+    assert refused.status.code == 9
+    assert refused.status.message == (
+        f"container app of pod team-a/pod-u-big is a time-slicing GPU fraction, but its request of 70000 MiB does "
+        f"not fit on GPU {UUID_A}: {usable} MiB usable there, 20000 MiB of it requested by the fractions placed "
+        "there (team-a/train (app) 20000 MiB); it is created once the others leave room")
+    assert wait_until(lambda: any(e["reason"] == "GPURequestDoesNotFit" for e in world.kube.events.values()))
+    assert created("u-fits", 50000).status.code == 0

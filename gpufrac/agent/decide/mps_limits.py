@@ -81,7 +81,7 @@ def plan(containers: Iterable[RunningContainer], gpus: Sequence[GpuInfo]) -> Dae
         name = f"{c.namespace}/{c.pod}/{c.container}"
         threads[name] = c.fraction.active_thread_percent or NO_COMPUTE_CAP
         for entry in c.fraction.devices:
-            uuid = _uuid(entry, gpus)
+            uuid = gpu_uuid(entry, gpus)
             if uuid is None:
                 unknown.append(entry)
                 continue
@@ -92,7 +92,8 @@ def plan(containers: Iterable[RunningContainer], gpus: Sequence[GpuInfo]) -> Dae
                       tuple(sorted(set(unknown))))
 
 
-def _uuid(entry: str, gpus: Sequence[GpuInfo]) -> str | None:
+def gpu_uuid(entry: str, gpus: Sequence[GpuInfo]) -> str | None:
+    """The UUID of the GPU a `gpus.devices` entry names (a UUID, an index, a CDI name ending in one), None: unknown."""
     identifier = device_id(entry)
     return next((g.uuid for g in gpus if identifier in (g.uuid, str(g.index))), None)
 

@@ -45,6 +45,7 @@ from gpufrac.agent.decide.front_door import refusal_for_annotated
 from gpufrac.agent.decide.kubelet_allocations import NO_ALLOCATIONS, KubeletAllocations
 from gpufrac.agent.decide.model import GpuInfo, RunningContainer
 from gpufrac.agent.decide.pinned_env import uuid_keyed_pinned_env
+from gpufrac.agent.decide.request_fit import Owed, does_not_fit
 from gpufrac.agent.decide.runtime_support import DeliveryFacts, delivery_refusal
 from gpufrac.agent.decide.whole_gpus import Judgement, Verdict, judge, named_gpus
 from gpufrac.core.annotations import (
@@ -119,6 +120,8 @@ class NodeFacts:
     allocations: KubeletAllocations = NO_ALLOCATIONS  # whole GPUs the kubelet allocated (its device checkpoint)
     dra_gpus: Mapping[str, str] = field(default_factory=dict)  # GPU UUID -> why DRA serves it (decide.front_door)
     multi_user_modes: frozenset[ComputeMode] = frozenset()  # whose MPS daemon serves every UID at once (`-m`)
+    usable_mib: Mapping[str, int] = field(default_factory=dict)  # GPU UUID -> usable memory (decide.capacity)
+    owed: Mapping[str, tuple[Owed, ...]] = field(default_factory=dict)  # GPU UUID -> requests placed on it
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,7 @@ class RefusalReason(StrEnum):
     MPS_USER_CONFLICT = "GPUMpsUserConflict"  # creation_escapes: a single-user MPS daemon serving another UID
     SERVED_THROUGH_DRA = "GPUServedThroughDra"  # front_door: one front door per GPU
     DAEMON_LIMITS_NOT_SET = "GPUMpsLimitsNotSet"  # the sm-sharing daemon could not be told the fraction's limits
+    REQUEST_DOES_NOT_FIT = "GPURequestDoesNotFit"  # request_fit: not next to the requests owed on its GPU
 
 
 @dataclass(frozen=True)
@@ -324,7 +328,7 @@ def _fraction(pod: PodInfo, container: ContainerInfo, fraction: CanonicalFractio
     if through_dra is not None:
         return Refusal(RefusalReason.SERVED_THROUGH_DRA,
                        refusal_for_annotated(where, through_dra, node.dra_gpus[through_dra]))
-    held = _held_by_others(pod, container, fraction.mode, gpus, node, where)
+    held = _held_by_others(pod, container, fraction, gpus, node, where)
     if held is not None:
         return held
     running = RunningContainer(pod.namespace, pod.name, pod.uid, container.name, container.id, fraction)
@@ -352,12 +356,18 @@ def _fraction(pod: PodInfo, container: ContainerInfo, fraction: CanonicalFractio
                      note=f"{fraction.mode} GPU fraction: gets {given}")
 
 
-def _held_by_others(pod: PodInfo, container: ContainerInfo, mode: ComputeMode, gpus: tuple[str, ...],
+def _held_by_others(pod: PodInfo, container: ContainerInfo, fraction: CanonicalFraction, gpus: tuple[str, ...],
                     node: NodeFacts, where: str) -> Refusal | None:
-    """A GPU serving the other mode to another pod, or the mode's single-user MPS daemon serving another UID."""
+    """A GPU serving the other mode to another pod, its usable memory requested by others, or the mode's single-user
+    MPS daemon serving another UID."""
+    mode = fraction.mode
     conflict = _mode_conflict(pod, mode, gpus, node.serving)
     if conflict is not None:
         return Refusal(RefusalReason.MODE_CONFLICT, f"{where} is a {mode} GPU fraction but {conflict}")
+    short = does_not_fit(pod.uid, container.name, fraction.request_mib, gpus, node.usable_mib, node.owed)
+    if short is not None:
+        return Refusal(RefusalReason.REQUEST_DOES_NOT_FIT, f"{where} is a {mode} GPU fraction, but {short}; it is "
+                       "created once the others leave room")
     held = None if mode in node.multi_user_modes else mps_user_conflict(container.uid, (
         (s.uid, f"container {s.container} of pod {s.namespace}/{s.pod}") for s in node.serving
         if s.mode is mode and s.container_id != container.id))

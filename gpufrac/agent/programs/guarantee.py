@@ -46,7 +46,7 @@ from gpufrac.agent.decide.soft_limits import ReclaimBy
 from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.edges.procfs import read_cgroup, read_parent_pid, read_start_time
 from gpufrac.agent.programs.backoffs import Backoffs
-from gpufrac.core.contract import mib_ceil, reclaim_backoff_label
+from gpufrac.core.contract import mib_ceil, mib_floor, reclaim_backoff_label
 from gpufrac.core.owners import controller_of
 from gpufrac.kube.errors import KubeError
 
@@ -156,6 +156,7 @@ class Guarantee:
         self._evicted: set[str] = set()  # pod UIDs evicted for their total
         self._claim_pods: dict[str, PodFacts | None] = {}  # by UID: the pods claims are for (None: not there)
         self.labels: dict[str, str] = {}  # the usable-memory labels, published with the agent's others
+        self.usable_mib: dict[str, int] = {}  # GPU UUID -> usable memory as of the last pass (what requests may fill)
         self.backoffs = Backoffs(config.reclaim.backoff_seconds, wall_clock, hold_off)
 
     # ---- one pass ----
@@ -185,6 +186,7 @@ class Guarantee:
                                                        self.config.mps_context_keep_seconds)
         usable = capacity.usable(inventory.gpus, memory, {u: r.held_bytes for u, r in self._mps_context.items()})
         self.labels = capacity.usable_labels(usable)
+        self.usable_mib = {u.gpu.uuid: mib_floor(u.usable_bytes) for u in usable}
         return usable
 
     def _mps_servers(self, processes: Sequence[GpuProcess]) -> list[int]:

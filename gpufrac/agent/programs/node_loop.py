@@ -179,10 +179,11 @@ class Agent:
         if (self.daemon_limits is None or self.inventory is None or status is None or not status.up
                 or not self.pods.synced.is_set()):
             return None
-        self.daemon_limits.apply(self._placed(), self.inventory.gpus)
+        self.daemon_limits.apply(self.placed(), self.inventory.gpus)
         return self.daemon_limits.problem
 
-    def _placed(self) -> list[RunningContainer]:
+    def placed(self) -> list[RunningContainer]:
+        """Every fraction bound to this node (its pods' containers, from bind on) and the DRA claims prepared here."""
         return [*placed_fractions(self.pods.snapshot()), *self.claims().tenants]
 
     def hold_now(self, created_pod: Mapping[str, Any] | None = None, within_s: float | None = None) -> str | None:
@@ -195,7 +196,7 @@ class Agent:
         if not self.pods.synced.is_set():
             return "the agent has not read the node's pods yet, so it cannot tell the daemon every fraction's limits"
         created = placed_fractions([created_pod]) if created_pod is not None else []
-        return self.daemon_limits.hold(self._placed(), self.inventory.gpus, created, within_s)
+        return self.daemon_limits.hold(self.placed(), self.inventory.gpus, created, within_s)
 
     def _condition(self, enforced: Mapping[ComputeMode, Enforcement], statuses: Mapping[ComputeMode, DaemonStatus],
                    skew: str | None, daemon_side: str | None = None) -> NodeCondition:

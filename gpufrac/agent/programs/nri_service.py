@@ -23,6 +23,7 @@ from gpufrac.agent.decide.nri_decision import (
     ServingContainer,
 )
 from gpufrac.agent.decide.nri_sweep import REASON, Unserved
+from gpufrac.agent.decide.request_fit import owed_by_gpu
 from gpufrac.agent.decide.runtime_support import DeliveryFacts
 from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.edges.nri.config import NriConfig
@@ -61,7 +62,9 @@ class NriService:
         runtime = self.plugin.runtime  # as the runtime named itself in Configure; "" before the first registration
         return NodeFacts(gpus, self._cdi.names(), gpu_device_nodes(gpus, self._dev_root), dict(self.agent.not_served),
                          delivery=DeliveryFacts(runtime) if runtime else None, dra_gpus=self.agent.dra_gpus(),
-                         multi_user_modes=multi_user_modes(inventory))
+                         multi_user_modes=multi_user_modes(inventory),
+                         usable_mib=dict(self.agent.audit.guarantee.usable_mib),
+                         owed=owed_by_gpu(self.agent.placed(), gpus) if self.agent.pods.synced.is_set() else {})
 
     def hold(self, pod: PodInfo, serving: ServingContainer, within_s: float) -> str | None:
         """An sm-sharing fraction's limits told to the MPS daemon before its creation is answered (Agent.hold_now)."""
