@@ -93,7 +93,8 @@ class DraDriver:
             self.prepared: dict[str, PreparedClaim] = dra_state.load(text) if text is not None else {}
         except dra_state.StateError as err:
             raise ConfigError(f"{state.path}: {err}; the claims it recorded cannot be unprepared") from err
-        self._claimed = _claimed_gpus(self.prepared.values())
+        self._saved = tuple(self.prepared.values())
+        self._claimed = _claimed_gpus(self._saved)
         if self.prepared:
             log.info("DRA driver: %d claims prepared before this start (%s)", len(self.prepared), state.path)
 
@@ -109,7 +110,7 @@ class DraDriver:
         if isinstance(answers, str) or prepared is None or \
                 not any(d.mode == str(ComputeMode.SM_SHARING) for d in prepared.devices):
             return answers
-        # Outside the lock (the agent reads the claims through it): the daemon holds the share's limits before its
+        # Outside the lock (a pass under way may be telling the daemon): the daemon holds the share's limits before its
         # container's process connects, not from the loop's next pass; the kubelet retries a Prepare that failed.
         why_not = self._hold()
         if why_not is not None:
@@ -155,9 +156,10 @@ class DraDriver:
         return None
 
     def claims(self) -> tuple[PreparedClaim, ...]:
-        """The claims prepared now (another thread may be preparing one)."""
-        with self._lock:
-            return tuple(self.prepared.values())
+        """The claims prepared, as of the last saved change; without the lock, as `claimed_gpus`: the NRI plugin's
+        creations read them (Agent.placed) within the runtime's deadline, while a Prepare may be waiting on the API
+        server."""
+        return self._saved
 
     def claimed_gpus(self) -> dict[str, str]:
         """GPU UUID -> a claim prepared on it; without the lock (the NRI plugin asks within the runtime's deadline,
@@ -166,7 +168,8 @@ class DraDriver:
 
     def _save(self) -> None:
         self._state.write(dra_state.dump(self.prepared.values()))
-        self._claimed = _claimed_gpus(self.prepared.values())
+        self._saved = tuple(self.prepared.values())
+        self._claimed = _claimed_gpus(self._saved)
 
     # ---- the ResourceSlices ----
 
