@@ -84,6 +84,22 @@ def daemon_limit_commands(gpu_uuid: str, pinned_mib: int, thread_percent: int | 
     return commands
 
 
+NAMESPACE_SERVER = "gpufrac"  # the sm-sharing daemon's named server (decide.mps_namespaces.SERVER)
+
+
+def namespace_commands(name: str, pinned_mib: int, thread_percent: int) -> list[list[str]]:
+    """The MPS v3 words the agent gives `nvidia-cuda-mps-control` to make a container's namespace
+    (decide.mps_namespaces.Namespace.create and set_limits)."""
+    server = f"--server={NAMESPACE_SERVER}"
+    return [["namespace", "create", name, server],
+            ["namespace", "set", name, server, f"--pinned-memory-limit={pinned_mib}M",
+             f"--active-thread-percentage={thread_percent}"]]
+
+
+def namespace_delete(name: str) -> list[str]:
+    return ["namespace", "delete", name, f"--server={NAMESPACE_SERVER}"]
+
+
 def driver_major(version: str) -> int | None:
     digits = ""
     for char in version.strip():
@@ -115,6 +131,8 @@ def render_config(mode: str, audit_log: bool = True) -> str:
         "[features.context-share]",
         f"enabled = {'true' if mode == SM_SHARING else 'false'}",
     ]
+    if mode == SM_SHARING:
+        lines += ["", f"[servers.{NAMESPACE_SERVER}]"]  # the named server of each container's namespace
     return "\n".join(lines) + "\n"
 
 

@@ -9,7 +9,10 @@ gpufrac's agent tells the sm-sharing daemon each GPU's limit with the documented
   see (`0=…,1=…` with `CUDA_VISIBLE_DEVICES` narrowed to one GPU: CUDA drops the whole value, escape 3); both must be
   held to the daemon's limit A;
 - 9b: the daemon at 2A, one client keyed by its GPU's UUID asking A (held to A: a UUID key is applied on this
-  driver), one asking 4A (held to 2A: the env cannot raise the daemon's value).
+  driver), one asking 4A (held to 2A: the env cannot raise the daemon's value);
+- 9c (MPS v3, r615+): the server at 2A (a larger neighbour's), a namespace made as the agent makes a container's, at
+  A, and a client with no env whose pipe directory is that namespace's directory (what the NRI plugin mounts): held
+  to A, its own limit, not the server's.
 
 They run last but for row 10 (gpucheck/checks/dra.py) and rows 11c, 11d (gpucheck/checks/allocations.py), which
 tell the daemon their own limits through `tell`: the daemon keeps the limits it is told until it stops.
@@ -17,16 +20,27 @@ tell the daemon their own limits through `tell`: the daemon keeps the limits it 
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 from gpucheck.checks.daemons import Daemons
 from gpucheck.checks.memory import MemoryLimits
 from gpucheck.client_process import Client
-from gpucheck.contract import ENV_PINNED_MEM_LIMIT, ENV_PIPE_DIRECTORY, SM_SHARING, daemon_limit_commands
+from gpucheck.contract import (
+    ENV_PINNED_MEM_LIMIT,
+    ENV_PIPE_DIRECTORY,
+    NAMESPACE_SERVER,
+    SM_SHARING,
+    daemon_limit_commands,
+    namespace_commands,
+    namespace_delete,
+)
 from gpucheck.session import Session
 
 DROPPED = "9a", "daemon-side limit: env dropped or narrowed"
 UUID_KEYED = "9b", "daemon-side limit: a UUID-keyed env lowers it"
+OWN_NAMESPACE = "9c", "daemon-side limit: a container's own MPS v3 namespace"
+NAMESPACE = "c00000000009c"  # the shape of the agent's names (decide.mps_namespaces)
 
 
 class DaemonSideLimits:
@@ -44,29 +58,34 @@ class DaemonSideLimits:
         s = self.s
         reason = self.problem()
         if reason:
-            s.skip((DROPPED, UUID_KEYED), reason)
+            s.skip((DROPPED, UUID_KEYED, OWN_NAMESPACE), reason)
             return
         a, _ = s.node.limits()
         s.guarded(DROPPED[0], lambda: self.dropped(a))
         s.guarded(UUID_KEYED[0], lambda: self.uuid_keyed(a))
+        if not s.node.driver_limits:
+            s.skip((OWN_NAMESPACE,), "MPS v3 namespaces need driver r615+ with CUDA 13.4")
+            return
+        s.guarded(OWN_NAMESPACE[0], lambda: self.own_namespace(a))
 
     def tell(self, pinned_mib: int, thread_percent: int | None = None) -> list[dict[str, str]]:
         """The daemon's limits for this GPU (with a thread percentage, that too), as the agent tells them: the
         defaults for servers to come and each running server's."""
-        uuid, pipe = self.s.node.gpu_uuid, self.daemons.pipe_dir(SM_SHARING)
+        uuid = self.s.node.gpu_uuid
         assert uuid is not None
         commands = daemon_limit_commands(uuid, pinned_mib, thread_percent, self.daemons.server_pids(SM_SHARING))
-        said = []
-        for command in commands:
-            assert self.s.node.mps_control is not None
-            done = subprocess.run([self.s.node.mps_control], input=command + "\n", capture_output=True, text=True,
-                                  timeout=self.s.bounded(20), check=False,
-                                  env={**self.s.base_env(), ENV_PIPE_DIRECTORY: pipe})
-            answer = (done.stdout + done.stderr).strip()
-            said.append({"command": command, "exit": str(done.returncode), "answer": answer[:200]})
-            if done.returncode != 0 or answer.lower().startswith(("error", "unknown", "invalid")):
-                raise RuntimeError(f"{command!r}: {answer or f'exit {done.returncode}'}")
-        return said
+        return [self.command([], command + "\n", command) for command in commands]
+
+    def command(self, words: list[str], stdin: str, said_as: str) -> dict[str, str]:
+        """One command to the sm-sharing daemon (legacy syntax on stdin, MPS v3's as arguments); raises on a refusal."""
+        assert self.s.node.mps_control is not None
+        done = subprocess.run([self.s.node.mps_control, *words], input=stdin, capture_output=True, text=True,
+                              timeout=self.s.bounded(20), check=False,
+                              env={**self.s.base_env(), ENV_PIPE_DIRECTORY: self.daemons.pipe_dir(SM_SHARING)})
+        answer = (done.stdout + done.stderr).strip()
+        if done.returncode != 0 or answer.lower().startswith(("error", "unknown", "invalid")):
+            raise RuntimeError(f"{said_as!r}: {answer or f'exit {done.returncode}'}")
+        return {"command": said_as, "exit": str(done.returncode), "answer": answer[:200]}
 
     def client(self, name: str, limit: int, env: dict[str, str]) -> Client:
         return self.memory.probe_client(name, limit, self.daemons.pipe_dir(SM_SHARING), env)
@@ -87,3 +106,15 @@ class DaemonSideLimits:
                    self.client("uuid-higher", 2 * a, {ENV_PINNED_MEM_LIMIT: envs[1]})]
         self.memory.row(UUID_KEYED[0], UUID_KEYED[1], clients, (a, 2 * a),
                         {"daemon": said, "env": envs})
+
+    def own_namespace(self, a: int) -> None:
+        said = self.tell(2 * a)
+        said += [self.command(words, "", " ".join(words)) for words in namespace_commands(NAMESPACE, a, 100)]
+        try:
+            own = os.path.join(self.daemons.pipe_dir(SM_SHARING), NAMESPACE_SERVER, NAMESPACE)
+            client = self.memory.probe_client("own-namespace-no-env", a, own, {})
+            self.memory.row(OWN_NAMESPACE[0], OWN_NAMESPACE[1], [client], (a,),
+                            {"daemon": said, "pipe_directory": own, "server_limit_mib": 2 * a})
+        finally:
+            words = namespace_delete(NAMESPACE)
+            self.command(words, "", " ".join(words))

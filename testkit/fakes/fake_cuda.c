@@ -156,7 +156,8 @@ static unsigned long long env_pinned_mib(const char *value, const char *visible)
 }
 
 /* The daemon side's pinned limit (MiB) for this GPU: what the fake MPS daemon was told (<pipe>/fake-server-limits,
- * `<uuid> <MiB>` lines), the line of `visible` where it is known, else the first. 0: none. */
+ * `<uuid> <MiB>` lines; `*`: every GPU, an MPS v3 namespace's), the line of `visible` where it is known, else the
+ * first. 0: none. */
 static unsigned long long daemon_pinned_mib(const char *pipe, const char *visible) {
     char path[512], uuid[256];
     unsigned long long mib, found = 0;
@@ -164,7 +165,7 @@ static unsigned long long daemon_pinned_mib(const char *pipe, const char *visibl
     snprintf(path, sizeof path, "%s/fake-server-limits", pipe);
     if (!(f = fopen(path, "r"))) return 0;
     while (fscanf(f, "%255s %llu", uuid, &mib) == 2)
-        if ((visible && !strcmp(uuid, visible)) || (!visible && !found)) found = mib;
+        if (!strcmp(uuid, "*") || (visible && !strcmp(uuid, visible)) || (!visible && !found)) found = mib;
     fclose(f);
     return found;
 }

@@ -13,6 +13,7 @@ from gpufrac.agent.decide import mps_limits
 from gpufrac.agent.decide.claim_tenants import ClaimTenants
 from gpufrac.agent.decide.model import RunningContainer
 from gpufrac.agent.decide.mps_config import daemon_spec
+from gpufrac.agent.decide.mps_namespaces import namespace_name
 from gpufrac.agent.edges.mps_control import MpsControlError, send
 from gpufrac.agent.edges.supervisor import MpsSupervisor, RestartPolicy
 from gpufrac.agent.programs.mps_limits import CREATED_TTL_S, DaemonSideLimits
@@ -197,24 +198,51 @@ def test_each_tick_holds_the_placed_sm_sharing_fractions_on_the_daemon_side(fake
     assert condition["reason"] == "FractionsEnforced" and "MPS daemon holds" not in condition["message"], condition
 
 
-def test_fractions_of_one_gpu_with_different_limits_are_said_on_the_condition(fake_node: FakeNode) -> None:
-    """A second sm-sharing pod on GPU B with a larger limit, bound but not started yet: the daemon holds GPU B's
-    clients to the larger one before the new container's process connects, and the condition says which container
-    rests on its env and the agent's total."""
+def _two_limits_on_gpu_b(node: FakeNode) -> None:
+    """A second sm-sharing pod on GPU B with a larger limit than `infer`'s, bound but not started yet."""
     annotations = canonical_annotations("worker", request_mib=20000, limit_mib=30000, devices=[UUID_B],
                                         mode="sm-sharing")
     started = pod("infer-2", uid="u-infer-2", containers={"worker": cid(3)}, annotations=annotations)
     started["status"]["containerStatuses"] = []  # bound, its container not created yet
-    fake_node.kube.pods.append(started)
+    node.kube.pods.append(started)
+
+
+def test_fractions_of_one_gpu_with_different_limits_are_said_on_the_condition_on_a_legacy_driver(
+        fake_node: FakeNode) -> None:
+    """Before r615 (no MPS v3 namespaces): the daemon holds GPU B's clients to the larger limit before the new
+    container's process connects, and the condition says which container rests on its env and the agent's total."""
+    fake_node.gpus.set(driver_version="550.54.15", cuda_driver_version=12040)
+    _two_limits_on_gpu_b(fake_node)
     agent = fake_node.start_agent()
     agent.tick()
     wait_until(lambda: agent.daemon_statuses()[SM].up, timeout=10, what="the sm-sharing daemon")
     agent.tick()
     _, log_dir = _sm_pipe_and_log(fake_node)
     assert records(log_dir, "limit")[-1]["defaults"]["pinned"] == {UUID_B: 30000}
+    assert records(log_dir, "namespace") == []
     message = fake_node.kube.last_condition()["message"]
     assert (f"GPU {UUID_B} holds clients to 30000Mi, the largest of team-a/infer-2/worker 30000Mi, "
             "team-a/infer/worker 16000Mi") in message, message
+    assert "MPS v3 namespaces per container, on r615+ drivers, would hold it" in message
+
+
+def test_on_mps_v3_each_fraction_of_one_gpu_is_held_to_its_own_limit_by_its_namespace(fake_node: FakeNode) -> None:
+    """r615 (the fake's default): the same two fractions each get a namespace of their own with their own limit, and
+    the condition has no gap to say."""
+    _two_limits_on_gpu_b(fake_node)
+    agent = fake_node.start_agent()
+    agent.tick()
+    wait_until(lambda: agent.daemon_statuses()[SM].up, timeout=10, what="the sm-sharing daemon")
+    agent.tick()
+    _, log_dir = _sm_pipe_and_log(fake_node)
+    held = {r["namespace"]: r["pinned"] for r in records(log_dir, "namespace") if r["verb"] == "set"}
+    assert held == {namespace_name("u-infer", "worker"): 16000, namespace_name("u-infer-2", "worker"): 30000}
+    route = agent.pipe_route("u-infer", "worker")
+    assert route is not None
+    assert connect(route, UUID_B, env={PINNED: f"{UUID_B}=80000M"}).pinned_mib == 16000
+    assert connect(route, UUID_B, env={}).pinned_mib == 16000  # the server holds 30000: the namespace, 16000
+    message = fake_node.kube.last_condition()["message"]
+    assert "holds clients to" not in message and "did not take" not in message, message
 
 
 def test_the_dra_drivers_shares_are_held_like_annotated_fractions(fake_node: FakeNode) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from e2e.toolkit.wait import wait_until
+from gpufrac.agent.decide.mps_namespaces import namespace_name
 from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.edges.nri.config import NriConfig
 from gpufrac.agent.edges.nri.devices import CdiSpecs
@@ -243,3 +244,43 @@ def test_a_fraction_whose_request_does_not_fit_next_to_the_owed_ones_is_refused_
         "there (team-a/train (app) 20000 MiB); it is created once the others leave room")
     assert wait_until(lambda: any(e["reason"] == "GPURequestDoesNotFit" for e in world.kube.events.values()))
     assert created("u-fits", 50000).status.code == 0
+
+
+def test_on_mps_v3_an_sm_sharing_fractions_pipe_directory_is_its_own_namespace(world: World) -> None:
+    """Issue 30, limits a process cannot raise: on r615 each sm-sharing fraction is given the directory of an MPS v3
+    namespace of its own, with its own limit, in place of the daemon's whole pipe directory. A neighbour on the same
+    GPU with a larger limit raises the server's limit, not this one's; time-slicing keeps its mount."""
+    runtime = registered(world, serve_both_modes, request_timeout_ms=10000)
+    pipe = world.tmp / "mps" / "sm-sharing"
+    small, small_env = fraction(world, "u-small", "sm-sharing", UUID_A)
+    answer = runtime.create(small, nri_container("c-small", "app", small, small_env))
+    assert answer.status.code == 0, answer.status.message
+    (mount,) = api_pb2.CreateContainerResponse.FromString(answer.payload).adjust.mounts
+    own = pipe / "gpufrac" / namespace_name("u-small", "app")
+    assert (mount.destination, mount.source, mount.type) == (small_env["CUDA_MPS_PIPE_DIRECTORY"], str(own), "bind")
+    assert sorted(p.name for p in own.iterdir()) == ["control", "fake-context-share", "fake-server-limits"]
+
+    annotations = canonical_annotations("app", request_mib=1024, limit_mib=30000, devices=[UUID_A],
+                                        mode="sm-sharing")
+    large = pod_sandbox("pod-u-large", "u-large", annotations)
+    large_env = {**small_env, "NVIDIA_GPU_MEMORY_LIMIT": "30000", PINNED: f"{UUID_A}=30000M"}
+    assert runtime.create(large, nri_container("c-large", "app", large, large_env)).status.code == 0
+    assert connect(pipe, UUID_A, env={}).pinned_mib == 30000  # the server's: the largest of its fractions
+    assert connect(own, UUID_A, env={PINNED: f"{UUID_A}=80000M"}).pinned_mib == 2048  # its own namespace's
+    assert connect(own, UUID_A, visible=(UUID_A,), env={PINNED: "0=2048M,1=2048M"}).pinned_mib == 2048
+
+    train, train_env = fraction(world, "u-train", "time-slicing", UUID_B)
+    answer = runtime.create(train, nri_container("c-train", "app", train, train_env))
+    assert list(api_pb2.CreateContainerResponse.FromString(answer.payload).adjust.mounts) == []
+
+
+def test_before_r615_an_sm_sharing_fraction_keeps_the_daemons_pipe_directory(world: World, fake_gpus: Any) -> None:
+    fake_gpus.set(driver_version="550.54.15", cuda_driver_version=12040)
+    runtime = registered(world, lambda agent: (agent.tick(), wait_until(
+        lambda: agent.daemon_statuses().get(ComputeMode.SM_SHARING) is not None
+        and agent.daemon_statuses()[ComputeMode.SM_SHARING].up), agent.tick()), request_timeout_ms=10000)
+    new, new_env = fraction(world, "u-new", "sm-sharing", UUID_A)
+    answer = runtime.create(new, nri_container("c-new", "app", new, new_env))
+    assert answer.status.code == 0, answer.status.message
+    assert list(api_pb2.CreateContainerResponse.FromString(answer.payload).adjust.mounts) == []
+    assert not (world.tmp / "mps" / "sm-sharing" / "gpufrac").exists()

@@ -13,10 +13,11 @@ import pytest
 
 from gpucheck import contract as restated
 from gpucheck.checks.dra import Claim, quarter_claim
+from gpucheck.checks.escapes import NAMESPACE
 from gpucheck.cli import parse_args
 from gpucheck.run import Run
 from gpucheck.session import Session
-from gpufrac.agent.decide import capabilities, mps_limits
+from gpufrac.agent.decide import capabilities, mps_limits, mps_namespaces
 from gpufrac.agent.decide.claim_tenants import claim_tenants
 from gpufrac.agent.decide.dra_claims import read_claim
 from gpufrac.agent.decide.dra_prepare import DraNode, cdi_spec, prepare
@@ -244,3 +245,11 @@ def test_the_daemon_side_rows_tell_the_pinned_limit_as_the_agent_does() -> None:
     plan = mps_limits.DaemonPlan((mps_limits.GpuCeiling(FAKE_H200.uuid, 2048, {"a/b/c": 2048}),))
     assert restated.daemon_limit_commands(FAKE_H200.uuid, 2048, None, [7]) == (
         plan.default_commands() + plan.server_commands([7]))
+
+
+def test_the_namespace_row_makes_a_namespace_as_the_agent_does() -> None:
+    """Row 9c makes its namespace with the agent's words, on the agent's server, in a name of the agent's shape."""
+    made = mps_namespaces.Namespace(NAMESPACE, 2048, 100, "a/b/c")
+    assert restated.namespace_commands(NAMESPACE, 2048, 100) == [list(made.create()), list(made.set_limits())]
+    assert restated.namespace_delete(NAMESPACE) == list(mps_namespaces.delete_command(NAMESPACE))
+    assert restated.NAMESPACE_SERVER == mps_namespaces.SERVER and mps_namespaces.is_ours(NAMESPACE)

@@ -1,4 +1,4 @@
-"""Rows 9a and 9b (gpucheck/checks/escapes.py) against the fakes: the fake MPS daemon told a pinned limit, the fake
+"""Rows 9a, 9b and 9c (gpucheck/checks/escapes.py) against the fakes: the fake MPS daemon told a pinned limit, the fake
 libcuda.so.1 holding its clients to the lower of the daemon's and their env's, and dropping an index-keyed env that
 names a GPU the client cannot see, as NVIDIA measured on r615."""
 
@@ -6,16 +6,31 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from gpucheck.rows import FAIL, PASS
 from testkit.fakes.build import MPS_CONTROL, fake_cuda_library, fake_nvml_library
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_NODE = ROOT / "testkit" / "fakes" / "gpu_check_node.json"
+
+
+@pytest.fixture(autouse=True)
+def short_workdir(tmp_path: Path) -> Iterator[None]:
+    """The check's work directory at a short path, seen as tmp_path/work: row 9c's namespace socket,
+    `<work>/mps/sm-sharing/gpufrac/<namespace>/control`, must fit a unix socket's 107 bytes."""
+    short = Path(tempfile.mkdtemp(prefix="gc", dir="/tmp"))
+    (tmp_path / "work").symlink_to(short)
+    yield
+    shutil.rmtree(short, ignore_errors=True)
 
 
 def run_rows(tmp_path: Path, env: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
@@ -25,8 +40,8 @@ def run_rows(tmp_path: Path, env: dict[str, str] | None = None) -> dict[str, dic
                 **(env or {})}
     result = subprocess.run([sys.executable, str(ROOT / "gpucheck" / "__main__.py"), "--only", "9",
                              "--spin-seconds", "0.5", "--nvml", str(fake_nvml_library()), "--mps-control",
-                             str(MPS_CONTROL), "--cuda", str(fake_cuda_library()), "--workdir", str(tmp_path / "work"),
-                             "--out", str(tmp_path / "report.json")],
+                             str(MPS_CONTROL), "--cuda", str(fake_cuda_library()), "--workdir",
+                             str((tmp_path / "work").resolve()), "--out", str(tmp_path / "report.json")],
                             capture_output=True, text=True, env=full_env, timeout=240, check=False)
     assert (tmp_path / "report.json").is_file(), result.stdout[-3000:] + result.stderr[-3000:]
     return {c["id"]: c for c in json.loads((tmp_path / "report.json").read_text())["checks"]}
@@ -49,8 +64,21 @@ def test_the_daemon_side_holds_a_client_without_env_and_one_whose_index_keys_it_
     assert any(c.startswith("set_default_device_pinned_mem_limit GPU-") for c in told(tmp_path))
 
 
+def test_a_containers_own_namespace_holds_it_below_its_servers_limit(tmp_path: Path) -> None:
+    """Row 9c: the server at 2A, the namespace at A; a client without env in the namespace's directory gets A."""
+    rows = run_rows(tmp_path)
+    assert rows["9c"]["status"] == PASS, rows["9c"]
+    (client,) = rows["9c"]["numbers"]["clients"]
+    limit = client["limit_mib"]
+    assert limit // 2 <= client["probe"]["allocated_mib"] <= limit < rows["9c"]["numbers"]["server_limit_mib"]
+    assert rows["9c"]["numbers"]["pipe_directory"].endswith("/sm-sharing/gpufrac/c00000000009c")
+    commands = [c["command"] for c in rows["9c"]["numbers"]["daemon"]]
+    assert "namespace create c00000000009c --server=gpufrac" in commands
+
+
 def test_a_daemon_side_that_holds_nothing_fails_both_rows(tmp_path: Path) -> None:
     """The control: an MPS that holds no client to a pinned limit (the env's nor the daemon's) fails 9a and 9b."""
     rows = run_rows(tmp_path, {"GPUFRAC_FAKE_CUDA_IGNORE_PINNED_LIMIT": "1"})
     assert rows["9a"]["status"] == FAIL and "not held" in rows["9a"]["details"], rows["9a"]
     assert rows["9b"]["status"] == FAIL, rows["9b"]
+    assert rows["9c"]["status"] == FAIL, rows["9c"]

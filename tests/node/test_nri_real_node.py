@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from e2e.agent_on_node import MPS_ROOT
 from e2e.agent_world import metric_value
 from e2e.install import Helm
 from e2e.names import NODE_NAME, RELEASE_NAMESPACE, USER_NAMESPACE
@@ -21,6 +22,7 @@ from e2e.pods import agent_metrics, bind, create, events, exec_in, get_json, get
 from e2e.testing import example, unique
 from e2e.toolkit import gpu_devices
 from e2e.toolkit.wait import wait_until
+from gpufrac.agent.decide.mps_namespaces import namespace_name
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_node]
 
@@ -142,6 +144,24 @@ def test_the_seed_inference_pod_sees_exactly_its_gpu_and_its_sidecar_none(node: 
     assert sidecar == set(), sidecar
     assert sidecar_env["NVIDIA_VISIBLE_DEVICES"] == "void", sidecar_env
     delete(node, name)
+
+
+def test_an_sm_sharing_fractions_pipe_directory_is_its_own_mps_namespace(node: RealCluster, after_each):
+    """Issue 30 on the real node (r615 fake driver, MPS v3): containerd mounts, at the fraction's
+    CUDA_MPS_PIPE_DIRECTORY, the directory of the MPS namespace the agent made for it, holding its own limit; the
+    daemon's control socket and the other namespaces are not in the container."""
+    name = unique("nri-namespace")
+    pod = start_bound(node, inference_on_one_gpu(name, sidecar=False), GPU_UUIDS[3])
+    namespace = MPS_ROOT / "sm-sharing" / "gpufrac" / namespace_name(pod["metadata"]["uid"], "app")
+    try:
+        out = exec_in(node, name, 'cd "$CUDA_MPS_PIPE_DIRECTORY" && ls -a && cat fake-server-limits')
+        assert namespace.is_dir(), f"no namespace directory {namespace} on the host"
+    finally:
+        delete(node, name)
+    lines = out.split()
+    assert sorted(lines[:-2]) == [".", "..", "control", "fake-context-share", "fake-server-limits"], out
+    assert lines[-2:] == ["*", "61440"], out  # its own limit, the namespace's
+    wait_until(lambda: not namespace.exists(), 120, "its namespace deleted with its pod", interval=1)
 
 
 def test_a_plain_pod_of_a_cuda_image_gets_none(node: RealCluster, after_each):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from gpufrac.agent.decide.capabilities import has_driver_memory_limits
 from gpufrac.agent.decide.model import Inventory
+from gpufrac.agent.decide.mps_namespaces import SERVER as NAMESPACE_SERVER
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import DEFAULT_MPS_ROOT, MIB, MPS_CONTROL_SOCKET, LimitEnv, mps_pipe_dir
 
@@ -72,7 +73,8 @@ def render_config(mode: ComputeMode, *, audit_log: bool = True) -> str:
 
     memacct with its audit log (written under CUDA_MPS_LOG_DIRECTORY) for both modes. context-share only for
     sm-sharing, where this daemon's own socket is the shared one; KAI runs a single daemon instead and so needs
-    `default_socket = "off"` plus a `[servers.shared]` server for sm-sharing.
+    `default_socket = "off"` plus a `[servers.shared]` server for sm-sharing. sm-sharing's daemon also declares the
+    named server whose namespaces hold each container's limits (mps_namespaces; every GPU, multi-user daemon).
     """
     lines = [
         "# written by the gpufrac agent; rewritten at every daemon start",
@@ -83,6 +85,8 @@ def render_config(mode: ComputeMode, *, audit_log: bool = True) -> str:
         "[features.context-share]",
         f"enabled = {'true' if mode is ComputeMode.SM_SHARING else 'false'}",
     ]
+    if mode is ComputeMode.SM_SHARING:
+        lines += ["", f"[servers.{NAMESPACE_SERVER}]"]
     return "\n".join(lines) + "\n"
 
 

@@ -17,9 +17,8 @@ GPU's clients to the largest limit of the sm-sharing fractions bound to it, and 
 of the node's. Where a GPU's fractions have one limit (an equal split) that is each container's own; where they
 differ, a container with a smaller limit is held on the daemon side only to its largest neighbour's, and to its own by
 its client env (keyed by UUID, so a narrowed view does not drop it) and the agent's container total (over-limit
-action). One MPS v3 namespace or named server per container would close that gap, but a client reaches it through a
-pipe directory of its own, which the CSI volume would then have to mount per pod: `holds` says so, for the node's
-condition.
+action). On MPS v3 (r615+) each container is also given a namespace of its own, which closes that gap
+(mps_namespaces); where it is not (a legacy driver, a DRA claim's share), `holds` says so, for the node's condition.
 """
 
 from __future__ import annotations
@@ -39,11 +38,6 @@ class GpuCeiling:
     uuid: str
     pinned_mib: int
     limits: Mapping[str, int]  # container (`namespace/pod/container`) -> its own limit, MiB
-
-    @property
-    def exact(self) -> bool:
-        """Every container of this GPU is held to its own limit on the daemon side."""
-        return len(set(self.limits.values())) <= 1
 
 
 @dataclass(frozen=True)
@@ -98,15 +92,17 @@ def gpu_uuid(entry: str, gpus: Sequence[GpuInfo]) -> str | None:
     return next((g.uuid for g in gpus if identifier in (g.uuid, str(g.index))), None)
 
 
-def holds(daemon_plan: DaemonPlan, *, applied: bool) -> str | None:
-    """For the node's condition: what the daemon side does not hold (None: it holds every container's limits)."""
+def holds(daemon_plan: DaemonPlan, *, applied: bool, routed: frozenset[str] = frozenset()) -> str | None:
+    """For the node's condition: what the daemon side does not hold (None: it holds every container's limits).
+    `routed`: the containers (`namespace/pod/container`) held by an MPS v3 namespace of their own (mps_namespaces),
+    whatever their server's limits."""
     if not applied and (daemon_plan.ceilings or daemon_plan.thread_percent is not None):
         return ("the sm-sharing MPS daemon did not take its limits: each container's memory and thread limits rest on "
                 "its client env and the agent's container total, which a process can lift until the agent acts")
     gaps = [f"GPU {c.uuid} holds clients to {c.pinned_mib}Mi, the largest of {', '.join(_listed(c.limits, 'Mi'))}"
-            for c in daemon_plan.ceilings if not c.exact]
+            for c in daemon_plan.ceilings if _below(c.limits, c.pinned_mib, routed)]
     percents = daemon_plan.thread_percents or {}
-    if len(set(percents.values())) > 1:
+    if daemon_plan.thread_percent is not None and _below(percents, daemon_plan.thread_percent, routed):
         gaps.append(f"threads are held to {daemon_plan.thread_percent}%, the largest of "
                     f"{', '.join(_listed(percents, '%'))}")
     if daemon_plan.unknown_devices:
@@ -115,7 +111,13 @@ def holds(daemon_plan: DaemonPlan, *, applied: bool) -> str | None:
         return None
     return ("the sm-sharing MPS daemon holds each GPU's clients to one limit per server, not per container: "
             + "; ".join(gaps) + "; a smaller container is held to its own by its client env and the agent's "
-            "container total (MPS v3 namespaces per container would hold it on the daemon side)")
+            "container total" + ("" if routed else " (MPS v3 namespaces per container, on r615+ drivers, would hold "
+                                 "it on the daemon side)"))
+
+
+def _below(limits: Mapping[str, int], held: int, routed: frozenset[str]) -> bool:
+    """Whether a container not held by a namespace of its own has a smaller limit than its server's."""
+    return any(value < held for name, value in limits.items() if name not in routed)
 
 
 def _listed(values: Mapping[str, int], unit: str) -> list[str]:

@@ -159,10 +159,19 @@ class ContainerInfo:
 
 
 @dataclass(frozen=True)
+class BindMount:
+    """A host directory bound into the container, in place of whatever the container had at `destination`."""
+
+    source: str
+    destination: str
+
+
+@dataclass(frozen=True)
 class Injection:
     outcome: Outcome
     cdi_devices: tuple[str, ...] = ()
     device_nodes: tuple[DeviceNode, ...] = ()
+    mounts: tuple[BindMount, ...] = ()
     set_env: Mapping[str, str] = field(default_factory=dict)
     remove_env: tuple[str, ...] = ()
     annotations: Mapping[str, str] = field(default_factory=dict)  # added to the container's (MARK)
@@ -377,14 +386,6 @@ def _held_by_others(pod: PodInfo, container: ContainerInfo, fraction: CanonicalF
                    f"{where} runs as UID {container.uid}, but this node's {mode} MPS daemon serves one user at a time "
                    f"and serves {held}: MPS would hold its CUDA calls until every client of that UID has exited; run "
                    "it as that UID (securityContext.runAsUser), or on another node")
-
-
-def daemon_limits_refusal(pod: PodInfo, container: ContainerInfo, why_not: str) -> Refusal:
-    """An sm-sharing fraction whose limits the MPS daemon did not take before its creation was answered."""
-    return Refusal(RefusalReason.DAEMON_LIMITS_NOT_SET,
-                   f"container {container.name} of pod {pod} is an sm-sharing GPU fraction, but the MPS daemon could "
-                   f"not be told its limits ({why_not}): without them a process that drops its env would have the "
-                   "whole GPU; the kubelet creates it again")
 
 
 def _not_bound(container: ContainerInfo, fraction: CanonicalFraction, where: str) -> Refusal | None:

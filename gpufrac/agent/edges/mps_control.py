@@ -1,7 +1,8 @@
 """Commands to a running MPS control daemon, through its own client (`nvidia-cuda-mps-control` without `-f`).
 
-One process per command, with `CUDA_MPS_PIPE_DIRECTORY` naming the daemon's pipe directory: the client writes the
-command to the daemon's control socket and prints its answer. A daemon that is not there, a command it refuses
+One process per command (the legacy syntax on its stdin, MPS v3's `<module> <verb>` as its arguments), with
+`CUDA_MPS_PIPE_DIRECTORY` naming the daemon's pipe directory: the client writes the command to the daemon's control
+socket and prints its answer. A daemon that is not there, a command it refuses
 (`Unknown command`, an error line) or a client that hangs is a `MpsControlError` with the command and the answer.
 """
 
@@ -23,9 +24,19 @@ class MpsControlError(Exception):
 
 
 def send(binary: str, pipe_dir: Path, command: str, *, timeout: float = COMMAND_TIMEOUT) -> str:
-    """The daemon's answer to one command."""
+    """The daemon's answer to one command of the legacy interactive syntax (written to the client's stdin)."""
+    return _run([binary], command + "\n", pipe_dir, command, timeout)
+
+
+def invoke(binary: str, pipe_dir: Path, words: Sequence[str], *, deadline: float | None = None) -> str:
+    """The daemon's answer to one command of MPS v3's `<module> <verb> ...` syntax (the client's arguments)."""
+    command = " ".join(words)
+    return _run([binary, *words], "", pipe_dir, command, _within(deadline, command, pipe_dir))
+
+
+def _run(argv: list[str], stdin: str, pipe_dir: Path, command: str, timeout: float) -> str:
     try:
-        done = subprocess.run([binary], input=command + "\n", capture_output=True, text=True, timeout=timeout,
+        done = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, LimitEnv.PIPE_DIRECTORY: str(pipe_dir)}, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
         raise MpsControlError(f"{command!r} to the MPS daemon in {pipe_dir}: {err}") from err
@@ -49,6 +60,12 @@ def _within(deadline: float | None, command: str, pipe_dir: Path) -> float:
 def send_all(binary: str, pipe_dir: Path, commands: Sequence[str], *, deadline: float | None = None) -> None:
     for command in commands:
         send(binary, pipe_dir, command, timeout=_within(deadline, command, pipe_dir))
+
+
+def invoke_all(binary: str, pipe_dir: Path, commands: Sequence[Sequence[str]], *,
+               deadline: float | None = None) -> None:
+    for words in commands:
+        invoke(binary, pipe_dir, words, deadline=deadline)
 
 
 def server_pids(binary: str, pipe_dir: Path, *, deadline: float | None = None) -> list[int]:

@@ -6,6 +6,10 @@ defaults do not reach a server already running), and again when the daemon was r
 defaults on exit: a new control socket is a new daemon). What it could not tell, and what the daemon side does not hold,
 is `problem`, for the node's condition.
 
+On MPS v3 (`namespaces`), each sm-sharing container also gets a namespace of its own with its own limits
+(decide.mps_namespaces): the daemon's namespaces are listed once per daemon, then created, set and deleted to follow
+the node's containers; `route` says which directory the NRI plugin mounts as a container's pipe directory.
+
 The NRI plugin also calls it before it answers the creation of an sm-sharing fraction, with that fraction as
 `created`, so the daemon holds its limits from its process's first connection, not from the loop's next pass. A
 created fraction is remembered until the node's pods include it (the pod watch may lag the runtime) or CREATED_TTL_S.
@@ -20,9 +24,11 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from gpufrac.agent.decide import mps_namespaces
 from gpufrac.agent.decide.model import GpuInfo, RunningContainer
 from gpufrac.agent.decide.mps_limits import DaemonPlan, holds, plan
-from gpufrac.agent.edges.mps_control import MpsControlError, send_all, server_pids
+from gpufrac.agent.decide.mps_namespaces import Namespace
+from gpufrac.agent.edges.mps_control import MpsControlError, invoke, invoke_all, send_all, server_pids
 from gpufrac.core.contract import MPS_CONTROL_SOCKET
 
 log = logging.getLogger(__name__)
@@ -39,17 +45,20 @@ class DaemonSideLimits:
         self._created: dict[tuple[str, str, str], tuple[RunningContainer, float]] = {}  # key -> (it, until)
         # the daemon (its control socket), its servers and the plan it last took
         self._told: tuple[tuple[int, int], tuple[int, ...], DaemonPlan] | None = None
+        # the daemon whose namespaces of ours are known, and those (None: created, limits not known)
+        self._namespaces: tuple[tuple[int, int], dict[str, Namespace | None]] | None = None
         self.problem: str | None = None  # for the node's condition: what the daemon side does not hold now
         self.failure: str | None = None  # why the daemon did not take the last plan (None: it did)
 
-    def apply(self, containers: Iterable[RunningContainer], gpus: Sequence[GpuInfo]) -> DaemonPlan:
+    def apply(self, containers: Iterable[RunningContainer], gpus: Sequence[GpuInfo], *,
+              namespaces: bool = False) -> DaemonPlan:
         """The loop's pass: tell the daemon the plan for `containers` (the node's placed fractions) and the fractions
-        created lately that `containers` do not hold yet."""
+        created lately that `containers` do not hold yet; with `namespaces` (MPS v3), one namespace per container."""
         with self._lock:
-            return self._apply(self._with_created(list(containers), ()), gpus, None)
+            return self._apply(self._with_created(list(containers), ()), gpus, None, namespaces)
 
     def hold(self, containers: Iterable[RunningContainer], gpus: Sequence[GpuInfo],
-             created: Iterable[RunningContainer], within_s: float | None) -> str | None:
+             created: Iterable[RunningContainer], within_s: float | None, *, namespaces: bool = False) -> str | None:
         """At a creation: as `apply`, with the fractions being `created`, all of it within `within_s` seconds if
         given (the NRI plugin's answer has a deadline), waiting for a pass under way no longer than that. Why the
         daemon did not take the plan (None: it did)."""
@@ -57,7 +66,7 @@ class DaemonSideLimits:
         if not self._lock.acquire(timeout=-1 if within_s is None else within_s):
             return f"the agent's pass was still telling the MPS daemon its limits after {within_s:.1f} s"
         try:
-            self._apply(self._with_created(list(containers), created), gpus, deadline)
+            self._apply(self._with_created(list(containers), created), gpus, deadline, namespaces)
             return self.failure
         finally:
             self._lock.release()
@@ -72,35 +81,68 @@ class DaemonSideLimits:
                          if key not in known and until > now}
         return [*containers, *(c for c, _ in self._created.values())]
 
+    def route(self, pod_uid: str, container: str) -> Path | None:
+        """The pipe directory of a container's own namespace, where the daemon has it (None: no namespace here)."""
+        name = mps_namespaces.namespace_name(pod_uid, container)
+        with self._lock:
+            has = self._namespaces[1] if self._namespaces is not None else {}
+            namespace = has.get(name)
+        return self.pipe_dir / namespace.pipe_subdir if namespace is not None else None
+
     def _apply(self, containers: list[RunningContainer], gpus: Sequence[GpuInfo],
-               deadline: float | None) -> DaemonPlan:
+               deadline: float | None, namespaces: bool) -> DaemonPlan:
         wanted = plan(containers, gpus)
+        too_long = mps_namespaces.too_long(str(self.pipe_dir)) if namespaces else None
+        namespaces = namespaces and too_long is None
+        per_container = mps_namespaces.wanted(containers) if namespaces else {}
         self.failure = None
-        if not wanted.ceilings and wanted.thread_percent is None:
-            self.problem = holds(wanted, applied=True)
-            return wanted
         daemon = self._daemon()
-        if deadline is not None and self._told is not None and self._told[0] == daemon and self._told[2] == wanted:
-            # Within a deadline (a creation), the same plan to the same daemon needs no command: its running servers
-            # were told, and a server it spawned since took the defaults.
-            return wanted
         try:
-            servers = tuple(server_pids(self.binary, self.pipe_dir, deadline=deadline))
-            told = (daemon, servers, wanted)
-            if self._told != told:
-                send_all(self.binary, self.pipe_dir, wanted.default_commands() + wanted.server_commands(servers),
-                         deadline=deadline)
-                log.info("sm-sharing MPS daemon limits: %s", "; ".join(wanted.default_commands()),
-                         extra={"servers": list(servers)})
-                self._told = told
+            self._tell_servers(daemon, wanted, deadline)
+            if namespaces:
+                self._tell_namespaces(daemon, per_container, deadline)
+            else:
+                self._namespaces = None
         except MpsControlError as err:
             log.warning("%s", err)
             self._told = None
+            self._namespaces = None  # listed again: a command may have half happened
             self.failure = str(err)
             self.problem = f"{holds(wanted, applied=False)} ({err})"
             return wanted
-        self.problem = holds(wanted, applied=True)
+        held = holds(wanted, applied=True, routed=frozenset(ns.container for ns in per_container.values()))
+        self.problem = "; ".join(p for p in (held, too_long) if p) or None
         return wanted
+
+    def _tell_servers(self, daemon: tuple[int, int], wanted: DaemonPlan, deadline: float | None) -> None:
+        """Each GPU's server limits: the defaults for the next server, and each running server by PID."""
+        if not wanted.ceilings and wanted.thread_percent is None:
+            return
+        if deadline is not None and self._told is not None and self._told[0] == daemon and self._told[2] == wanted:
+            # Within a deadline (a creation), the same plan to the same daemon needs no command: its running servers
+            # were told, and a server it spawned since took the defaults.
+            return
+        servers = tuple(server_pids(self.binary, self.pipe_dir, deadline=deadline))
+        told = (daemon, servers, wanted)
+        if self._told != told:
+            send_all(self.binary, self.pipe_dir, wanted.default_commands() + wanted.server_commands(servers),
+                     deadline=deadline)
+            log.info("sm-sharing MPS daemon limits: %s", "; ".join(wanted.default_commands()),
+                     extra={"servers": list(servers)})
+            self._told = told
+
+    def _tell_namespaces(self, daemon: tuple[int, int], wanted: dict[str, Namespace],
+                         deadline: float | None) -> None:
+        """One namespace per container with its limits; ours that no container needs are deleted."""
+        if self._namespaces is None or self._namespaces[0] != daemon:
+            answer = invoke(self.binary, self.pipe_dir, mps_namespaces.list_command(), deadline=deadline)
+            self._namespaces = (daemon, dict.fromkeys(mps_namespaces.listed(answer)))
+        todo = mps_namespaces.changes(self._namespaces[1], wanted)
+        if todo.commands():
+            invoke_all(self.binary, self.pipe_dir, todo.commands(), deadline=deadline)
+            log.info("sm-sharing MPS namespaces: %d created, %d set, %d deleted", len(todo.create), len(todo.update),
+                     len(todo.delete), extra={"new_namespaces": [ns.container for ns in todo.create]})
+        self._namespaces = (daemon, dict(wanted))
 
     def _daemon(self) -> tuple[int, int]:
         try:

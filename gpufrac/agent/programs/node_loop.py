@@ -179,7 +179,8 @@ class Agent:
         if (self.daemon_limits is None or self.inventory is None or status is None or not status.up
                 or not self.pods.synced.is_set()):
             return None
-        self.daemon_limits.apply(self.placed(), self.inventory.gpus)
+        self.daemon_limits.apply(self.placed(), self.inventory.gpus,
+                                 namespaces=capabilities.has_driver_memory_limits(self.inventory))
         return self.daemon_limits.problem
 
     def placed(self) -> list[RunningContainer]:
@@ -196,7 +197,13 @@ class Agent:
         if not self.pods.synced.is_set():
             return "the agent has not read the node's pods yet, so it cannot tell the daemon every fraction's limits"
         created = placed_fractions([created_pod]) if created_pod is not None else []
-        return self.daemon_limits.hold(self.placed(), self.inventory.gpus, created, within_s)
+        return self.daemon_limits.hold(self.placed(), self.inventory.gpus, created, within_s,
+                                       namespaces=capabilities.has_driver_memory_limits(self.inventory))
+
+    def pipe_route(self, pod_uid: str, container: str) -> Path | None:
+        """The host directory the NRI plugin mounts as an sm-sharing container's pipe directory: its own MPS v3
+        namespace's (programs.mps_limits.route); None: the mode's whole pipe directory stays (a legacy daemon)."""
+        return self.daemon_limits.route(pod_uid, container) if self.daemon_limits is not None else None
 
     def _condition(self, enforced: Mapping[ComputeMode, Enforcement], statuses: Mapping[ComputeMode, DaemonStatus],
                    skew: str | None, daemon_side: str | None = None) -> NodeCondition:

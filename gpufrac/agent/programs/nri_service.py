@@ -50,7 +50,7 @@ class NriService:
         self._queue: queue.Queue[dict[str, object] | None] = queue.Queue(EVENT_QUEUE)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.plugin = NriPlugin(config, self.facts, self, hold=self.hold)
+        self.plugin = NriPlugin(config, self.facts, self, hold=self.hold, route=self.route)
         for outcome in [*Outcome, SWEPT]:
             metrics.nri_containers.labels(outcome=str(outcome))
         self.state_changed(self.plugin.state)
@@ -72,6 +72,13 @@ class NriService:
             return None  # time-slicing: the toolkit's hook sets its cgroup limit as the container starts
         metadata = {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid, "annotations": dict(pod.annotations)}
         return self.agent.hold_now({"metadata": metadata}, within_s)
+
+    def route(self, pod: PodInfo, serving: ServingContainer) -> str | None:
+        """The host directory of an sm-sharing fraction's own MPS namespace (Agent.pipe_route), None: none."""
+        if serving.mode is not ComputeMode.SM_SHARING:
+            return None
+        found = self.agent.pipe_route(pod.uid, serving.container)
+        return str(found) if found is not None else None
 
     # ---- the plugin's DecisionSink ----
 

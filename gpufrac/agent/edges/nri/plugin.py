@@ -28,6 +28,7 @@ from enum import StrEnum
 from typing import IO, Protocol
 
 from gpufrac.agent.decide.errors import ProcReadError
+from gpufrac.agent.decide.nri_daemon_side import daemon_limits_refusal, own_pipe_dir
 from gpufrac.agent.decide.nri_decision import (
     ContainerInfo,
     Injection,
@@ -36,7 +37,6 @@ from gpufrac.agent.decide.nri_decision import (
     Policy,
     Refusal,
     ServingContainer,
-    daemon_limits_refusal,
     decide,
     serving_container,
 )
@@ -84,7 +84,8 @@ class DecisionSink(Protocol):
 
 class NriPlugin:
     def __init__(self, config: NriConfig, facts: Callable[[], NodeFacts], sink: DecisionSink,
-                 hold: Callable[[PodInfo, ServingContainer, float], str | None] = lambda *_: None) -> None:
+                 hold: Callable[[PodInfo, ServingContainer, float], str | None] = lambda *_: None,
+                 route: Callable[[PodInfo, ServingContainer], str | None] = lambda *_: None) -> None:
         self.config = config
         self._facts = facts
         self._sink = sink
@@ -92,6 +93,7 @@ class NriPlugin:
         # daemon's side), within the seconds given; why they could not be, and the creation is refused (None: they
         # are, or need not be).
         self._hold = hold
+        self._route = route  # an sm-sharing fraction's own MPS namespace directory, once held (None: none)
         self._policy = Policy(config.void_env_grants, config.trusted_namespaces)
         self._checkpoint = KubeletCheckpoint(config.device_checkpoint)  # read at each creation: allocated just before
         self._lock = threading.Lock()
@@ -160,6 +162,9 @@ class NriPlugin:
                 why_not = self._hold(pod, result.serving, self._request_timeout_s / 2)
                 if why_not is None:
                     self._serving[container.id] = result.serving
+                    namespace_dir = self._route(pod, result.serving)
+                    if namespace_dir is not None:
+                        result = own_pipe_dir(result, container, namespace_dir)
                 else:
                     result = daemon_limits_refusal(pod, container, why_not)
         self._sink.decided(pod, container, result)

@@ -210,12 +210,16 @@ def container_info(container: Any) -> ContainerInfo:
 
 
 def adjustment(injection: Injection) -> Any:
-    """The ContainerAdjustment of a decision: CDI devices, device nodes, env set and env removed (`-NAME`)."""
+    """The ContainerAdjustment of a decision: CDI devices, device nodes, bind mounts, env set and env removed
+    (`-NAME`)."""
     adjust = api_pb2.ContainerAdjustment()
     for name in injection.cdi_devices:
         adjust.CDI_devices.add(name=name)
     for node in injection.device_nodes:
         _add_device(adjust, node)
+    for mount in injection.mounts:  # the runtime removes a mount at the same destination first
+        adjust.mounts.add(destination=mount.destination, type="bind", source=mount.source,
+                          options=["rbind", "rprivate", "rw"])
     for key, value in injection.set_env.items():
         adjust.env.add(key=key, value=value)
     for key in injection.remove_env:

@@ -1,0 +1,165 @@
+"""Issue 30, limits a process cannot raise: one MPS v3 namespace per sm-sharing container (decide.mps_namespaces,
+programs.mps_limits), against the fake daemon, which routes a client by the namespace socket it connects to."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from e2e.toolkit.wait import wait_until
+from gpufrac.agent.decide import mps_namespaces
+from gpufrac.agent.decide.model import RunningContainer
+from gpufrac.agent.decide.mps_config import daemon_spec
+from gpufrac.agent.decide.mps_namespaces import Namespace, changes, namespace_name, wanted
+from gpufrac.agent.edges.mps_control import invoke
+from gpufrac.agent.edges.supervisor import MpsSupervisor, RestartPolicy
+from gpufrac.agent.programs.mps_limits import DaemonSideLimits
+from gpufrac.core.annotations import ComputeMode
+from testkit.agent import UUID_A, container, gpu_info
+from testkit.fakes.mps_client import connect, records
+
+SM = ComputeMode.SM_SHARING
+GPUS = (gpu_info(0, UUID_A),)
+PINNED = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+
+
+def sm(name: str, limit: int, threads: int | None = 50, claim: str = "") -> RunningContainer:
+    return replace(container(name, pod=f"p-{name}", uid=f"u-{name}", mode=SM, request_mib=limit, limit_mib=limit,
+                             devices=(UUID_A,), active_thread_percent=threads), claim=claim)
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, mps_binary: str) -> Iterator[MpsSupervisor]:
+    spec = daemon_spec(SM, mps_v3=True, binary=mps_binary, mps_root=tmp_path / "mps", log_root=tmp_path / "log",
+                       config_dir=tmp_path / "config")
+    sup = MpsSupervisor(spec, RestartPolicy(0.01, 0.08, 5, 300.0), quit_timeout=5)
+    sup.start()
+    wait_until(lambda: sup.status().up, timeout=10, what="the fake sm-sharing daemon")
+    yield sup
+    sup.stop()
+
+
+# ---- pure ----
+
+def test_a_containers_namespace_is_named_from_its_pod_uid_and_name_short_enough_for_a_socket_path() -> None:
+    name = namespace_name("0b6f-uid", "app")
+    assert name == namespace_name("0b6f-uid", "app") != namespace_name("0b6f-uid", "sidecar")
+    assert len(name) == 13 and mps_namespaces.is_ours(name)
+    assert not mps_namespaces.is_ours("training") and not mps_namespaces.is_ours(name + "0")
+    assert mps_namespaces.listed(f"{name}\ntraining\n\n{namespace_name('x', 'y')} 3 clients\n") == {
+        name, namespace_name("x", "y")}
+
+
+def test_only_annotated_sm_sharing_fractions_with_a_limit_get_a_namespace() -> None:
+    time_slicing = container("t", uid="u-t", mode=ComputeMode.TIME_SLICING, devices=(UUID_A,))
+    no_limit = container("n", uid="u-n", mode=SM, request_mib=100, limit_mib=None, devices=(UUID_A,))
+    got = wanted([sm("a", 4096, threads=None), time_slicing, no_limit, sm("c", 2048, claim="claim-c/gpu")])
+    assert got == {namespace_name("u-a", "a"): Namespace(namespace_name("u-a", "a"), 4096, 100, "team-a/p-a/a")}
+
+
+def test_the_changes_create_set_and_delete_only_what_differs() -> None:
+    a, b = Namespace("c000000000001", 4096, 50, "x/a/a"), Namespace("c000000000002", 2048, 30, "x/b/b")
+    todo = changes({"c000000000001": None, "c00000000000f": a}, {a.name: a, b.name: b})
+    assert todo.commands() == [
+        ("namespace", "delete", "c00000000000f", "--server=gpufrac"),
+        ("namespace", "create", "c000000000002", "--server=gpufrac"),
+        ("namespace", "set", "c000000000002", "--server=gpufrac", "--pinned-memory-limit=2048M",
+         "--active-thread-percentage=30"),
+        ("namespace", "set", "c000000000001", "--server=gpufrac", "--pinned-memory-limit=4096M",
+         "--active-thread-percentage=50"),
+    ]
+    assert changes({a.name: a}, {a.name: a}).commands() == []
+
+
+# ---- against the fake daemon ----
+
+def test_each_container_is_held_to_its_own_limit_where_the_server_holds_the_largest(daemon: MpsSupervisor) -> None:
+    """The control first: without namespaces, a client of the 4096 MiB container that drops its env gets the
+    server's 12288 MiB (its larger neighbour's). With them, it gets its own, whatever its env asks."""
+    pipe = daemon.spec.pipe_dir
+    limits = DaemonSideLimits(daemon.spec.argv[0], pipe)
+    limits.apply([sm("a", 4096), sm("b", 12288, threads=80)], GPUS)
+    assert limits.route("u-a", "a") is None
+    assert connect(pipe, UUID_A, env={}).pinned_mib == 12288
+    assert "holds clients to 12288Mi" in (limits.problem or "")
+
+    limits.apply([sm("a", 4096), sm("b", 12288, threads=80)], GPUS, namespaces=True)
+    assert limits.problem is None
+    own = limits.route("u-a", "a")
+    assert own == pipe / "gpufrac" / namespace_name("u-a", "a")
+    assert connect(own, UUID_A, env={}).pinned_mib == 4096
+    assert connect(own, UUID_A, env={PINNED: f"{UUID_A}=81920M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}) \
+        .thread_percent == 50
+    other = limits.route("u-b", "b")
+    assert other is not None and connect(other, UUID_A, env={}).pinned_mib == 12288
+    # what its processes can reach: their namespace's socket, no control socket of the daemon's
+    assert sorted(p.name for p in own.iterdir()) == ["control", "fake-context-share", "fake-server-limits"]
+    raised = subprocess.run([daemon.spec.argv[0]], input=f"set_default_device_pinned_mem_limit {UUID_A} 81920M\n",
+                            capture_output=True, text=True, env={"CUDA_MPS_PIPE_DIRECTORY": str(own)}, check=False)
+    assert raised.stdout.startswith("Error: a namespace's socket serves clients")
+
+
+def test_a_namespace_goes_with_its_container_and_a_new_agent_clears_its_own_leftovers(daemon: MpsSupervisor) -> None:
+    pipe, binary = daemon.spec.pipe_dir, daemon.spec.argv[0]
+    limits = DaemonSideLimits(binary, pipe)
+    limits.apply([sm("a", 4096), sm("b", 2048)], GPUS, namespaces=True)
+    gone = limits.route("u-b", "b")
+    assert gone is not None and gone.exists()
+    limits.apply([sm("a", 4096)], GPUS, namespaces=True)
+    assert not gone.exists() and limits.route("u-b", "b") is None
+
+    invoke(binary, pipe, ("namespace", "create", "training", "--server=gpufrac"))  # not ours: left alone
+    invoke(binary, pipe, ("namespace", "create", namespace_name("u-old", "app"), "--server=gpufrac"))
+    restarted = DaemonSideLimits(binary, pipe)  # a restarted agent: lists what the daemon has
+    restarted.apply([sm("a", 4096)], GPUS, namespaces=True)
+    listed = invoke(binary, pipe, mps_namespaces.list_command()).split()
+    assert sorted(listed) == sorted([namespace_name("u-a", "a"), "training"])
+    before = len(records(daemon.spec.log_dir, "command"))
+    restarted.apply([sm("a", 4096)], GPUS, namespaces=True)  # nothing changed: no namespace command
+    assert not any(r["command"].startswith("namespace") for r in records(daemon.spec.log_dir, "command")[before:])
+
+
+def test_a_restarted_daemon_gets_its_namespaces_again(daemon: MpsSupervisor) -> None:
+    limits = DaemonSideLimits(daemon.spec.argv[0], daemon.spec.pipe_dir)
+    limits.apply([sm("a", 4096)], GPUS, namespaces=True)
+    bound = limits.route("u-a", "a")
+    assert bound is not None
+    inode = bound.stat().st_ino  # what a container's bind mount holds: the directory, not its path
+    first = daemon.pid
+    crash = daemon.spec.log_dir / "fake-crash"
+    crash.touch()
+    wait_until(lambda: daemon.status().restarts >= 1, timeout=10, what="the fake daemon to crash")
+    crash.unlink()
+    wait_until(lambda: daemon.status().up and daemon.pid != first, timeout=10, what="the restarted daemon")
+
+    def held() -> bool:
+        limits.apply([sm("a", 4096)], GPUS, namespaces=True)
+        own = limits.route("u-a", "a")
+        return own is not None and connect(own, UUID_A, env={}).pinned_mib == 4096
+
+    assert wait_until(held, timeout=10, what="the namespace on the new daemon")
+    assert limits.route("u-a", "a") == bound and bound.stat().st_ino == inode
+
+
+def test_a_creation_is_answered_only_once_its_namespace_holds_it(daemon: MpsSupervisor) -> None:
+    limits = DaemonSideLimits(daemon.spec.argv[0], daemon.spec.pipe_dir)
+    assert limits.hold([sm("a", 4096)], GPUS, [sm("new", 2048)], 30.0, namespaces=True) is None
+    own = limits.route("u-new", "new")
+    assert own is not None and connect(own, UUID_A, env={}).pinned_mib == 2048
+    failed = limits.hold([sm("a", 4096)], GPUS, [sm("late", 1024)], 0.0, namespaces=True)
+    assert failed is not None and "no time left" in failed
+    assert limits.route("u-late", "late") is None
+
+
+def test_a_pipe_directory_too_long_for_namespace_sockets_is_said_and_the_server_limits_stay(
+        tmp_path: Path, mps_binary: str) -> None:
+    long_dir = "/run/" + "x" * 80
+    assert mps_namespaces.too_long("/run/gpufrac/mps/sm-sharing") is None
+    assert "longer than a unix socket's 107 bytes" in (mps_namespaces.too_long(long_dir) or "")
+    limits = DaemonSideLimits(mps_binary, Path(long_dir))
+    limits.apply([sm("a", 4096)], GPUS, namespaces=True)  # no daemon there: the server commands fail, said first
+    assert limits.route("u-a", "a") is None and "did not take its limits" in (limits.problem or "")
