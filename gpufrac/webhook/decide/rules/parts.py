@@ -9,7 +9,7 @@ from gpufrac.core.contract import (
     FRACTIONAL_LABEL,
     NO_COMPUTE_CAP,
 )
-from gpufrac.webhook.decide.cel import lit, str_list
+from gpufrac.webhook.decide.cel import lit
 from gpufrac.webhook.decide.rules.values import (
     CPORTION,
     KAI,
@@ -27,8 +27,8 @@ def same_label(before: str, after: str) -> str:
 
 def user_keys(anns: str) -> str:
     """`validation.user_fraction_keys`: the fraction annotations but the webhook's own, as a list of keys."""
-    return (f"{anns}.filter(k, (k in {str_list(ann.SHORTHAND_KEYS)} || k.startsWith({lit(NV)}) || "
-            f"k.startsWith({lit(KAI)})))")
+    shorthand = " || ".join(f"k == {lit(s)}" for s in ann.SHORTHAND_KEYS)  # no list made per key
+    return f"{anns}.filter(k, (k.startsWith({lit(NV)}) || k.startsWith({lit(KAI)}) || {shorthand}))"
 
 
 def bind_only(k: str) -> str:

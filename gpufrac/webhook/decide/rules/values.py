@@ -148,7 +148,9 @@ def devices_problem(v: str) -> str:
             f"{twice} ? {lit(accepted + 'a device listed twice)')} : '')")
 
 
-def shorthand_rule(key: str, problem: Callable[[str], str]) -> str:
-    """The one-message list of a pod-level shorthand's value rule."""
+def shorthand_rule(key: str, problem: Callable[[str], str], ok: str | None = None) -> str:
+    """The one-message list of a pod-level shorthand's value rule. `ok`: the variable that already holds
+    `has && problem == ''` (variables.fractionOk, ...), so that the value is judged once per request."""
     v = a(key)
-    return when(f"{has_ann(key)} && {problem(v)} != ''", one(annotation_message(lit(key), v, problem(v))))
+    wrong = f"!{ok}" if ok else f"{problem(v)} != ''"
+    return when(f"{has_ann(key)} && {wrong}", one(annotation_message(lit(key), v, problem(v))))

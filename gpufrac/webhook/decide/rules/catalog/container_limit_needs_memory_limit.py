@@ -18,7 +18,7 @@ def cel() -> str:
     problem = (f"cannot be used together with {ann.MEMORY} alone: write the limit as {ann.MEMORY_LIMIT}, or write "
                "both request and limit per container")
     return when(f"{has_ann(ann.MEMORY)} && !{has_ann(ann.MEMORY_LIMIT)}",
-                per_key(f"k in variables.keys && k.endsWith({lit('.' + LIM)})", lambda _: lit(problem)))
+                per_key(f"k.endsWith({lit('.' + LIM)})", lambda _: lit(problem), keys="variables.keys"))
 
 
 RULE = Rule(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpufrac.webhook.decide import fractions as fr
+from gpufrac.webhook.decide.cel import annotation_message
 from gpufrac.webhook.decide.rules.rule import Phase, Rule, Scope
 from gpufrac.webhook.decide.rules.values import (
     CPORTION,
@@ -19,7 +20,6 @@ from gpufrac.webhook.decide.rules.values import (
 )
 from gpufrac.webhook.decide.rules.variables import (
     own_field,
-    per_key,
 )
 
 _DECIMAL_DIGITS = ("a number in scientific notation whose plain form has more than 5 digits after the point "
@@ -27,15 +27,14 @@ _DECIMAL_DIGITS = ("a number in scientific notation whose plain form has more th
 
 
 def cel() -> str:
-    parts = [
-        per_key(own_field(REQ), amount_problem),
-        per_key(own_field(LIM), amount_problem),
-        per_key(own_field(MODE), mode_value_problem),
-        per_key(own_field(DEV), devices_problem),
-        per_key(own_field(PORTION), portion_limit_problem),
-        per_key(own_field(CPORTION), compute_portion_problem),
-    ]
-    return " + ".join(parts)
+    """One pass over the kept keys: each key's value judged by the rule of its field (a key has one field)."""
+    v = "variables.anns[k]"
+    problem = "''"
+    for field, judge in reversed([(REQ, amount_problem), (LIM, amount_problem), (MODE, mode_value_problem),
+                                  (DEV, devices_problem), (PORTION, portion_limit_problem),
+                                  (CPORTION, compute_portion_problem)]):
+        problem = f"({own_field(field)} ? {judge(v)} : {problem})"
+    return f"variables.ownKeys.filter(k, {problem} != '').map(k, {annotation_message('k', v, problem)})"
 
 
 RULE = Rule(

@@ -29,9 +29,11 @@ def cel() -> str:
                  "container would start without a memory limit'")
     count = (f"'lists ' + string(size({listed})) + ' devices, but the pod asks for ' + string(variables.numDevices) "
              f"+ ' ({ann.NUM_DEVICES})'")
-    return (f"variables.fractional.filter(c, {valid} && !{has_memory('c')})"
+    # The cheap tests first: the value's own check (splitting and matching every entry) only where they fail.
+    return (f"variables.fractional.filter(c, !{has_memory('c')} && {valid})"
             f".map(c, {annotation_message(key, shown, no_memory)}) + "
-            f"variables.fractional.filter(c, {valid} && size({listed}) != variables.numDevices)"
+            f"variables.fractional.filter(c, {is_written('c', DEV)} && size({listed}) != variables.numDevices && "
+            f"{valid})"
             f".map(c, {annotation_message(key, shown, count)})")
 
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from gpufrac.webhook.decide import validation as va
 from gpufrac.webhook.decide.cel import annotation_message, when
-from gpufrac.webhook.decide.rules.parts import bind_only, user_keys
+from gpufrac.webhook.decide.rules.parts import bind_only
 from gpufrac.webhook.decide.rules.rule import Phase, Rule, Scope
 
 
 def cel() -> str:
     problem = "'is written by the scheduler at bind (' + variables.schedulerNames + '), not on create'"
     return when("oldObject == null && !variables.isScheduler",
-                f"{user_keys('variables.anns')}.filter(k, {bind_only('k')})"
+                f"variables.prefixedKeys.filter(k, {bind_only('k')})"
                 f".map(k, {annotation_message('k', 'variables.anns[k]', problem)})")
 
 

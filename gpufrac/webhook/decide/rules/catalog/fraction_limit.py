@@ -18,6 +18,6 @@ RULE = Rule(
     "fractionLimit", "gpu-fraction.limit lies strictly between gpu-fraction and 1, at most 5 digits",
     Scope.POD, Phase.VALUE, 60,
     (fr.read_portion_limit,),
-    shorthand_rule(ann.FRACTION_LIMIT, portion_limit_problem),
+    shorthand_rule(ann.FRACTION_LIMIT, portion_limit_problem, "variables.fractionLimitOk"),
     webhook_only="partly: " + _DECIMAL_DIGITS,
 )

@@ -18,7 +18,7 @@ from gpufrac.webhook.decide.rules.values import (
 
 def cel() -> str:
     """`validation._authorship` on UPDATE, for everyone but the scheduler adding keys (its bind)."""
-    old = "oldObject.metadata.?annotations.orValue({})"
+    old = "variables.oldAnns"
     new, immutable = "variables.anns", lit("; " + va.IMMUTABLE)
     user = "(request.userInfo.username != '' ? request.userInfo.username : 'this user')"
     bind_shape = (f"({bind_only('k')} || (k.startsWith({lit(NV)}) && (k.endsWith({lit('.' + REQ)}) || "
@@ -28,8 +28,8 @@ def cel() -> str:
     changed_message = annotation_message("k", f"{new}[k]", cat("'was changed from '", f"{old}[k]", immutable))
     added_message = annotation_message("k", f"{new}[k]", cat("'cannot be added by '", user, "': '", why))
     removed = f"{user_keys(old)}.filter(k, !(k in {new})).map(k, {removed_message})"
-    changed = f"{user_keys(new)}.filter(k, k in {old} && {old}[k] != {new}[k]).map(k, {changed_message})"
-    added = when("!variables.isScheduler", f"{user_keys(new)}.filter(k, !(k in {old})).map(k, {added_message})")
+    changed = f"variables.userKeys.filter(k, k in {old} && {old}[k] != {new}[k]).map(k, {changed_message})"
+    added = when("!variables.isScheduler", f"variables.userKeys.filter(k, !(k in {old})).map(k, {added_message})")
     label = "oldObject.metadata.?labels.orValue({})"
     relabel = when(f"{lit(FRACTIONAL_LABEL)} in {label} && !({same_label(label, 'variables.labels')})",
                    one(lit(f"label {FRACTIONAL_LABEL}: is set by gpufrac and cannot be changed or removed")))

@@ -26,7 +26,7 @@ def cel() -> str:
     for condition, text in reversed(cases):
         accepted = f"({condition} ? {lit(text)} : {accepted})"
     message = f"'annotation ' + k + ': is not a key gpufrac knows: ' + {accepted}"
-    return f"variables.anns.filter(k, {select}).map(k, {message})"
+    return f"variables.prefixedKeys.filter(k, {select}).map(k, {message})"
 
 
 RULE = Rule(

@@ -14,5 +14,5 @@ RULE = Rule(
     "memory", "gpu-memory is a whole number of MiB",
     Scope.POD, Phase.VALUE, 50,
     (fr.read_memory_mib,),
-    shorthand_rule(ann.MEMORY, memory_mib_problem),
+    shorthand_rule(ann.MEMORY, memory_mib_problem, "variables.memoryOk"),
 )

@@ -14,5 +14,5 @@ RULE = Rule(
     "memoryLimit", "gpu-memory.limit has a unit and is at least gpu-memory",
     Scope.POD, Phase.VALUE, 70,
     (fr.read_memory_limit,),
-    shorthand_rule(ann.MEMORY_LIMIT, memory_limit_problem),
+    shorthand_rule(ann.MEMORY_LIMIT, memory_limit_problem, "variables.memoryLimitOk"),
 )

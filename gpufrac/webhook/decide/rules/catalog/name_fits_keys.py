@@ -24,8 +24,10 @@ def cel() -> str:
         head = lit(f": has a name longer than {allowed} characters, too long for the annotation key {before}")
         tail = lit(f"{after} (at most {ann.KEY_NAME_MAX} characters after the /); shorten it")
         negate = "" if portion_limit else "!"
-        out.append(f"variables.fractional.filter(c, c.matches({regex(ann.CONTAINER_NAME_PATTERN)}) && "
-                   f"{negate}{has_limit} && size(c) > {allowed}).map(c, 'container ' + c + {head} + c + {tail})")
+        # The length first: the portion limit's check (a number's parsing) runs only for a name that long.
+        out.append(f"variables.fractional.filter(c, size(c) > {allowed} && "
+                   f"c.matches({regex(ann.CONTAINER_NAME_PATTERN)}) && {negate}{has_limit})"
+                   f".map(c, 'container ' + c + {head} + c + {tail})")
     return " + ".join(out)
 
 

@@ -11,7 +11,7 @@ from gpufrac.webhook.decide.rules.variables import (
 
 
 def cel() -> str:
-    modes = f"variables.fractional.map(c, {mode_of('c')})"
+    modes = "variables.fractionalModes"
     return when(f"{modes}.exists(m, m != {modes}[0])",
                 one(f"'pod: mixes compute modes across containers (' + variables.fractional.map(c, c + '=' + "
                     f"{mode_of('c')}).join(', ') + \"); a pod's fractions share one mode, so set the same "

@@ -19,8 +19,8 @@ def cel() -> str:
     problem = (f"cannot be used together with {ann.FRACTION}: the scheduler writes absolute memory for portion "
                "requests at bind")
     return when(f"oldObject == null && {has_ann(ann.FRACTION)}",
-                per_key(f"k in variables.keys && (k.endsWith({lit('.' + REQ)}) || k.endsWith({lit('.' + LIM)}))",
-                        lambda _: lit(problem)))
+                per_key(f"(k.endsWith({lit('.' + REQ)}) || k.endsWith({lit('.' + LIM)}))",
+                        lambda _: lit(problem), keys="variables.keys"))
 
 
 RULE = Rule(

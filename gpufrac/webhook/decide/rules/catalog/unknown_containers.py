@@ -15,7 +15,7 @@ from gpufrac.webhook.decide.rules.values import (
 
 def cel() -> str:
     kept = f"(k.matches({regex(well_formed(NV))}) || k.matches({regex(well_formed(KAI))}))"
-    return (f"variables.anns.filter(k, {kept} && !({container_of('k')} in variables.names))"
+    return (f"variables.prefixedKeys.filter(k, {kept} && !({container_of('k')} in variables.names))"
             f".map(k, 'annotation ' + k + ': names container ' + {container_of('k')} + ', but the pod has ' + "
             "variables.listing)")
 

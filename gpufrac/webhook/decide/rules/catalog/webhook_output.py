@@ -8,11 +8,11 @@ from gpufrac.core.contract import (
     FRACTIONAL_LABEL,
     FRACTIONAL_VALUE,
 )
-from gpufrac.webhook.decide import fractions as fr
 from gpufrac.webhook.decide import validation as va
 from gpufrac.webhook.decide.cel import annotation_message, cat, lit, one, when
 from gpufrac.webhook.decide.rules.parts import active_thread_percent
 from gpufrac.webhook.decide.rules.rule import Phase, Rule, Scope
+from gpufrac.webhook.decide.rules.values import OURS
 from gpufrac.webhook.decide.rules.variables import (
     at_container,
     canonical_key,
@@ -21,35 +21,48 @@ from gpufrac.webhook.decide.rules.variables import (
 )
 
 
+def _expected(c: str) -> dict[CanonicalField, tuple[str, str]]:
+    """For container `c` (a CEL expression): each canonical field, when it is written, and its value."""
+    return {
+        CanonicalField.COMPUTE_MODE: ("true", mode_of(c)),
+        CanonicalField.REQUEST_MIB: (has_memory(c), f"string({at_container('requestMib', c)})"),
+        CanonicalField.LIMIT_MIB: (has_memory(c), f"string({at_container('limitMib', c)})"),
+        CanonicalField.MPS_PINNED_MEM_LIMIT: (
+            has_memory(c),
+            f"variables.deviceIndexes.map(i, string(i) + '=' + string({at_container('limitMib', c)}) + 'M')"
+            ".join(',')"),
+        CanonicalField.ACTIVE_THREAD_PERCENT: (f"{mode_of(c)} == {lit(str(ComputeMode.SM_SHARING))}",
+                                               active_thread_percent(c)),
+    }
+
+
+def _stray() -> str:
+    """CEL over k, one of gpufrac's keys: it is none the pod needs. The key is read as `<prefix><c>.<field>` (a
+    container's name has no dot) instead of every expected key being spelled out for every container."""
+    start = len(OURS)
+    dot = f"k.indexOf('.', {start})"
+    name, field = f"k.substring({start}, {dot})", f"k.substring({dot} + 1)"
+    expected = " || ".join(f"({field} == {lit(str(f))} && ({needed}))" for f, (needed, _) in _expected(name).items())
+    return (f"!(k.startsWith({lit(OURS)}) && {dot} > {start} && {name} in variables.fractional && "
+            f"({expected}))")
+
+
 def cel() -> str:
     """`validation._webhook_output`, asked only when nothing above is denied (as the webhook does)."""
-    expected = {
-        CanonicalField.COMPUTE_MODE: ("true", mode_of("c")),
-        CanonicalField.REQUEST_MIB: (has_memory("c"), f"string({at_container('requestMib', 'c')})"),
-        CanonicalField.LIMIT_MIB: (has_memory("c"), f"string({at_container('limitMib', 'c')})"),
-        CanonicalField.MPS_PINNED_MEM_LIMIT: (
-            has_memory("c"),
-            f"{list(range(fr.MAX_DEVICES))}.filter(i, i < variables.numDevices)"
-            f".map(i, string(i) + '=' + string({at_container('limitMib', 'c')}) + 'M').join(',')"),
-        CanonicalField.ACTIVE_THREAD_PERCENT: (f"{mode_of('c')} == {lit(str(ComputeMode.SM_SHARING))}",
-                                               active_thread_percent("c")),
-    }
     parts = []
-    for field, (needed, value) in expected.items():
+    for field, (needed, value) in _expected("c").items():
         key = canonical_key("c", field)
         actual = f"variables.anns[{key}]"
         must = cat("'must be '", value, "', as gpufrac computes it from the fraction annotations'")
         written = " (only the gpufrac webhook writes them)"
         wrong = annotation_message(key, actual, cat(must, lit(written)))
         missing = annotation_message(key, None, cat(must, lit(", but it is missing" + written)))
-        parts.append(f"variables.fractional.filter(c, {needed} && ({key}) in variables.anns && {actual} != {value})"
-                     f".map(c, {wrong})")
-        parts.append(f"variables.fractional.filter(c, {needed} && !(({key}) in variables.anns)).map(c, {missing})")
-    expected_key = " || ".join(f"(({needed}) && k == {canonical_key('c', field)})"
-                               for field, (needed, _) in expected.items())
+        # One pass per field: a missing key reads as '' (never a value gpufrac writes), and the message says which.
+        parts.append(f"variables.fractional.filter(c, {needed} && variables.anns[?{key}].orValue('') != {value})"
+                     f".map(c, ({key}) in variables.anns ? {wrong} : {missing})")
     stray = annotation_message("k", "variables.anns[k]", lit("is not one gpufrac writes for this pod; remove it"))
-    parts.append(f"variables.anns.filter(k, k.startsWith({lit(ann.GPUFRAC_DOMAIN)}) && "
-                 f"!variables.fractional.exists(c, {expected_key})).map(k, {stray})")
+    parts.append(f"variables.prefixedKeys.filter(k, k.startsWith({lit(ann.GPUFRAC_DOMAIN)}) && {_stray()})"
+                 f".map(k, {stray})")
     label = f"variables.labels[?{lit(FRACTIONAL_LABEL)}].orValue('')"
     parts.append(when(f"size(variables.fractional) > 0 && !({lit(FRACTIONAL_LABEL)} in variables.labels && "
                       f"{label} == {lit(FRACTIONAL_VALUE)})",
