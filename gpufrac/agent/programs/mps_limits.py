@@ -83,10 +83,8 @@ class DaemonSideLimits:
 
     def route(self, pod_uid: str, container: str) -> Path | None:
         """The pipe directory of a container's own namespace, where the daemon has it (None: no namespace here)."""
-        name = mps_namespaces.namespace_name(pod_uid, container)
-        with self._lock:
-            has = self._namespaces[1] if self._namespaces is not None else {}
-            namespace = has.get(name)
+        known = self._namespaces  # without the lock (a pass may be waiting on the daemon): each pass replaces it whole
+        namespace = known[1].get(mps_namespaces.namespace_name(pod_uid, container)) if known is not None else None
         return self.pipe_dir / namespace.pipe_subdir if namespace is not None else None
 
     def _apply(self, containers: list[RunningContainer], gpus: Sequence[GpuInfo],
