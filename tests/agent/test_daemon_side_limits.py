@@ -3,20 +3,17 @@ programs.mps_limits), the fake daemon records them, and a client asking for more
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from e2e.toolkit.wait import wait_until
 from gpufrac.agent.decide import mps_limits
 from gpufrac.agent.decide.claim_tenants import ClaimTenants
 from gpufrac.agent.decide.model import RunningContainer
-from gpufrac.agent.decide.mps_config import daemon_spec
 from gpufrac.agent.decide.mps_namespaces import namespace_name
 from gpufrac.agent.edges.mps_control import MpsControlError, send
-from gpufrac.agent.edges.supervisor import MpsSupervisor, RestartPolicy
+from gpufrac.agent.edges.supervisor import MpsSupervisor
 from gpufrac.agent.programs.mps_limits import CREATED_TTL_S, DaemonSideLimits
+from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import UUID_A, UUID_B, FakeNode, canonical_annotations, cid, container, gpu_info, pod
 from testkit.fakes.mps_client import ClientLimits, connect, records
@@ -29,17 +26,6 @@ PINNED, THREADS = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PE
 def sm(name: str, limit: int, device: str = UUID_A, threads: int | None = 50) -> RunningContainer:
     return container(name, pod=f"p-{name}", mode=SM, request_mib=limit, limit_mib=limit, devices=(device,),
                      active_thread_percent=threads)
-
-
-@pytest.fixture
-def daemon(tmp_path: Path, mps_binary: str) -> Iterator[MpsSupervisor]:
-    spec = daemon_spec(SM, mps_v3=True, binary=mps_binary, mps_root=tmp_path / "mps", log_root=tmp_path / "log",
-                       config_dir=tmp_path / "config")
-    sup = MpsSupervisor(spec, RestartPolicy(0.01, 0.08, 5, 300.0), quit_timeout=5)
-    sup.start()
-    wait_until(lambda: sup.status().up, timeout=10, what="the fake sm-sharing daemon")
-    yield sup
-    sup.stop()
 
 
 # ---- the plan (pure) ----
@@ -178,6 +164,15 @@ def test_a_creation_waits_for_a_pass_under_way_no_longer_than_its_deadline(daemo
 
 # ---- the agent's loop tells the daemon ----
 
+def _ticked_with_daemon(node: FakeNode) -> Agent:
+    """An agent started on the node, ticked once its sm-sharing daemon is up (the tick that tells it)."""
+    agent = node.start_agent()
+    agent.tick()
+    wait_until(lambda: agent.daemon_statuses()[SM].up, timeout=10, what="the sm-sharing daemon")
+    agent.tick()
+    return agent
+
+
 def _sm_pipe_and_log(node: FakeNode) -> tuple[Path, Path]:
     return node.tmp / "mps" / str(SM), node.tmp / "log" / str(SM)
 
@@ -185,10 +180,7 @@ def _sm_pipe_and_log(node: FakeNode) -> tuple[Path, Path]:
 def test_each_tick_holds_the_placed_sm_sharing_fractions_on_the_daemon_side(fake_node: FakeNode) -> None:
     """The node's `infer` pod (sm-sharing, limit 16000 MiB on GPU B): the agent's loop tells the daemon, and a client
     of GPU B whose env asks for the whole GPU, or carries none, gets 16000 MiB."""
-    agent = fake_node.start_agent()
-    agent.tick()
-    wait_until(lambda: agent.daemon_statuses()[SM].up, timeout=10, what="the sm-sharing daemon")
-    agent.tick()
+    _ticked_with_daemon(fake_node)
     pipe, log_dir = _sm_pipe_and_log(fake_node)
     assert records(log_dir, "limit")[-1]["defaults"] == {"pinned": {UUID_B: 16000}, "threads": 100}
     assert connect(pipe, UUID_B, env={PINNED: f"{UUID_B}=80000M"}).pinned_mib == 16000
@@ -213,10 +205,7 @@ def test_fractions_of_one_gpu_with_different_limits_are_said_on_the_condition_on
     container's process connects, and the condition says which container rests on its env and the agent's total."""
     fake_node.gpus.set(driver_version="550.54.15", cuda_driver_version=12040)
     _two_limits_on_gpu_b(fake_node)
-    agent = fake_node.start_agent()
-    agent.tick()
-    wait_until(lambda: agent.daemon_statuses()[SM].up, timeout=10, what="the sm-sharing daemon")
-    agent.tick()
+    _ticked_with_daemon(fake_node)
     _, log_dir = _sm_pipe_and_log(fake_node)
     assert records(log_dir, "limit")[-1]["defaults"]["pinned"] == {UUID_B: 30000}
     assert records(log_dir, "namespace") == []
@@ -230,10 +219,7 @@ def test_on_mps_v3_each_fraction_of_one_gpu_is_held_to_its_own_limit_by_its_name
     """r615 (the fake's default): the same two fractions each get a namespace of their own with their own limit, and
     the condition has no gap to say."""
     _two_limits_on_gpu_b(fake_node)
-    agent = fake_node.start_agent()
-    agent.tick()
-    wait_until(lambda: agent.daemon_statuses()[SM].up, timeout=10, what="the sm-sharing daemon")
-    agent.tick()
+    agent = _ticked_with_daemon(fake_node)
     _, log_dir = _sm_pipe_and_log(fake_node)
     held = {r["namespace"]: r["pinned"] for r in records(log_dir, "namespace") if r["verb"] == "set"}
     assert held == {namespace_name("u-infer", "worker"): 16000, namespace_name("u-infer-2", "worker"): 30000}

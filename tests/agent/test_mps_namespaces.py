@@ -4,19 +4,15 @@ programs.mps_limits), against the fake daemon, which routes a client by the name
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-
-import pytest
 
 from e2e.toolkit.wait import wait_until
 from gpufrac.agent.decide import mps_namespaces
 from gpufrac.agent.decide.model import RunningContainer
-from gpufrac.agent.decide.mps_config import daemon_spec
 from gpufrac.agent.decide.mps_namespaces import Namespace, changes, namespace_name, wanted
 from gpufrac.agent.edges.mps_control import invoke
-from gpufrac.agent.edges.supervisor import MpsSupervisor, RestartPolicy
+from gpufrac.agent.edges.supervisor import MpsSupervisor
 from gpufrac.agent.programs.mps_limits import DaemonSideLimits
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import UUID_A, container, gpu_info
@@ -30,17 +26,6 @@ PINNED = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 def sm(name: str, limit: int, threads: int | None = 50, claim: str = "") -> RunningContainer:
     return replace(container(name, pod=f"p-{name}", uid=f"u-{name}", mode=SM, request_mib=limit, limit_mib=limit,
                              devices=(UUID_A,), active_thread_percent=threads), claim=claim)
-
-
-@pytest.fixture
-def daemon(tmp_path: Path, mps_binary: str) -> Iterator[MpsSupervisor]:
-    spec = daemon_spec(SM, mps_v3=True, binary=mps_binary, mps_root=tmp_path / "mps", log_root=tmp_path / "log",
-                       config_dir=tmp_path / "config")
-    sup = MpsSupervisor(spec, RestartPolicy(0.01, 0.08, 5, 300.0), quit_timeout=5)
-    sup.start()
-    wait_until(lambda: sup.status().up, timeout=10, what="the fake sm-sharing daemon")
-    yield sup
-    sup.stop()
 
 
 # ---- pure ----

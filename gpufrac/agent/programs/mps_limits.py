@@ -136,8 +136,9 @@ class DaemonSideLimits:
             answer = invoke(self.binary, self.pipe_dir, mps_namespaces.list_command(), deadline=deadline)
             self._namespaces = (daemon, dict.fromkeys(mps_namespaces.listed(answer)))
         todo = mps_namespaces.changes(self._namespaces[1], wanted)
-        if todo.commands():
-            invoke_all(self.binary, self.pipe_dir, todo.commands(), deadline=deadline)
+        commands = todo.commands()
+        if commands:
+            invoke_all(self.binary, self.pipe_dir, commands, deadline=deadline)
             log.info("sm-sharing MPS namespaces: %d created, %d set, %d deleted", len(todo.create), len(todo.update),
                      len(todo.delete), extra={"new_namespaces": [ns.container for ns in todo.create]})
         self._namespaces = (daemon, dict(wanted))
