@@ -4,12 +4,14 @@ status write (PUT pods/status), a fractional pod's CREATE and the binder's UPDAT
 off (the configurations rendered with policies.enabled=false, the policies and their Bindings deleted) and with
 nothing installed, in alternating rounds on one control plane.
 
-One client sends the requests one at a time: after each switch a few unmeasured ones of each kind (the API server
-compiles a re-created policy on first use, and the webhook connection is re-opened), then the kinds in turn, block
-by block. The figure is the kube-apiserver process's CPU time over a cell's blocks divided by its requests (a
-machine's noise moves wall time far more than CPU time), beside the median of the blocks and the p50 latency. Every
-request must succeed: a refused one is counted as an error, never timed. The issue's targets are reported, not
-enforced.
+One client sends the requests one at a time, each kind in a phase of its own: a few unmeasured requests (the API
+server compiles a re-created policy on first use, and the webhook connection is re-opened), a Go GC cycle forced in
+the API server, then the measured ones, so that a phase pays for the collections of its own garbage and not of
+another kind's (interleaved with the binds, a plain CREATE was charged for their garbage). The figure is the
+kube-apiserver process's CPU time over a cell's blocks divided by its requests (a machine's noise moves wall time far
+more than CPU time), beside the median of the phase's blocks, the p50 latency and what gpufrac's gates
+(matchConditions) cost the requests they kept out, by the API server's own clock. Every request must succeed: a
+refused one is counted as an error, never timed. The issue's targets are reported, not enforced.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 from bench.apiserver import IMAGE, _unbind_policies, _unregister, _webhook_names, started_control_plane
 from bench.reviews import BIND_ANNOTATIONS
+from e2e.toolkit.web import https_get
 from gpufrac.core.contract import FRACTIONAL_LABEL
 from testkit.pods import INFERENCE, NOTEBOOK
 
@@ -37,9 +40,14 @@ DEFAULTS, POLICIES_OFF, NOTHING = SETUPS = ("gpufrac defaults", "policies off", 
 KINDS = ("plain CREATE", "plain status write", "fractional CREATE", "binder UPDATE")
 STATUS_POOL = 20  # plain pods whose status is written in turn
 WARM_UP = 5  # unmeasured requests of each kind after each switch
-# A setup's requests go in blocks of this many, the kinds taking turns block by block: one of the API server's Go
-# GC cycles (tens of ms of CPU) lands in one block, and the median of the blocks leaves it out.
+# A phase's requests go in blocks of this many: one of the API server's Go GC cycles (tens of ms of CPU) lands in one
+# block, and the median of the blocks leaves it out.
 BLOCK = 25
+PROFILING = ("--profiling=true",)  # for GC_NOW; e2e's control plane runs with profiling off
+GC_NOW = "/debug/pprof/heap?gc=1"  # the Go runtime's GC, run to completion before the (discarded) heap profile
+# The API server's time in matchConditions that kept a request from a webhook or policy (activation, the object
+# converted for CEL, the conditions evaluated), observed only when they keep it out: gpufrac's gates on plain pods.
+GATE_METRIC = "apiserver_admission_match_condition_evaluation_seconds"
 IDLE_S = 2.0  # the API server's CPU at rest is read for this long at the end
 MERGE_PATCH = "application/merge-patch+json"  # the binder's patch, as e2e's binder sends it (kubectl --type=merge)
 # What gpufrac's mutating webhook adds, by kind: the label on a fractional CREATE, the canonical memory on the bind.
@@ -62,6 +70,13 @@ class TaxCell:
     first_error: str = ""
     mutated: int = 0  # answers carrying gpufrac's mark (MARKS) for this kind
     wrong: int = 0  # answers mutated where they should not be, or not where they should
+    gate_seconds: float = 0.0  # GATE_METRIC's sum over the cell's phases
+    gated: int = 0  # GATE_METRIC's count: evaluations that kept a request out
+
+    @property
+    def gate_ms(self) -> float:
+        """What the gates that kept this kind's requests out cost, per request."""
+        return self.gate_seconds / len(self.latencies) * 1000 if self.latencies else float("nan")
 
     @property
     def cpu_ms(self) -> float:
@@ -121,6 +136,31 @@ class ThreadClock:
                 self.gone += was
             self.seen[tid] = ns
         return (self.gone + sum(self.seen.values())) / 1e9
+
+
+class ApiserverProbe:
+    """What the bench asks the API server itself, as admin, outside the measured blocks: a GC cycle now (GC_NOW), and
+    GATE_METRIC's running (sum, count) from /metrics."""
+
+    def __init__(self, cp: Any) -> None:
+        self.server, self.ca_file, self.token = cp.server, cp.ca_file, cp.tokens["admin"]
+
+    def collect_garbage(self) -> None:
+        code, body = https_get(self.server + GC_NOW, self.ca_file, self.token, timeout=30)
+        if code != 200:
+            raise RuntimeError(f"GET {GC_NOW}: HTTP {code}: {body[:200]}")
+
+    def gates(self) -> tuple[float, int]:
+        code, body = https_get(self.server + "/metrics", self.ca_file, self.token, timeout=30)
+        if code != 200:
+            raise RuntimeError(f"GET /metrics: HTTP {code}: {body[:200]}")
+        total, count = 0.0, 0
+        for line in body.splitlines():
+            if line.startswith(GATE_METRIC + "_sum"):
+                total += float(line.rsplit(" ", 1)[1])
+            elif line.startswith(GATE_METRIC + "_count"):
+                count += int(float(line.rsplit(" ", 1)[1]))
+        return total, count
 
 
 _names = itertools.count()
@@ -214,23 +254,25 @@ def _block(cell: TaxCell, send: Callable[[], bytes], count: int, cpu: Callable[[
     return spent, got
 
 
-def _measure(cells: list[TaxCell], sends: list[Callable[[], bytes]], count: int, cpu: Callable[[], float]) -> None:
-    """One setup's round: WARM_UP unmeasured requests of each kind, then `count` of each in blocks, kinds in turn."""
-    for send in sends:
-        for _ in range(WARM_UP):
-            try:
-                send()
-            except Exception:  # a warm-up refusal shows again below, counted
-                pass
-    totals = [[0.0, 0] for _ in cells]
+def _phase(cell: TaxCell, send: Callable[[], bytes], count: int, cpu: Callable[[], float],
+           probe: ApiserverProbe) -> None:
+    """One kind's phase of a setup's round: WARM_UP unmeasured requests, a GC cycle, `count` requests in blocks."""
+    for _ in range(WARM_UP):
+        try:
+            send()
+        except Exception:  # a warm-up refusal shows again below, counted
+            pass
+    gate_before = probe.gates()  # before the GC: reading /metrics leaves garbage of its own
+    probe.collect_garbage()
+    spent, got = 0.0, 0
     for start in range(0, count, BLOCK):
-        for cell, send, total in zip(cells, sends, totals, strict=True):
-            spent, got = _block(cell, send, min(BLOCK, count - start), cpu)
-            total[0] += spent
-            total[1] += got
-    for cell, (spent, got) in zip(cells, totals, strict=True):
-        if got:
-            cell.rounds.append(spent / got * 1000)
+        block_spent, block_got = _block(cell, send, min(BLOCK, count - start), cpu)
+        spent, got = spent + block_spent, got + block_got
+    gate_after = probe.gates()
+    cell.gate_seconds += gate_after[0] - gate_before[0]
+    cell.gated += gate_after[1] - gate_before[1]
+    if got:
+        cell.rounds.append(spent / got * 1000)
 
 
 def _remove_policies(cp: Any, admission_api: Any) -> None:
@@ -253,7 +295,7 @@ def _switch(setup: str, cp: Any, admission_api: Any, api: Any, names: list[tuple
 
 
 def _round(r: int, cells: dict[tuple[str, str], TaxCell], clients: tuple[Any, Any], cp: Any, admission_api: Any,
-           names: list[tuple[str, str]], count: int, cpu: Callable[[], float]) -> None:
+           names: list[tuple[str, str]], count: int, cpu: Callable[[], float], probe: ApiserverProbe) -> None:
     api, binder = clients
     order = SETUPS[r % 3:] + SETUPS[:r % 3]  # rotate: no setup always comes first, none comes twice in a row
     for setup in order:
@@ -262,7 +304,8 @@ def _round(r: int, cells: dict[tuple[str, str], TaxCell], clients: tuple[Any, An
         requests.prepare(WARM_UP + count)
         sends = [requests.plain_create, requests.status_write, requests.fractional_create, requests.binder_update]
         measured = [cells.setdefault((setup, kind), TaxCell(setup, kind)) for kind in KINDS]
-        _measure(measured, sends, count, cpu)
+        for cell, send in zip(measured, sends, strict=True):
+            _phase(cell, send, count, cpu, probe)
         print(f"[bench] tax round {r + 1} {setup}: " + ", ".join(
             f"{c.kind} {c.rounds[-1] if c.rounds else float('nan'):.2f} ms" for c in measured), file=sys.stderr,
             flush=True)
@@ -281,7 +324,7 @@ def run(*, requests: int, rounds: int, workdir: Path, idle_s: float = IDLE_S) ->
 
     from bench import machine
 
-    cp = started_control_plane(workdir)
+    cp = started_control_plane(workdir, PROFILING)
     if isinstance(cp, str):
         return cp
     try:
@@ -300,8 +343,9 @@ def run(*, requests: int, rounds: int, workdir: Path, idle_s: float = IDLE_S) ->
         described = machine.describe()
         cells: dict[tuple[str, str], TaxCell] = {}
         started = (cpu(), proc.cpu_seconds())
+        probe = ApiserverProbe(cp)
         for r in range(rounds):
-            _round(r, cells, (api, binder), cp, admission_api, names, requests, cpu)
+            _round(r, cells, (api, binder), cp, admission_api, names, requests, cpu, probe)
         check = (cpu() - started[0], proc.cpu_seconds() - started[1])
         return TaxResult(cells, rounds, requests, cp.server_version, described, machine.load_average(), clock,
                          check, _idle_ms_per_s(cpu, idle_s))
@@ -349,7 +393,19 @@ def _row(cell: TaxCell, nothing: TaxCell | None, target: tuple[str, bool, bool] 
     words, shown = _verdict(target)
     return (f"| {cell.kind} | {cell.setup} | {cell.cpu_ms:.2f} | {spread} | {_ratio(cell, nothing):.2f} | "
             f"{cell.block_ms:.2f} ({len(cell.blocks)}) | {_ratio(cell, nothing, 'block_ms'):.2f} | "
-            f"{cell.p50_ms:.1f} | {extra} | {errors} | {words} | {shown} |")
+            f"{cell.p50_ms:.1f} | {extra} | {cell.gate_ms * 1000:.0f} ({cell.gated}) | {errors} | {words} | {shown} |")
+
+
+def _gate_line(result: TaxResult) -> str:
+    """What gpufrac's gates cost a plain request under its defaults, beside that request's whole CPU with nothing
+    installed: the part of the plain kinds' tax the API server itself times, free of the run's noise."""
+    parts = []
+    for kind in ("plain CREATE", "plain status write"):
+        cell, nothing = result.cells[(DEFAULTS, kind)], result.cells[(NOTHING, kind)]
+        parts.append(f"{kind} {cell.gate_ms * 1000:.0f} µs ({cell.gate_ms / nothing.cpu_ms * 100:.1f} % of its "
+                     f"{nothing.cpu_ms:.2f} ms with nothing installed)")
+    return "gpufrac's gates, by the API server's own clock, per plain request under the defaults: " + "; ".join(
+        parts) + "."
 
 
 def _mutation_line(result: TaxResult) -> str:
@@ -376,11 +432,15 @@ def _header(result: TaxResult) -> list[str]:
             "ValidatingAdmissionPolicies and Bindings; policies off = the configurations rendered with "
             "policies.enabled=false, the policies deleted; nothing = all deleted. Status write: PUT pods/status "
             "(status.message); binder UPDATE: a merge patch of the bind-time annotations as "
-            "system:serviceaccount:kai-scheduler:binder. Each setup's requests go in blocks of "
-            f"{BLOCK}, the kinds taking turns: the median of the blocks leaves out the blocks an API server GC cycle "
-            "landed in (the mean counts them; few cycles fall in a short run, so the mean moves round to round). "
-            "Targets (the issue's, for gpufrac defaults; reported, not enforced) beside each kind's defaults row, "
-            "met? by the mean.", ""]
+            "system:serviceaccount:kai-scheduler:binder. Each kind of a setup's round is a phase of its own, begun "
+            f"with a GC cycle forced in the API server ({GC_NOW}, profiling on): a phase pays for the collections "
+            "of its own garbage, not of another kind's. Its requests go in blocks of "
+            f"{BLOCK}: the median of the blocks leaves out the blocks an API server GC cycle landed in (the mean "
+            "counts them; few cycles fall in a short run, so the mean moves round to round). Gates: the API "
+            f"server's own time in the matchConditions that kept the kind's requests out ({GATE_METRIC}: the CEL "
+            "activation, the object converted, the conditions), µs per request (evaluations). Targets (the "
+            "issue's, for gpufrac defaults; reported, not enforced) beside each kind's defaults row, met? by the "
+            "mean.", ""]
 
 
 def markdown(result: TaxResult | str | None) -> str:
@@ -391,14 +451,15 @@ def markdown(result: TaxResult | str | None) -> str:
         return "\n".join([*lines, result])
     lines += _header(result)
     lines += ["| request | setup | API server CPU ms / request | rounds (min–max) | × nothing | median of blocks "
-              "(blocks) | median × nothing | p50 ms | p50 − nothing ms | errors | target | met? |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "(blocks) | median × nothing | p50 ms | p50 − nothing ms | gates µs (kept out) | errors | target | "
+              "met? |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     targets = target_rows(result)
     for kind in KINDS:
         nothing = result.cells.get((NOTHING, kind))
         for setup in SETUPS:
             lines.append(_row(result.cells[(setup, kind)], nothing, targets.get(kind) if setup == DEFAULTS else None))
-    return "\n".join([*lines, "", _mutation_line(result)])
+    return "\n".join([*lines, "", _gate_line(result), "", _mutation_line(result)])
 
 
 if __name__ == "__main__":  # a quick look: python -m bench.admission_tax

@@ -283,15 +283,16 @@ def _switch_to(server: str, r: int, cp, admission_api, api, names: list[tuple[st
     return stand_in
 
 
-def started_control_plane(workdir: Path) -> Any:
-    """A ControlPlane started in `workdir`, or why there is none ("skipped: ...")."""
+def started_control_plane(workdir: Path, apiserver_flags: tuple[str, ...] = ()) -> Any:
+    """A ControlPlane started in `workdir` (with `apiserver_flags` added to kube-apiserver's), or why there is none
+    ("skipped: ...")."""
     try:
         from e2e.cluster import ControlPlane
         from e2e.toolkit.errors import ToolsMissingError
     except ImportError as err:
         return f"skipped: e2e.cluster is not importable ({err})"
     try:
-        return ControlPlane(workdir, quiet=True).start()
+        return ControlPlane(workdir, quiet=True, apiserver_flags=apiserver_flags).start()
     except ToolsMissingError as err:
         return f"skipped: {err}"
 

@@ -37,6 +37,12 @@ def test_every_request_kind_is_measured_under_every_setup(tmp_path: Path) -> Non
         cell = result.cells[(setup, "fractional CREATE")]
         assert cell.mutated == len(cell.latencies), setup
     assert result.cells[(NOTHING, "fractional CREATE")].mutated == 0  # nothing installed: stored as sent
+    # A plain pod's CREATE and status write are each kept out by one gate (the mutating webhook's conditions, the
+    # status policy's), timed by the API server; with nothing installed no gate runs.
+    for kind in ("plain CREATE", "plain status write"):
+        assert result.cells[(DEFAULTS, kind)].gated == len(result.cells[(DEFAULTS, kind)].latencies), kind
+        assert result.cells[(DEFAULTS, kind)].gate_ms > 0, kind
+        assert result.cells[(NOTHING, kind)].gated == 0, kind
     text = admission_tax.markdown(result)
     for setup in SETUPS:
         for kind in KINDS:
@@ -45,3 +51,4 @@ def test_every_request_kind_is_measured_under_every_setup(tmp_path: Path) -> Non
         assert re.search(rf"^\| {kind} \| {DEFAULTS} \| .* \| (yes|\*\*no\*\*)( \(median: (yes|no)\))? \|$", text,
                          re.M), kind
     assert f"load average {result.machine['load']} before" in text
+    assert "per plain request under the defaults: plain CREATE " in text
