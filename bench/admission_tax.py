@@ -38,6 +38,7 @@ BENCH_LABEL = "gpufrac-bench"  # on every pod this section makes: deleted after 
 PART_OF = "app.kubernetes.io/part-of=gpufrac"  # the chart's objects
 DEFAULTS, POLICIES_OFF, NOTHING = SETUPS = ("gpufrac defaults", "policies off", "nothing")
 KINDS = ("plain CREATE", "plain status write", "fractional CREATE", "binder UPDATE")
+PLAIN_KINDS = KINDS[:2]  # the kinds of a pod without fractions: gpufrac's gates keep them out
 STATUS_POOL = 20  # plain pods whose status is written in turn
 WARM_UP = 5  # unmeasured requests of each kind after each switch
 # A phase's requests go in blocks of this many: one of the API server's Go GC cycles (tens of ms of CPU) lands in one
@@ -400,7 +401,7 @@ def _gate_line(result: TaxResult) -> str:
     """What gpufrac's gates cost a plain request under its defaults, beside that request's whole CPU with nothing
     installed: the part of the plain kinds' tax the API server itself times, free of the run's noise."""
     parts = []
-    for kind in ("plain CREATE", "plain status write"):
+    for kind in PLAIN_KINDS:
         cell, nothing = result.cells[(DEFAULTS, kind)], result.cells[(NOTHING, kind)]
         parts.append(f"{kind} {cell.gate_ms * 1000:.0f} µs ({cell.gate_ms / nothing.cpu_ms * 100:.1f} % of its "
                      f"{nothing.cpu_ms:.2f} ms with nothing installed)")

@@ -11,7 +11,7 @@ import pytest
 
 from bench import admission_tax
 from bench.__main__ import MODES
-from bench.admission_tax import DEFAULTS, KINDS, NOTHING, POLICIES_OFF, SETUPS, TARGETS
+from bench.admission_tax import DEFAULTS, KINDS, NOTHING, PLAIN_KINDS, POLICIES_OFF, SETUPS, TARGETS
 from e2e.toolkit.errors import ToolsMissingError
 from e2e.toolkit.tools import Tools
 
@@ -39,7 +39,7 @@ def test_every_request_kind_is_measured_under_every_setup(tmp_path: Path) -> Non
     assert result.cells[(NOTHING, "fractional CREATE")].mutated == 0  # nothing installed: stored as sent
     # A plain pod's CREATE and status write are each kept out by one gate (the mutating webhook's conditions, the
     # status policy's), timed by the API server; with nothing installed no gate runs.
-    for kind in ("plain CREATE", "plain status write"):
+    for kind in PLAIN_KINDS:
         assert result.cells[(DEFAULTS, kind)].gated == len(result.cells[(DEFAULTS, kind)].latencies), kind
         assert result.cells[(DEFAULTS, kind)].gate_ms > 0, kind
         assert result.cells[(NOTHING, kind)].gated == 0, kind
