@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import gate_floor
 from bench.apiserver import IMAGE, _unbind_policies, _unregister, _webhook_names, started_control_plane
 from bench.reviews import BIND_ANNOTATIONS
 from e2e.toolkit.web import https_get
@@ -37,6 +38,7 @@ NAMESPACE = "team-a"
 BENCH_LABEL = "gpufrac-bench"  # on every pod this section makes: deleted after each setup's cells
 PART_OF = "app.kubernetes.io/part-of=gpufrac"  # the chart's objects
 DEFAULTS, POLICIES_OFF, NOTHING = SETUPS = ("gpufrac defaults", "policies off", "nothing")
+FLOOR = gate_floor.FLOOR  # nothing installed but one empty gate per plain kind (plain kinds only)
 KINDS = ("plain CREATE", "plain status write", "fractional CREATE", "binder UPDATE")
 PLAIN_KINDS = KINDS[:2]  # the kinds of a pod without fractions: gpufrac's gates keep them out
 STATUS_POOL = 20  # plain pods whose status is written in turn
@@ -276,6 +278,18 @@ def _phase(cell: TaxCell, send: Callable[[], bytes], count: int, cpu: Callable[[
         cell.rounds.append(spent / got * 1000)
 
 
+def _floor_phases(cells: dict[tuple[str, str], TaxCell], requests: Requests, admission_api: Any, count: int,
+                  cpu: Callable[[], float], probe: ApiserverProbe) -> None:
+    """Right after nothing's phases, with nothing installed: the plain kinds again, each meeting one empty gate
+    (bench/gate_floor.py), the least any gate that reads annotations costs."""
+    gate_floor.install(admission_api, probe.gates, requests.plain_create, requests.status_write)
+    try:
+        for kind, send in zip(PLAIN_KINDS, (requests.plain_create, requests.status_write), strict=True):
+            _phase(cells.setdefault((FLOOR, kind), TaxCell(FLOOR, kind)), send, count, cpu, probe)
+    finally:
+        gate_floor.remove(admission_api, probe.gates, requests.plain_create, requests.status_write)
+
+
 def _remove_policies(cp: Any, admission_api: Any) -> None:
     """The policies' Bindings deleted (waiting until the API server stops applying them), then the policies: what
     the chart leaves with policies.enabled=false."""
@@ -307,6 +321,8 @@ def _round(r: int, cells: dict[tuple[str, str], TaxCell], clients: tuple[Any, An
         measured = [cells.setdefault((setup, kind), TaxCell(setup, kind)) for kind in KINDS]
         for cell, send in zip(measured, sends, strict=True):
             _phase(cell, send, count, cpu, probe)
+        if setup == NOTHING:
+            _floor_phases(cells, requests, admission_api, count, cpu, probe)
         print(f"[bench] tax round {r + 1} {setup}: " + ", ".join(
             f"{c.kind} {c.rounds[-1] if c.rounds else float('nan'):.2f} ms" for c in measured), file=sys.stderr,
             flush=True)
@@ -402,9 +418,10 @@ def _gate_line(result: TaxResult) -> str:
     installed: the part of the plain kinds' tax the API server itself times, free of the run's noise."""
     parts = []
     for kind in PLAIN_KINDS:
-        cell, nothing = result.cells[(DEFAULTS, kind)], result.cells[(NOTHING, kind)]
+        cell, nothing, floor = (result.cells[(setup, kind)] for setup in (DEFAULTS, NOTHING, FLOOR))
         parts.append(f"{kind} {cell.gate_ms * 1000:.0f} µs ({cell.gate_ms / nothing.cpu_ms * 100:.1f} % of its "
-                     f"{nothing.cpu_ms:.2f} ms with nothing installed)")
+                     f"{nothing.cpu_ms:.2f} ms with nothing installed; {FLOOR}, one condition `false`: "
+                     f"{floor.gate_ms * 1000:.0f} µs, {floor.gate_ms / nothing.cpu_ms * 100:.1f} %)")
     return "gpufrac's gates, by the API server's own clock, per plain request under the defaults: " + "; ".join(
         parts) + "."
 
@@ -431,7 +448,9 @@ def _header(result: TaxResult) -> list[str]:
             f"/proc/<pid>/stat: {ticks:.2f} s). At rest it spends {result.idle_ms_per_s:.1f} ms of CPU a second, "
             "counted in every cell by its wall time. gpufrac defaults = the chart's webhook configurations, "
             "ValidatingAdmissionPolicies and Bindings; policies off = the configurations rendered with "
-            "policies.enabled=false, the policies deleted; nothing = all deleted. Status write: PUT pods/status "
+            "policies.enabled=false, the policies deleted; nothing = all deleted; an empty gate = nothing but one "
+            "mutating webhook (pods CREATE) and one bound policy (pods/status), each with the one condition `false` "
+            "(bench/gate_floor.py), plain kinds only, measured after nothing. Status write: PUT pods/status "
             "(status.message); binder UPDATE: a merge patch of the bind-time annotations as "
             "system:serviceaccount:kai-scheduler:binder. Each kind of a setup's round is a phase of its own, begun "
             f"with a GC cycle forced in the API server ({GC_NOW}, profiling on): a phase pays for the collections "
@@ -458,8 +477,10 @@ def markdown(result: TaxResult | str | None) -> str:
     targets = target_rows(result)
     for kind in KINDS:
         nothing = result.cells.get((NOTHING, kind))
-        for setup in SETUPS:
-            lines.append(_row(result.cells[(setup, kind)], nothing, targets.get(kind) if setup == DEFAULTS else None))
+        for setup in (*SETUPS, FLOOR):
+            if (setup, kind) in result.cells:
+                cell = result.cells[(setup, kind)]
+                lines.append(_row(cell, nothing, targets.get(kind) if setup == DEFAULTS else None))
     return "\n".join([*lines, "", _gate_line(result), "", _mutation_line(result)])
 
 

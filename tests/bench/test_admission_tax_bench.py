@@ -11,7 +11,7 @@ import pytest
 
 from bench import admission_tax
 from bench.__main__ import MODES
-from bench.admission_tax import DEFAULTS, KINDS, NOTHING, PLAIN_KINDS, POLICIES_OFF, SETUPS, TARGETS
+from bench.admission_tax import DEFAULTS, FLOOR, KINDS, NOTHING, PLAIN_KINDS, POLICIES_OFF, SETUPS, TARGETS
 from e2e.toolkit.errors import ToolsMissingError
 from e2e.toolkit.tools import Tools
 
@@ -27,7 +27,7 @@ def test_every_request_kind_is_measured_under_every_setup(tmp_path: Path) -> Non
     result = admission_tax.run(requests=smoke["tax_requests"], rounds=smoke["tax_rounds"], workdir=tmp_path / "cp",
                                idle_s=0.5)
     assert not isinstance(result, str), result
-    assert set(result.cells) == {(s, k) for s in SETUPS for k in KINDS}
+    assert set(result.cells) == {(s, k) for s in SETUPS for k in KINDS} | {(FLOOR, k) for k in PLAIN_KINDS}
     for (setup, kind), cell in result.cells.items():
         assert cell.errors == 0, (setup, kind, cell.first_error)
         assert len(cell.latencies) == smoke["tax_requests"] * smoke["tax_rounds"], (setup, kind)
@@ -43,6 +43,10 @@ def test_every_request_kind_is_measured_under_every_setup(tmp_path: Path) -> Non
         assert result.cells[(DEFAULTS, kind)].gated == len(result.cells[(DEFAULTS, kind)].latencies), kind
         assert result.cells[(DEFAULTS, kind)].gate_ms > 0, kind
         assert result.cells[(NOTHING, kind)].gated == 0, kind
+        # The floor: nothing of gpufrac's, one empty gate per plain kind, timed once per request, and gone after.
+        assert result.cells[(FLOOR, kind)].gated == len(result.cells[(FLOOR, kind)].latencies), kind
+        assert result.cells[(FLOOR, kind)].gate_ms > 0, kind
+        assert f"| {kind} | {FLOOR} | " in admission_tax.markdown(result), kind
     text = admission_tax.markdown(result)
     for setup in SETUPS:
         for kind in KINDS:
@@ -52,3 +56,4 @@ def test_every_request_kind_is_measured_under_every_setup(tmp_path: Path) -> Non
                          re.M), kind
     assert f"load average {result.machine['load']} before" in text
     assert "per plain request under the defaults: plain CREATE " in text
+    assert f"{FLOOR}, one condition `false`: " in text
