@@ -28,7 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from bench import gate_floor
-from bench.apiserver import IMAGE, _unbind_policies, _unregister, _webhook_names, started_control_plane
+from bench.apiserver import (
+    IMAGE,
+    _unbind_policies,
+    _unregister,
+    _webhook_names,
+    histogram_series,
+    started_control_plane,
+)
 from bench.reviews import BIND_ANNOTATIONS
 from e2e.toolkit.web import https_get
 from gpufrac.core.contract import FRACTIONAL_LABEL
@@ -148,21 +155,22 @@ class ApiserverProbe:
     def __init__(self, cp: Any) -> None:
         self.server, self.ca_file, self.token = cp.server, cp.ca_file, cp.tokens["admin"]
 
-    def collect_garbage(self) -> None:
-        code, body = https_get(self.server + GC_NOW, self.ca_file, self.token, timeout=30)
+    def _get(self, path: str) -> str:
+        code, body = https_get(self.server + path, self.ca_file, self.token, timeout=30)
         if code != 200:
-            raise RuntimeError(f"GET {GC_NOW}: HTTP {code}: {body[:200]}")
+            raise RuntimeError(f"GET {path}: HTTP {code}: {body[:200]}")
+        return body
+
+    def collect_garbage(self) -> None:
+        self._get(GC_NOW)
 
     def gates(self) -> tuple[float, int]:
-        code, body = https_get(self.server + "/metrics", self.ca_file, self.token, timeout=30)
-        if code != 200:
-            raise RuntimeError(f"GET /metrics: HTTP {code}: {body[:200]}")
         total, count = 0.0, 0
-        for line in body.splitlines():
-            if line.startswith(GATE_METRIC + "_sum"):
-                total += float(line.rsplit(" ", 1)[1])
-            elif line.startswith(GATE_METRIC + "_count"):
-                count += int(float(line.rsplit(" ", 1)[1]))
+        for kind, _, value in histogram_series(self._get("/metrics"), GATE_METRIC):
+            if kind == "sum":
+                total += value
+            else:
+                count += int(value)
         return total, count
 
 
@@ -198,6 +206,11 @@ class Requests:
     def prepare(self, binds: int) -> None:
         self.status_pool = [json.loads(self._create(None)) for _ in range(STATUS_POOL)]
         self.bind_pool = [json.loads(self._create(NOTEBOOK))["metadata"]["name"] for _ in range(binds)]
+
+    def by_kind(self) -> dict[str, Callable[[], bytes]]:
+        """KINDS -> the call that sends one request of that kind."""
+        return dict(zip(KINDS, (self.plain_create, self.status_write, self.fractional_create, self.binder_update),
+                        strict=True))
 
     def plain_create(self) -> bytes:
         return self._create(None)
@@ -282,9 +295,10 @@ def _floor_phases(cells: dict[tuple[str, str], TaxCell], requests: Requests, adm
                   cpu: Callable[[], float], probe: ApiserverProbe) -> None:
     """Right after nothing's phases, with nothing installed: the plain kinds again, each meeting one empty gate
     (bench/gate_floor.py), the least any gate that reads annotations costs."""
+    plain = {kind: send for kind, send in requests.by_kind().items() if kind in PLAIN_KINDS}
     gate_floor.install(admission_api, probe.gates, requests.plain_create, requests.status_write)
     try:
-        for kind, send in zip(PLAIN_KINDS, (requests.plain_create, requests.status_write), strict=True):
+        for kind, send in plain.items():
             _phase(cells.setdefault((FLOOR, kind), TaxCell(FLOOR, kind)), send, count, cpu, probe)
     finally:
         gate_floor.remove(admission_api, probe.gates, requests.plain_create, requests.status_write)
@@ -317,9 +331,8 @@ def _round(r: int, cells: dict[tuple[str, str], TaxCell], clients: tuple[Any, An
         _switch(setup, cp, admission_api, api, names)
         requests = Requests(api, binder)
         requests.prepare(WARM_UP + count)
-        sends = [requests.plain_create, requests.status_write, requests.fractional_create, requests.binder_update]
         measured = [cells.setdefault((setup, kind), TaxCell(setup, kind)) for kind in KINDS]
-        for cell, send in zip(measured, sends, strict=True):
+        for cell, send in zip(measured, requests.by_kind().values(), strict=True):
             _phase(cell, send, count, cpu, probe)
         if setup == NOTHING:
             _floor_phases(cells, requests, admission_api, count, cpu, probe)

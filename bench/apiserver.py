@@ -100,9 +100,14 @@ def _manifest(i: int) -> dict:
                      "containers": [{"name": "app", "image": IMAGE, "command": ["sleep", "infinity"]}]}}
 
 
-_WEBHOOK_SERIES = re.compile(
-    r'^apiserver_admission_webhook_admission_duration_seconds_(sum|count)\{([^}]*)\} (\S+)$', re.M)
+WEBHOOK_METRIC = "apiserver_admission_webhook_admission_duration_seconds"
 _NAME_LABEL = re.compile(r'name="([^"]*)"')
+
+
+def histogram_series(text: str, metric: str) -> list[tuple[str, str, float]]:
+    """("sum" or "count", its labels, its value) of each series of the histogram `metric` in a /metrics text."""
+    series = re.compile(rf'^{re.escape(metric)}_(sum|count)(?:\{{([^}}]*)\}})? (\S+)$', re.M)
+    return [(kind, labels, float(value)) for kind, labels, value in series.findall(text)]
 
 
 def _webhook_seconds(api_client) -> dict[str, list[float]]:
@@ -110,10 +115,10 @@ def _webhook_seconds(api_client) -> dict[str, list[float]]:
     method, url, headers, body, _ = api_client.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
     text = api_client.call_api(method, url, header_params=headers, body=body).read().decode()
     totals: dict[str, list[float]] = {}
-    for kind, labels, value in _WEBHOOK_SERIES.findall(text):
+    for kind, labels, value in histogram_series(text, WEBHOOK_METRIC):
         name = _NAME_LABEL.search(labels)
         if name:
-            totals.setdefault(name[1], [0.0, 0.0])[0 if kind == "sum" else 1] += float(value)
+            totals.setdefault(name[1], [0.0, 0.0])[0 if kind == "sum" else 1] += value
     return totals
 
 

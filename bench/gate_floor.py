@@ -15,12 +15,11 @@ from e2e.toolkit.wait import wait_until
 
 FLOOR = "an empty gate"  # the setup's name in the report
 NAME = "gpufrac-bench-floor"
-LABELS = {"gpufrac-bench": "floor"}
 NEVER = [{"name": "never", "expression": "false"}]
 
 WEBHOOK: dict[str, Any] = {
     "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-    "metadata": {"name": NAME, "labels": LABELS},
+    "metadata": {"name": NAME},
     "webhooks": [{
         "name": "floor.bench.gpufrac.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
         "failurePolicy": "Ignore", "matchPolicy": "Equivalent", "timeoutSeconds": 1,
@@ -31,7 +30,7 @@ WEBHOOK: dict[str, Any] = {
 }
 POLICY: dict[str, Any] = {
     "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-    "metadata": {"name": NAME, "labels": LABELS},
+    "metadata": {"name": NAME},
     "spec": {"failurePolicy": "Fail",
              "matchConstraints": {"resourceRules": [{"operations": ["UPDATE"], "apiGroups": [""],
                                                      "apiVersions": ["v1"], "resources": ["pods/status"]}]},
@@ -40,7 +39,7 @@ POLICY: dict[str, Any] = {
 }
 BINDING: dict[str, Any] = {
     "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
-    "metadata": {"name": NAME, "labels": LABELS},
+    "metadata": {"name": NAME},
     "spec": {"policyName": NAME, "validationActions": ["Deny"]},
 }
 
