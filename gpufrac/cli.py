@@ -12,15 +12,15 @@ import json
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.argtypes import positive_int
 from gpufrac.core.buildinfo import version
 from gpufrac.core.contract import DEFAULT_DRIVER_NAME, DEFAULT_MPS_ROOT, DEFAULT_SCHEDULER_USER, Delivery
 from gpufrac.core.jsonlog import add_log_arguments
+from gpufrac.flags import FlagParser, apply_environment
 
 if TYPE_CHECKING:
     from gpufrac.webhook.decide.policy import Policy
@@ -28,69 +28,6 @@ if TYPE_CHECKING:
 
 DEFAULT_DNS = ("gpufrac-webhook", "gpufrac-webhook.gpufrac-system", "gpufrac-webhook.gpufrac-system.svc")
 DEFAULT_CERTS_OUT = "certs/dev"
-ENV_PREFIX = "GPUFRAC_"
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
-
-
-# ---- every flag: its default and its variable in --help, its value from the environment ----
-
-
-def env_name(action: argparse.Action) -> str | None:
-    """`--log-level` -> GPUFRAC_LOG_LEVEL; None for positionals and --help/--version."""
-    longs = [o for o in action.option_strings if o.startswith("--")]
-    if not longs or isinstance(action, argparse._HelpAction | argparse._VersionAction):
-        return None
-    return ENV_PREFIX + longs[0][2:].replace("-", "_").upper()
-
-
-class _HelpFormatter(argparse.HelpFormatter):
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        variable = env_name(action)
-        if variable is None:
-            return text
-        if "(default" not in text and action.default not in (None, False, [], "", argparse.SUPPRESS):
-            text += " (default: %(default)s)"
-        many = isinstance(action, argparse._AppendAction | argparse._ExtendAction)
-        return text + f" [${variable}{', comma-separated' if many else ''}]"
-
-
-class _EnvironmentList(list[Any]):
-    """A repeatable flag's values from the environment. argparse copies the default before it appends the first
-    flag's value: this copy starts empty, so flags on the command line replace the variable's list."""
-
-    def __copy__(self) -> list[Any]:
-        return []
-
-
-def _from_environment(action: argparse.Action, value: str, variable: str) -> None:
-    """Make an environment value the flag's default; argparse converts and checks it like a typed-in value."""
-    if isinstance(action, argparse.BooleanOptionalAction | argparse._StoreTrueAction | argparse._StoreFalseAction):
-        if value.strip().lower() not in _TRUE + _FALSE:
-            raise SystemExit(f"gpufrac: ${variable}={value!r}: expected true or false")
-        action.default = value.strip().lower() in _TRUE
-    elif isinstance(action, argparse._AppendAction | argparse._ExtendAction):
-        convert: Callable[[str], Any] = action.type if callable(action.type) else str
-        action.default = _EnvironmentList(convert(v.strip()) for v in value.split(",") if v.strip())
-    else:
-        action.default = value
-    action.required = False
-
-
-def _parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
-    yield parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in dict.fromkeys(action.choices.values()):
-                yield from _parsers(sub)
-
-
-def apply_environment(parser: argparse.ArgumentParser, environ: dict[str, str] | os._Environ[str]) -> None:
-    for each in _parsers(parser):
-        for action in each._actions:
-            variable = env_name(action)
-            if variable is not None and variable in environ:
-                _from_environment(action, environ[variable], variable)
 
 
 # ---- the commands ----
@@ -283,12 +220,13 @@ def _serve_defaults() -> type[ServeOptions]:
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with `command`, only that subcommand gets its arguments: `gpufrac webhook` then
     imports neither the agent nor the Kubernetes client (tens of MiB in each worker)."""
-    parser = argparse.ArgumentParser(prog="gpufrac", description=__doc__, formatter_class=_HelpFormatter)
+    parser = FlagParser(prog="gpufrac", description=__doc__)
     parser.add_argument("--version", action="version", version=f"gpufrac {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def subcommand(name: str, help_text: str) -> argparse.ArgumentParser:
-        return commands.add_parser(name, help=help_text, description=help_text, formatter_class=_HelpFormatter)
+        parser: argparse.ArgumentParser = commands.add_parser(name, help=help_text, description=help_text)
+        return parser
 
     certs = subcommand("certs", "write a CA and a serving certificate (ca.crt, tls.crt, tls.key) for development")
     certs.add_argument("--out", metavar="DIR",
@@ -301,8 +239,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     if command in (None, "certs"):
         from gpufrac.certs.rotation import add_rotate_arguments, run_rotate
         rotate = certs.add_subparsers(dest="certs_command").add_parser(
-            "rotate", help="keep the chart's certificate Secret and caBundles current",
-            formatter_class=_HelpFormatter)
+            "rotate", help="keep the chart's certificate Secret and caBundles current")
         add_rotate_arguments(rotate)
         rotate.set_defaults(func=run_rotate)
 

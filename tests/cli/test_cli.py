@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufrac.cli import _parsers, build_parser, env_name
+from gpufrac.cli import build_parser
+from gpufrac.flags import FlagParser, mirrored
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = ("certs", "webhook", "review", "agent")
@@ -28,25 +29,28 @@ def test_version_is_the_installed_packages() -> None:
     assert result.stdout.strip() == f"gpufrac {metadata.version('gpufrac')}"
 
 
-def _flags() -> list[tuple[argparse.ArgumentParser, argparse.Action]]:
-    return [(p, a) for p in _parsers(build_parser()) for a in p._actions if env_name(a)]
+def _flags() -> list[tuple[argparse.ArgumentParser, argparse.Action, str]]:
+    """(its parser, the flag, its variable) of every flag the environment can set."""
+    parser = build_parser()
+    assert isinstance(parser, FlagParser)
+    return [(p, f.action, f.variable) for p, f in mirrored(parser) if f.variable]
 
 
 def test_every_flag_has_a_meaning_its_default_and_its_variable_in_help(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "10000")  # no wrapping: each flag's help is on one line
     flags = _flags()
     assert len(flags) > 40  # every subcommand's flags, rotate's too
-    for parser, action in flags:
+    for parser, action, variable in flags:
         text = parser.format_help()
         assert action.help, f"{action.option_strings} has no help"
-        assert f"[${env_name(action)}" in text, f"{env_name(action)} is not in {parser.prog} --help"
+        assert f"[${variable}" in text, f"{variable} is not in {parser.prog} --help"
         if action.default not in (None, False, [], ""):
             assert "default" in (action.help or "") or f"(default: {action.default})" in text, \
                 f"{action.option_strings}'s default is not in {parser.prog} --help"
 
 
 def test_each_flag_is_named_after_its_variable() -> None:
-    names = {env_name(a) for _, a in _flags()}
+    names = {variable for _, _, variable in _flags()}
     assert {"GPUFRAC_LOG_LEVEL", "GPUFRAC_BIND", "GPUFRAC_CERTS", "GPUFRAC_NODE", "GPUFRAC_MPS_ROOT",
             "GPUFRAC_SCHEDULER_USER", "GPUFRAC_REQUIRE_ENFORCING_NODE", "GPUFRAC_WEBHOOK_CONFIG"} <= names
 

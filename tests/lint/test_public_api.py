@@ -1,6 +1,7 @@
-"""gpufrac uses gunicorn, `ssl` and `logging` through their public API only: no `_name` of theirs is read, written,
-imported or overridden from gpufrac/, and none of their module attributes is patched (issue 33: the server was held
-together by private internals and a `gunicorn<28` pin; one release could break admission everywhere).
+"""gpufrac uses gunicorn, `ssl`, `logging` and `argparse` through their public API only: no `_name` of theirs is read,
+written, imported or overridden from gpufrac/, and none of their module attributes is patched (issue 33: the server
+was held together by private internals and a `gunicorn<28` pin; one release could break admission everywhere; issue
+46: the command line read argparse's `_actions` and its private action classes).
 
 What counts, found by reading gpufrac's source (ast):
 - `from gunicorn.x import _y`, and `mod._y` on a name bound to one of these modules or to anything imported from them;
@@ -13,6 +14,7 @@ What counts, found by reading gpufrac's source (ast):
 
 from __future__ import annotations
 
+import argparse
 import ast
 import logging
 import ssl
@@ -23,7 +25,7 @@ from pathlib import Path
 import gunicorn
 
 ROOT = Path(__file__).resolve().parents[2]
-WATCHED = ("gunicorn", "ssl", "logging")
+WATCHED = ("gunicorn", "ssl", "logging", "argparse")
 # logging's documented switches, meant to be set ("Optimization" in the logging HOWTO; logging.raiseExceptions).
 DOCUMENTED_SWITCHES = {"logThreads", "logProcesses", "logMultiprocessing", "logAsyncioTasks", "raiseExceptions"}
 
@@ -40,6 +42,7 @@ def _sources() -> Iterator[Path]:
     yield Path(logging.__file__)
     yield from Path(logging.__file__).parent.glob("*.py")
     yield Path(ssl.__file__)
+    yield Path(argparse.__file__)
     yield from Path(gunicorn.__file__).parent.rglob("*.py")
 
 
@@ -152,15 +155,17 @@ def private_accesses(source: str) -> list[tuple[int, str]]:
     return checker.found
 
 
-def test_gpufrac_touches_no_private_attribute_of_gunicorn_ssl_or_logging() -> None:
+def test_gpufrac_touches_no_private_attribute_of_gunicorn_ssl_logging_or_argparse() -> None:
     found = [f"{path.relative_to(ROOT)}:{line}: {what}"
              for path in sorted((ROOT / "gpufrac").rglob("*.py"))
              for line, what in private_accesses(path.read_text(encoding="utf-8"))]
     assert found == []
 
 
-# What the server did before issue 33, one line each: the check must find every one.
+# What the server did before issue 33, and the command line before issue 46, one line each: the check must find
+# every one.
 PLANTED = '''
+import argparse
 import logging
 import ssl
 from gunicorn import glogging
@@ -182,6 +187,13 @@ class DeadlineSSLSocket(ssl.SSLSocket):
 
 def post_request(worker, req, environ, resp):
     return resp._omits_body or getattr(worker, "_accepting")
+
+class HelpFormatter(argparse.HelpFormatter):
+    def _get_help_string(self, action):
+        return action.help
+
+def flags(parser):
+    return [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]
 '''
 
 
@@ -198,6 +210,8 @@ def test_the_check_finds_each_kind_of_private_access() -> None:
         "self._access_log_enabled = False",
         "_deadline = None",
         "return resp._omits_body or getattr(worker, \"_accepting\")",
+        "def _get_help_string(self, action):",
+        "return [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]",
     }, found
 
 
