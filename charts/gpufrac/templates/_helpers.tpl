@@ -291,6 +291,19 @@ true
 {{- end -}}
 {{- end }}
 
+{{/*
+The label gate (webhook.podLabelSelector, opt-in): an objectSelector on the pod webhooks and the pod and pod-status
+policies, matched by the API server on labels before any matchCondition, so an unlabelled pod meets no CEL at all.
+Empty when the gate is off. A Binding carries no labels: binds are gated apart (validate-bindings.gpufrac.io).
+*/}}
+{{- define "gpufrac.objectSelector" -}}
+{{- with .Values.webhook.podLabelSelector }}
+objectSelector:
+  matchLabels:
+    {{- toYaml . | nindent 4 }}
+{{- end }}
+{{- end }}
+
 {{- define "gpufrac.namespaceSelector" -}}
 matchExpressions:
   - key: kubernetes.io/metadata.name
