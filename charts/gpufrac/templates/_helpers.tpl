@@ -300,7 +300,9 @@ Empty when the gate is off. A Binding carries no labels: binds are gated apart (
 {{- with .Values.webhook.podLabelSelector }}
 objectSelector:
   matchLabels:
-    {{- toYaml . | nindent 4 }}
+    {{- range $key, $value := . }}
+    {{ $key }}: {{ toString $value | quote }}
+    {{- end }}
 {{- end }}
 {{- end }}
 
