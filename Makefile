@@ -7,6 +7,10 @@ BIND ?= 127.0.0.1:8443
 CERTS ?= certs/dev
 TOOLS_CACHE ?= $(HOME)/.cache/gpufrac/tools
 export GPUFRAC_TOOLS_CACHE := $(TOOLS_CACHE)
+# The Kubernetes version of the control plane and the real node: 1.37.2, or 1.36.3 (`make test-api KUBE_VERSION=1.36.3`,
+# `make cluster-up KUBE_VERSION=1.36.3`); each version's binaries are cached side by side (e2e/toolkit/tools.py).
+KUBE_VERSION ?= 1.37.2
+export KUBE_VERSION
 
 .PHONY: venv run certs test unit lint tools clean stubs
 
@@ -93,6 +97,16 @@ mutation: venv
 test: venv tools image lint
 	$(PY) -m pytest -q
 
+# The API-server suites (admission through the webhook and the policies, denials, the binder's updates, Pod Security,
+# the DRA driver against the resource API) on the control plane of KUBE_VERSION alone: CI runs them on 1.36.3 beside
+# `make test` on the default. Builds only that version's kube-apiserver (etcd and helm are shared).
+API_SUITES := tests/e2e/test_admission_paths.py tests/e2e/test_admission_policies.py tests/e2e/test_denials.py \
+	tests/e2e/test_bind_and_updates.py tests/e2e/test_pod_security.py tests/agent/test_dra_driver.py
+.PHONY: test-api
+test-api: venv
+	bash e2e/build-tools.sh
+	$(PY) -m pytest -q $(API_SUITES)
+
 clean:
 	rm -rf $(VENV) .e2e certs/dev .build gpufrac/agent/edges/csi/generated gpufrac/agent/edges/nri/generated
 
@@ -103,7 +117,8 @@ clean:
 cluster-up: venv tools image
 	$(PY) -m e2e up
 
-cluster-up-api: venv tools
+cluster-up-api: venv
+	bash e2e/build-tools.sh
 	$(PY) -m e2e up --api-only
 
 cluster-down:

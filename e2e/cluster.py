@@ -402,27 +402,31 @@ class ControlPlane:
             self.tools.helm, self.workdir / "helm", self.webhook_url, self.webhook_certs / "ca.crt", *values,
             policies=self.policies, kube_version=self.server_version)
 
-    def apply_webhook_configurations(self, *values: str, wait: bool = True) -> None:
+    def apply_webhook_configurations(self, *values: str, wait: bool = True,
+                                     gate_labels: dict[str, str] | None = None) -> None:
         """Apply what `render_webhook_configurations(*values)` renders; with `wait`, until the API server uses it
-        (needs the webhook up)."""
-        manifest = self.render_webhook_configurations(*values)
+        (needs the webhook up). `gate_labels`: the chart's label gate (webhook.podLabelSelector) set to them, and
+        the probes that wait carry them."""
+        gate = [f"webhook.podLabelSelector.{key.replace('.', chr(92) + '.')}={value}"
+                for key, value in (gate_labels or {}).items()]
+        manifest = self.render_webhook_configurations(*values, *gate)
         (self.workdir / "webhook-configurations.yaml").write_text(manifest)
         res = self.kubectl("apply", "-f", "-", user="admin", input=manifest)
         if res.rc != 0:
             raise ClusterError(f"applying the chart's webhook configurations failed: {res.stderr.strip()}")
         if wait:
-            self._wait_webhook_active()
+            self._wait_webhook_active(gate_labels=gate_labels)
             if self.policies:
-                self.wait_policies_active()
+                self.wait_policies_active(gate_labels=gate_labels)
 
     def _as_admin(self, *args: str, input: str | None = None) -> KubectlResult:
         return self.kubectl(*args, user="admin", input=input)
 
-    def wait_policies_active(self, timeout: float = 30) -> None:
-        webhook_configurations.wait_policies_active(self._as_admin, self.log("kube-apiserver"), timeout)
+    def wait_policies_active(self, timeout: float = 30, gate_labels: dict[str, str] | None = None) -> None:
+        webhook_configurations.wait_policies_active(self._as_admin, self.log("kube-apiserver"), timeout, gate_labels)
 
-    def _wait_webhook_active(self, timeout: float = 30) -> None:
-        webhook_configurations.wait_webhook_active(self._as_admin, self.log("webhook"), timeout)
+    def _wait_webhook_active(self, timeout: float = 30, gate_labels: dict[str, str] | None = None) -> None:
+        webhook_configurations.wait_webhook_active(self._as_admin, self.log("webhook"), timeout, gate_labels)
 
     # ---- for people ----------------------------------------------------------------------------------------
 

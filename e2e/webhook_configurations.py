@@ -67,9 +67,10 @@ def _probe_pod(name: str, annotations: dict[str, str] | None = None, labels: dic
                        "spec": {"containers": [{"name": "app", "image": "busybox"}]}})
 
 
-def wait_webhook_active(kubectl: Kubectl, webhook_log: Path, timeout: float = 30) -> None:
-    """Until a fractional dry-run pod comes back mutated."""
-    probe = _probe_pod("e2e-webhook-probe", annotations={"gpu-fraction": "0.5"})
+def wait_webhook_active(kubectl: Kubectl, webhook_log: Path, timeout: float = 30,
+                        gate_labels: dict[str, str] | None = None) -> None:
+    """Until a fractional dry-run pod (carrying `gate_labels`, the label gate's, where it is on) comes back mutated."""
+    probe = _probe_pod("e2e-webhook-probe", annotations={"gpu-fraction": "0.5"}, labels=gate_labels)
 
     def mutated() -> bool:
         res = kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=probe)
@@ -82,23 +83,24 @@ def wait_webhook_active(kubectl: Kubectl, webhook_log: Path, timeout: float = 30
                            f"webhook log:\n{tail(webhook_log)}") from exc
 
 
-def policy_probe(kubectl: Kubectl) -> KubectlResult:
+def policy_probe(kubectl: Kubectl, gate_labels: dict[str, str] | None = None) -> KubectlResult:
     """A request only the policies deny where they are bound: the fractional label put on a plain pod (a server-side
     dry run; the validating webhook denies it too, but the API server runs the policies first). The pod, which no
-    webhook or policy looks at, is made once in a namespace both judge. A CREATE would not do: where the mutating
-    webhook fails closed it judges a pod's CREATE alone."""
+    webhook or policy looks at, is made once in a namespace both judge (with `gate_labels`, the label gate's, where
+    it is on). A CREATE would not do: where the mutating webhook fails closed it judges a pod's CREATE alone."""
     created = kubectl("apply", "--namespace", POLICY_PROBE_NAMESPACE, "-f", "-",
-                      input=_probe_pod(POLICY_PROBE, namespace=POLICY_PROBE_NAMESPACE))
+                      input=_probe_pod(POLICY_PROBE, labels=gate_labels, namespace=POLICY_PROBE_NAMESPACE))
     if created.rc != 0:
         raise ClusterError(f"creating the policies' probe pod: {created.stderr.strip()}")
     return kubectl("label", "pod", POLICY_PROBE, "-n", POLICY_PROBE_NAMESPACE, f"{FRACTIONAL_LABEL}=true",
                    "--dry-run=server")
 
 
-def wait_policies_active(kubectl: Kubectl, apiserver_log: Path, timeout: float = 30) -> None:
+def wait_policies_active(kubectl: Kubectl, apiserver_log: Path, timeout: float = 30,
+                         gate_labels: dict[str, str] | None = None) -> None:
     """Until the policy probe is denied by a policy."""
     def denied() -> bool:
-        res = policy_probe(kubectl)
+        res = policy_probe(kubectl, gate_labels)
         return res.rc != 0 and POLICY_DENIED in res.stderr
 
     try:

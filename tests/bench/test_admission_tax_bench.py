@@ -11,7 +11,17 @@ import pytest
 
 from bench import admission_tax
 from bench.__main__ import MODES
-from bench.admission_tax import DEFAULTS, FLOOR, KINDS, NOTHING, PLAIN_KINDS, POLICIES_OFF, SETUPS, TARGETS
+from bench.admission_tax import (
+    DEFAULTS,
+    FLOOR,
+    KINDS,
+    LABEL_GATE,
+    NOTHING,
+    PLAIN_KINDS,
+    POLICIES_OFF,
+    SETUPS,
+    TARGETS,
+)
 from e2e.toolkit.errors import ToolsMissingError
 from e2e.toolkit.tools import Tools
 
@@ -33,7 +43,7 @@ def test_every_request_kind_is_measured_under_every_setup(tmp_path: Path) -> Non
         assert len(cell.latencies) == smoke["tax_requests"] * smoke["tax_rounds"], (setup, kind)
         assert cell.cpu_ms > 0, (setup, kind, cell.cpu_seconds)  # the API server did work for each request
         assert cell.wrong == 0, (setup, kind, cell.mutated)
-    for setup in (DEFAULTS, POLICIES_OFF):  # gpufrac's mutating webhook labels every fractional pod it admits
+    for setup in (DEFAULTS, POLICIES_OFF, LABEL_GATE):  # gpufrac's mutating webhook labels every fractional pod
         cell = result.cells[(setup, "fractional CREATE")]
         assert cell.mutated == len(cell.latencies), setup
     assert result.cells[(NOTHING, "fractional CREATE")].mutated == 0  # nothing installed: stored as sent
@@ -46,14 +56,26 @@ def test_every_request_kind_is_measured_under_every_setup(tmp_path: Path) -> Non
         # The floor: nothing of gpufrac's, one empty gate per plain kind, timed once per request, and gone after.
         assert result.cells[(FLOOR, kind)].gated == len(result.cells[(FLOOR, kind)].latencies), kind
         assert result.cells[(FLOOR, kind)].gate_ms > 0, kind
-        assert f"| {kind} | {FLOOR} | " in admission_tax.markdown(result), kind
+        assert f"| {kind} | {FLOOR} | {result.server_version} | " in admission_tax.markdown(result), kind
+    # Issue 47: with the label gate on, a plain unlabelled pod meets no gate and calls no webhook, as with nothing
+    # installed (the objectSelector is decided on labels, before any CEL), while the labelled fractional pods are
+    # still mutated and their binds judged by the webhook.
+    for kind in PLAIN_KINDS:
+        assert result.cells[(LABEL_GATE, kind)].gated == 0, kind
+        assert result.cells[(LABEL_GATE, kind)].called == 0, kind
+        assert result.cells[(NOTHING, kind)].called == 0, kind
+    binds = result.cells[(LABEL_GATE, "binder UPDATE")]
+    assert binds.called >= len(binds.latencies)
     text = admission_tax.markdown(result)
+    version = result.server_version
+    assert version.startswith("v1."), version
     for setup in SETUPS:
         for kind in KINDS:
-            assert f"| {kind} | {setup} | " in text, (setup, kind)
+            assert f"| {kind} | {setup} | {version} | " in text, (setup, kind)
     for kind in TARGETS:  # the issue's target and whether the run met it, on the defaults row
         assert re.search(rf"^\| {kind} \| {DEFAULTS} \| .* \| (yes|\*\*no\*\*)( \(median: (yes|no)\))? \|$", text,
                          re.M), kind
     assert f"load average {result.machine['load']} before" in text
     assert "per plain request under the defaults: plain CREATE " in text
     assert f"{FLOOR}, one condition `false`: " in text
+    assert f"{LABEL_GATE} (gpufrac.io/fractions=true selects; plain pods unlabelled), Kubernetes {version}: " in text

@@ -128,3 +128,47 @@ def test_the_validating_webhook_skips_create_only_where_the_policies_enforce_eve
     assert skip not in _validating_conditions(render())  # failing closed, the mutating webhook judges a CREATE
     workloads = next(o for o in render() if o["kind"] == "ValidatingWebhookConfiguration")["webhooks"][1]
     assert skip not in [c["name"] for c in workloads["matchConditions"]]
+
+
+# Issue 47: the binder's UPDATE judged once. A validating webhook that fails closed judges every rule of the pods
+# policy on the scheduler's bind-time UPDATE (and the scheduler's own keys, which the policy leaves to it), and refuses
+# it while down; the policy judging it again cost the API server as much as both webhooks (×3.7 of nothing on 1.37.2,
+# ×1.9 without the policies). Failing open, the policy still judges it: it is then the only judge during an outage.
+SCHEDULER_SKIP = "not-a-scheduler-update-the-webhook-judges"
+
+
+def _pods_policy_conditions(*values: str) -> dict[str, str]:
+    pods = next(o for o in render(*values) if o["kind"] == "ValidatingAdmissionPolicy"
+                and o["metadata"]["name"].endswith("-pods"))
+    return {c["name"]: c["expression"] for c in pods["spec"]["matchConditions"]}
+
+
+def _request(operation: str, user: str, groups: list[str] | None = None, sub: str | None = None) -> dict[str, Any]:
+    info: dict[str, Any] = {"username": user, **({"groups": groups} if groups is not None else {})}
+    return {"operation": operation, "userInfo": info, **({"subResource": sub} if sub else {})}
+
+
+@needs_helm
+def test_failing_closed_the_pods_policy_leaves_the_schedulers_updates_to_the_validating_webhook() -> None:
+    from testkit import cel
+
+    expression = _pods_policy_conditions("--set", "webhook.schedulerGroups={kai:binders}")[SCHEDULER_SKIP]
+
+    def judged(request: dict[str, Any]) -> bool:
+        return bool(cel.evaluate(expression, request=request))
+
+    assert not judged(_request("UPDATE", "system:serviceaccount:kai-scheduler:binder"))
+    assert not judged(_request("UPDATE", "someone", ["kai:binders"]))
+    assert judged(_request("UPDATE", "alice", ["system:authenticated"]))  # a user's edit: judged by both
+    assert judged(_request("UPDATE", "alice"))  # no groups at all
+    assert judged(_request("CREATE", "system:serviceaccount:kai-scheduler:binder"))
+    # kubectl debug by the scheduler's identity is not a bind: still judged
+    assert judged(_request("UPDATE", "system:serviceaccount:kai-scheduler:binder", sub="ephemeralcontainers"))
+
+
+@needs_helm
+@pytest.mark.parametrize("failing_open", [["--set", "webhook.failurePolicy=Ignore"],
+                                          ["--set", "webhook.validating.failurePolicy=Ignore"]])
+def test_failing_open_the_pods_policy_judges_the_schedulers_updates(failing_open: list[str]) -> None:
+    assert SCHEDULER_SKIP not in _pods_policy_conditions(*failing_open)
+    assert "has-fraction-keys" in _pods_policy_conditions(*failing_open)

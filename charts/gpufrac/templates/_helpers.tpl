@@ -282,6 +282,24 @@ true
 {{- end -}}
 {{- end }}
 
+{{/*
+The matchConditions of the pods policy: the gates of every webhook and policy, and, where the validating webhook fails
+closed, not the scheduler's UPDATEs (the bind-time values: issue 47's binder UPDATE). The validating webhook judges
+every rule the policy carries on them (and the scheduler's own keys, which the policy leaves to it), and failing
+closed it refuses them when it is down: judged again in CEL they cost the API server as much as both webhooks.
+Failing open, the policy judges them as before.
+*/}}
+{{- define "gpufrac.podsPolicyMatchConditions" -}}
+{{- include "gpufrac.matchConditions" (list . false) }}
+{{- if eq (default .Values.webhook.failurePolicy .Values.webhook.validating.failurePolicy) "Fail" }}
+- name: not-a-scheduler-update-the-webhook-judges
+  expression: |-
+    !(request.operation == "UPDATE" && !has(request.subResource)
+      && (request.userInfo.username in {{ .Values.webhook.schedulerUsers | sortAlpha | toJson }}
+          || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ .Values.webhook.schedulerGroups | sortAlpha | toJson }}))))
+{{- end }}
+{{- end }}
+
 {{/* The operations of the pods policy: a pod's CREATE only where the mutating webhook does not judge it alone. */}}
 {{- define "gpufrac.podsPolicyOperations" -}}
 {{- if include "gpufrac.mutatingJudgesCreate" . -}}
@@ -289,6 +307,21 @@ true
 {{- else -}}
 ["CREATE", "UPDATE"]
 {{- end -}}
+{{- end }}
+
+{{/*
+The label gate (webhook.podLabelSelector, opt-in): an objectSelector on the pod webhooks and the pod and pod-status
+policies, matched by the API server on labels before any matchCondition, so an unlabelled pod meets no CEL at all.
+Empty when the gate is off. A Binding carries no labels: binds are gated apart (validate-bindings.gpufrac.io).
+*/}}
+{{- define "gpufrac.objectSelector" -}}
+{{- with .Values.webhook.podLabelSelector }}
+objectSelector:
+  matchLabels:
+    {{- range $key, $value := . }}
+    {{ $key }}: {{ toString $value | quote }}
+    {{- end }}
+{{- end }}
 {{- end }}
 
 {{- define "gpufrac.namespaceSelector" -}}
