@@ -488,6 +488,7 @@ def three_above(node) -> None:
     node.add_pod("c", 3, request_mib=5000, limit_mib=60000, started="2026-01-01T02:00:00Z")
     for n, uid, pid in ((1, "u-a", 4001), (2, "u-b", 4002), (3, "u-c", 4003)):
         node.proc.add(pid, cid(n), env_for("time-slicing", 60000, 5000, UUID_A), pod_uid=uid)
+    node.proc.add(9000, cid(90), {}, pod_uid="u-not-a-fraction")  # a process of no fraction: no tenant's memory
     node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 1000}, {"pid": 4002, "used_memory_mib": 15000},
                                  {"pid": 4003, "used_memory_mib": 15000}, {"pid": 9000, "used_memory_mib": 44000}])
 
@@ -496,11 +497,11 @@ def test_each_eviction_follows_a_fresh_reading(node):
     three_above(node)
     evict = node.kube.request_eviction
 
-    def evict_and_the_other_process_ends(namespace: str, name: str) -> Any:
+    def evict_and_the_other_process_ends(namespace: str, name: str, **options: Any) -> Any:
         node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 1000},
                                      {"pid": 4002, "used_memory_mib": 15000},
                                      {"pid": 4003, "used_memory_mib": 15000}])  # 44000 MiB freed meanwhile
-        return evict(namespace, name)
+        return evict(namespace, name, **options)
 
     node.kube.request_eviction = evict_and_the_other_process_ends
     agent = node.agent(reclaiming(ReclaimPolicy.EVICT))

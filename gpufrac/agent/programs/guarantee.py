@@ -20,7 +20,7 @@ from gpufrac.agent.decide import capacity, reclaim
 from gpufrac.agent.decide.audit import Findings, Snapshot, attribute
 from gpufrac.agent.decide.errors import NvmlError, ProcReadError
 from gpufrac.agent.decide.events import EventSink, owner_event, pod_event
-from gpufrac.agent.decide.gangs import Gang, pod_group, read_gang, unknown_gang
+from gpufrac.agent.decide.gangs import Gang, read_gang, unknown_gang
 from gpufrac.agent.decide.model import (
     EnforcementViolation,
     EvictionOutcome,
@@ -32,6 +32,7 @@ from gpufrac.agent.decide.model import (
 )
 from gpufrac.agent.decide.overlimit import OverLimitAction, newest
 from gpufrac.agent.decide.owed import owed_on_node
+from gpufrac.agent.decide.pod_facts import pod_facts
 from gpufrac.agent.decide.reclaim import (
     Candidate,
     GpuShare,
@@ -42,12 +43,13 @@ from gpufrac.agent.decide.reclaim import (
     Tenant,
     UsageReading,
 )
+from gpufrac.agent.decide.request_fit import admitted
 from gpufrac.agent.decide.soft_limits import ReclaimBy
 from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.edges.procfs import read_cgroup, read_parent_pid, read_start_time
 from gpufrac.agent.programs.backoffs import Backoffs
+from gpufrac.agent.programs.evictions import Evictions
 from gpufrac.core.contract import mib_ceil, mib_floor, reclaim_backoff_label
-from gpufrac.core.owners import controller_of
 from gpufrac.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
@@ -71,41 +73,12 @@ class MemorySource(Protocol):
 
 
 class GuaranteeKube(EventSink, Protocol):
-    def request_eviction(self, namespace: str, name: str) -> tuple[EvictionOutcome, str]: ...
+    def request_eviction(self, namespace: str, name: str, *, uid: str = "",
+                         grace_seconds: int | None = None) -> tuple[EvictionOutcome, str]: ...
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
     def get_pod_group(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-
-
-def _timestamp(text: object) -> float | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def pod_facts(pods: Iterable[Mapping[str, Any]]) -> dict[str, PodFacts]:
-    """By pod UID: spec.priority (0 when unset), status.startTime (else the creation time), and whether it is being
-    deleted."""
-    facts = {}
-    for pod in pods:
-        metadata = pod.get("metadata") or {}
-        priority = (pod.get("spec") or {}).get("priority")
-        started = _timestamp((pod.get("status") or {}).get("startTime")) or _timestamp(
-            metadata.get("creationTimestamp")
-        )
-        facts[str(metadata.get("uid", ""))] = PodFacts(
-            str(metadata.get("name", "")),
-            priority if isinstance(priority, int) else 0,
-            started or 0.0,
-            terminating=bool(metadata.get("deletionTimestamp")),
-            pod_group=pod_group(metadata.get("annotations") or {}),
-            owner=controller_of(metadata),
-        )
-    return facts
 
 
 def _mib(value: int) -> str:
@@ -138,7 +111,7 @@ class Guarantee:
         mps_daemons: Callable[[], Iterable[int]] = tuple,
         reclaim_by: Callable[[], ReclaimBy] = lambda: ReclaimBy.AGENT,
         wall_clock: Callable[[], float] = time.time,
-        hold_off: Callable[[], None] = lambda: None,
+        hold_off: Callable[[], bool] = lambda: True,
     ) -> None:
         self._kube = kube
         self._gpus = gpus
@@ -157,12 +130,15 @@ class Guarantee:
         self._claim_pods: dict[str, PodFacts | None] = {}  # by UID: the pods claims are for (None: not there)
         self.labels: dict[str, str] = {}  # the usable-memory labels, published with the agent's others
         self.usable_mib: dict[str, int] = {}  # GPU UUID -> usable memory as of the last pass (what requests may fill)
-        self.backoffs = Backoffs(config.reclaim.backoff_seconds, wall_clock, hold_off)
+        self.evictions = Evictions(kube, Backoffs(config.reclaim.backoff_seconds, wall_clock, hold_off),
+                                   config.reclaim.victim_grace_seconds)
+        self.backoffs = self.evictions.backoffs
 
     # ---- one pass ----
 
     def run(self, inventory: Inventory, snapshot: Snapshot, findings: Findings,
             pods: Sequence[Mapping[str, Any]]) -> None:
+        self.evictions.new_pass()
         reading = self._read() or UsageReading((), {})
         usable = self.measure(inventory, reading.memory, reading.processes)
         self.hold_totals(findings.violations)
@@ -258,7 +234,7 @@ class Guarantee:
         c = violation.container
         if c.pod_uid in self._evicted:
             return
-        outcome, said = self._evict(c.namespace, c.pod)
+        outcome, said = self.evictions.evict(c.namespace, c.pod, c.pod_uid)
         if outcome is None:
             return
         if outcome is EvictionOutcome.BLOCKED:
@@ -276,12 +252,16 @@ class Guarantee:
 
     def reclaim(self, reading: UsageReading, snapshot: Snapshot, pods: Sequence[Mapping[str, Any]]) -> dict[str, int]:
         """Decide (pure) on one reading and carry out; returns each GPU's shortfall, for the metric."""
-        owed = [*owed_on_node(pods), *snapshot.claims.tenants]  # a claim is owed from Prepare on
+        claim_pods = self._claim_pod_facts(snapshot.claims.tenants)
+        # a claim is owed from Prepare on, unless its pod is going; a container the node refuses is owed nothing
+        claims = [t for t in snapshot.claims.tenants if not (t.pod_uid in claim_pods and
+                                                              claim_pods[t.pod_uid].terminating)]
+        owed = admitted([*owed_on_node(pods), *claims], list(snapshot.gpus.values()), self.usable_mib)
         shares = self._shares(reading, snapshot, owed)
         if self._reclaim_by() is ReclaimBy.DRIVER:
             self._episodes = {}  # the driver takes memory above a request back: the agent only reports the shortfall
             return {share.gpu_uuid: share.shortfall_bytes for share in shares}
-        facts = self._with_gangs(pod_facts(pods) | self._claim_pod_facts(snapshot.claims.tenants), shares)
+        facts = self._with_gangs(pod_facts(pods) | claim_pods, shares)
         plans, self._episodes = reclaim.decide(shares, facts, self._episodes, self._clock(), self.config.reclaim)
         for plan in plans:
             self._carry_out(plan, lambda uuid: self._replan(uuid, snapshot, owed, facts))
@@ -297,7 +277,15 @@ class Guarantee:
             except ProcReadError:
                 continue  # exited since the reading
         attributed = attribute(reading.processes, by_id, cgroups, {}, snapshot.claims)
-        return reclaim.shares(attributed, owed, snapshot.gpus, reading.memory)
+        servers = self._mps_servers(reading.processes)
+        others = reclaim.others_use(reading.processes, attributed, cgroups, {c.pod_uid for c in owed}, servers)
+        for uuid, held in capacity.mps_contexts(reading.processes, servers).items():  # the servers' own context
+            others[uuid] = others.get(uuid, 0) + min(held, self._context_bytes(uuid))
+        return reclaim.shares(attributed, owed, snapshot.gpus, reading.memory, others)
+
+    def _context_bytes(self, gpu_uuid: str) -> int:
+        remembered = self._mps_context.get(gpu_uuid)
+        return 0 if remembered is None else remembered.held_bytes
 
     def _with_gangs(self, facts: Mapping[str, PodFacts], shares: Sequence[GpuShare]) -> dict[str, PodFacts]:
         """The gangs of the pods that can be victims now (above their requests on a GPU short of memory), read from
@@ -329,20 +317,29 @@ class Guarantee:
         """The facts of the pods the claims are for (the agent's pod list holds only annotated pods): read once per
         pod (its priority does not change; its going is what the evictions' answers say). A pod that is not there
         (a claim recorded without its pods names itself) is left to reclaim's defaults; one the API server did not
-        answer for is asked again at a later pass."""
+        answer for is no victim (fail closed: it may be protected, or a gang's) and is asked again at a later pass."""
         wanted = {t.pod_uid: t for t in tenants}
         self._claim_pods = {uid: f for uid, f in self._claim_pods.items() if uid in wanted}
+        unread = {}
         for uid, tenant in wanted.items():
             if uid in self._claim_pods:
                 continue
             try:
                 pod = self._kube.get_pod(tenant.namespace, tenant.pod)
             except KubeError as err:
-                log.warning("reading pod %s/%s of claim %s: %s", tenant.namespace, tenant.pod, tenant.claim, err)
+                unread[uid] = PodFacts(tenant.pod, 0, 0.0, unread=True)
+                self._unread(tenant, str(err))
                 continue
             found = pod is not None and (pod.get("metadata") or {}).get("uid") == uid
             self._claim_pods[uid] = pod_facts([pod])[uid] if found and pod is not None else None
-        return {uid: f for uid, f in self._claim_pods.items() if f is not None}
+        return {uid: f for uid, f in self._claim_pods.items() if f is not None} | unread
+
+    def _unread(self, tenant: RunningContainer, why: str) -> None:
+        log.warning("reading pod %s/%s of claim %s: %s", tenant.namespace, tenant.pod, tenant.claim, why)
+        self._metrics.reclaims.labels(outcome="unread").inc()
+        self._event(tenant.namespace, tenant.pod, tenant.pod_uid, "GPUReclaimPodUnread",
+                    f"reclaim could not read this pod (claim {tenant.claim}): {why}; until it can, it is not evicted "
+                    "for GPU memory (its priority and gang are not known)", labels={RECLAIM_LABEL: "unread"})
 
     def _replan(self, gpu_uuid: str, snapshot: Snapshot, owed: Sequence[Any],
                 facts: Mapping[str, PodFacts]) -> ReclaimPlan | None:
@@ -377,12 +374,19 @@ class Guarantee:
         """Evict one victim at a time, as `reclaim.next_victim` picks it from a fresh reading, until the pods going
         free the shortfall: None then, else the last plan (still short), and the pods whose eviction was refused."""
         refused: set[str] = set()
-        going: set[str] = set()
+        going = self.evictions.this_pass  # evicted for another GPU or over its limit this pass: once is enough
         blocked: list[str] = []
         current: ReclaimPlan | None = plan
         while current is not None and (victim := reclaim.next_victim(current, refused, going)) is not None:
-            outcome, said = self.backoffs.evict(victim.owner, lambda: self._evict(victim.namespace, victim.pod))
-            if outcome is None:
+            # a claim's pods carry no affinity for the back-off label: none is put on for them
+            owner = None if victim.pod_uid in self._claim_pods else victim.owner
+            outcome, said = self.evictions.evict(victim.namespace, victim.pod, victim.pod_uid, owner)
+            if outcome is EvictionOutcome.NOT_KEPT_OFF:
+                self._metrics.reclaims.labels(outcome="not-kept-off").inc()
+                refused.add(victim.pod_uid)
+                self._candidate_event(victim, current, "GPUReclaimNotEvicted", "not-kept-off", "did not evict this pod",
+                                      f"; {said}")
+            elif outcome is None:
                 self._metrics.reclaims.labels(outcome="failed").inc()
                 refused.add(victim.pod_uid)
             elif outcome is EvictionOutcome.BLOCKED:
@@ -392,8 +396,7 @@ class Guarantee:
                 self._candidate_event(victim, current, "GPUReclaimBlocked", "blocked", "could not evict this pod",
                                       f"; the eviction was refused ({said}): the next candidate is tried, and this "
                                       "pod again after reclaim.gracePeriodSeconds")
-            else:  # evicted, or gone already: either way its memory is being freed
-                going.add(victim.pod_uid)
+            else:  # evicted, or gone already: either way its memory is being freed (Evictions.this_pass)
                 if outcome is EvictionOutcome.EVICTED:
                     self._evicted_for(victim, current)
             current = replan(plan.gpu_uuid)
@@ -414,16 +417,19 @@ class Guarantee:
             event_type="Normal", labels={RECLAIM_LABEL: "reclaimed-for"},
         )
         if candidate.owner is not None:
-            self._owner_event(candidate, plan, self.backoffs.until(candidate.owner))
+            self._owner_event(candidate, plan, self.backoffs.until(candidate.owner),
+                              claim=candidate.pod_uid in self._claim_pods)
 
-    def _owner_event(self, candidate: Candidate, plan: ReclaimPlan, until: float | None) -> None:
+    def _owner_event(self, candidate: Candidate, plan: ReclaimPlan, until: float | None, *, claim: bool) -> None:
         """Its controller hears it too, and for how long its pods are kept off this node."""
         owner = candidate.owner
         assert owner is not None
         after = (f"its fractional pods are kept off node {self._node} until "
                  f"{dt.datetime.fromtimestamp(until, dt.UTC):%Y-%m-%dT%H:%M:%SZ} (reclaim.backoffSeconds; node label "
                  f"{reclaim_backoff_label(owner.uid)})" if until is not None else
-                 "a replacement may be placed on the same GPU again (reclaim.backoffSeconds is 0)")
+                 "a replacement may be placed on the same GPU again (" +
+                 ("its pods take their GPUs through DRA claims, which no back-off label keeps off" if claim else
+                  "reclaim.backoffSeconds is 0") + ")")
         message = (f"evicted its pod {candidate.pod} on node {self._node} to reclaim GPU memory on {plan.gpu_uuid} "
                    f"for {_owed_text(plan.owed)}: it used {_mib(candidate.used_bytes)} there, "
                    f"{_mib(candidate.above_request_bytes)} above its requests; {after}")
@@ -465,14 +471,6 @@ class Guarantee:
                         **extra)
 
     # ---- the Kubernetes edge ----
-
-    def _evict(self, namespace: str, name: str) -> tuple[EvictionOutcome | None, str]:
-        """The Eviction API's answer; (None, why) when the call failed otherwise."""
-        try:
-            return self._kube.request_eviction(namespace, name)
-        except KubeError as err:
-            log.warning("evicting %s/%s: %s", namespace, name, err)
-            return None, str(err)
 
     def _event(self, namespace: str, pod: str, pod_uid: str, reason: str, message: str, **extra: Any) -> None:
         try:
