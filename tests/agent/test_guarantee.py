@@ -628,3 +628,169 @@ def test_a_claim_pods_priority_is_read_from_the_api_server(node):
     assert node.kube.evictions == []
     [short] = node.events("GPUMemoryGuaranteeShort")
     assert "no pod uses more than its request there that may be evicted" in short["message"]
+
+
+# ---- the findings of issue 45: reclaim evicts only when a request truly cannot be met, once, failing closed ----
+
+RS_B = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "b-5d9f", "uid": "u-rs-b", "controller": True}
+
+
+def test_f1_use_charged_to_no_tenant_is_counted_once_against_the_gpu_not_again_as_owed(node):
+    """D requests 30000 and uses 30000 through a process whose cgroup cannot be read (as NVML usage it has not told,
+    or a client charged to its MPS server); E requests 10000 and uses 30000; 20000 free. Every request fits: D's
+    30000 left `free` already, so it is not owed again; nobody is evicted."""
+    node.add_pod("d", 1, request_mib=30000, limit_mib=30000, started="2026-01-01T00:00:00Z")
+    node.add_pod("e", 2, request_mib=10000, limit_mib=60000, started="2026-01-01T01:00:00Z")
+    node.proc.add(4002, cid(2), env_for("time-slicing", 60000, 10000, UUID_A), pod_uid="u-e")
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 30000},  # no /proc entry: its cgroup is unread
+                                 {"pid": 4002, "used_memory_mib": 30000}])
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    agent.tick()
+    assert node.kube.evictions == []
+    gpu = {"UUID": UUID_A, "Hostname": NODE, "modelName": "NVIDIA H200"}
+    assert value(agent.metrics, "gpufrac_gpu_memory_guarantee_shortfall_bytes", **gpu) == 0
+    # a process of no fraction is no tenant's: its use is not taken off what is owed
+    node.proc.add(4001, cid(90), {}, pod_uid="u-not-a-fraction")
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "e")]
+
+
+def test_f2_nothing_is_owed_to_a_container_the_node_refuses(node):
+    """A (30000) uses 40000, B (40000) uses 30000: B's 10000 fit in the 10000 free. C (20000) is bound but its
+    container is refused at creation (90000 requested of 80000 usable): C is owed nothing, A stays."""
+    node.add_pod("a", 1, request_mib=30000, limit_mib=60000, started="2026-01-01T01:00:00Z")
+    node.add_pod("b", 2, request_mib=40000, limit_mib=40000)
+    c = node.add_pod("c", 3, request_mib=20000, limit_mib=20000)
+    del c["status"]["containerStatuses"][0]["containerID"]  # never created: the NRI plugin refused it
+    c["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "CreateContainerError"}}
+    node.proc.add(4001, cid(1), env_for("time-slicing", 60000, 30000, UUID_A), pod_uid="u-a")
+    node.proc.add(4002, cid(2), env_for("time-slicing", 40000, 40000, UUID_A), pod_uid="u-b")
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 40000}, {"pid": 4002, "used_memory_mib": 30000}])
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    agent.tick()
+    assert node.kube.evictions == []
+    # once B is gone C fits (30000 + 20000 of 80000): it is owed again, and A above its request is the victim
+    node.kube.pods.remove(next(p for p in node.kube.pods if p["metadata"]["name"] == "b"))
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 70000}])
+    agent.pods.relist()
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "a")]
+
+
+def test_f3_one_eviction_per_pod_per_pass_across_gpus(node):
+    """X uses more than its request on GPU A and on GPU B, where a and c are each owed: one eviction frees both."""
+    node.add_pod("a", 1, request_mib=30000, limit_mib=30000)
+    node.add_pod("c", 3, request_mib=30000, limit_mib=30000, gpu=UUID_B)
+    x = pod("x", uid="u-x", containers={"app": cid(2)}, annotations=canonical_annotations(
+        "app", request_mib=10000, limit_mib=70000, devices=[UUID_A, UUID_B]))
+    node.kube.pods.append(x)
+    node.proc.add(4001, cid(1), env_for("time-slicing", 30000, 30000, UUID_A), pod_uid="u-a")
+    node.proc.add(4003, cid(3), env_for("time-slicing", 30000, 30000, UUID_B), pod_uid="u-c")
+    node.proc.add(4002, cid(2), env_for("time-slicing", 70000, 10000, UUID_A), pod_uid="u-x")
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 1000}, {"pid": 4002, "used_memory_mib": 60000}])
+    node.gpus.processes(UUID_B, [{"pid": 4003, "used_memory_mib": 1000}, {"pid": 4002, "used_memory_mib": 60000}])
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "x")]
+    assert len(node.events("GPUMemoryReclaimed")) == 1
+    assert value(agent.metrics, "gpufrac_reclaims_total", outcome="evicted") == 1
+
+
+def test_f3_over_limit_evict_and_reclaim_evict_the_same_pod_once(node):
+    contended(node)
+    b = node.kube.pods[1]
+    b["metadata"]["annotations"] = canonical_annotations("app", request_mib=10000, limit_mib=50000, devices=[UUID_A])
+    agent = node.agent(replace(reclaiming(ReclaimPolicy.EVICT), over_limit_action=OverLimitAction.EVICT))
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "b")]  # over its limit (55000 of 50000) and the reclaim victim
+    assert len(node.events("GPUMemoryLimitEvicted")) == 1 and node.events("GPUMemoryReclaimed") == []
+
+
+def test_f4_a_back_off_label_that_cannot_be_written_means_no_eviction(node):
+    contended(node)
+    node.kube.pods[1]["metadata"]["ownerReferences"] = [RS_B]
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    node.kube.label_error = KubeError("labelling node gpu-node-1: 503 Service Unavailable")
+    agent.tick()
+    assert node.kube.evictions == []
+    assert value(agent.metrics, "gpufrac_reclaims_total", outcome="not-kept-off") == 1
+    [event] = node.events("GPUReclaimNotEvicted")
+    assert event["involvedObject"]["name"] == "b" and "could not be written" in event["message"]
+    assert node.events("GPUMemoryReclaimedFromPod") == []  # nothing says the pod is kept off
+    node.kube.label_error = None  # the API server answers again: evicted then, with its back-off
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "b")] and reclaim_backoff_label("u-rs-b") in node.kube.labels
+
+
+def test_f4_a_claims_pod_gets_no_back_off_label(node):
+    """A claim's pods take their GPUs through DRA: the webhook gives them no back-off affinity, so no label is
+    written for their controller; its Event says a replacement may come back."""
+    node.add_pod("a", 1, request_mib=30000, limit_mib=30000)
+    claims = claim_on_a(node, 10000, 60000)
+    node.kube.pods[-1]["metadata"]["ownerReferences"] = [RS_B]
+    node.proc.add(4001, cid(1), env_for("time-slicing", 30000, 30000, UUID_A), pod_uid="u-a")
+    node.proc.add(4009, cid(9), {}, pod_uid=CLAIM_POD_UID)
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000}, {"pid": 4009, "used_memory_mib": 55000}])
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.claims = lambda: claims
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "claimed")]
+    assert reclaim_backoff_label("u-rs-b") not in node.kube.labels
+    assert not any(reclaim_backoff_label("u-rs-b") in patch for patch in node.kube.label_patches)
+    [on_owner] = node.events("GPUMemoryReclaimedFromPod")
+    assert "which no back-off label keeps off" in on_owner["message"]
+
+
+def test_f5_a_claim_pod_that_cannot_be_read_is_not_evicted(node):
+    node.add_pod("a", 1, request_mib=30000, limit_mib=30000)
+    claims = claim_on_a(node, 10000, 60000, priority=2000)  # protected, as the API server would have said
+    node.proc.add(4001, cid(1), env_for("time-slicing", 30000, 30000, UUID_A), pod_uid="u-a")
+    node.proc.add(4009, cid(9), {}, pod_uid=CLAIM_POD_UID)
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000}, {"pid": 4009, "used_memory_mib": 55000}])
+    node.kube.pod_errors["claimed"] = KubeError("reading pod team-a/claimed: 503 Service Unavailable")
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.claims = lambda: claims
+    agent.tick()
+    assert node.kube.evictions == []
+    assert value(agent.metrics, "gpufrac_reclaims_total", outcome="unread") == 1
+    [event] = node.events("GPUReclaimPodUnread")
+    assert event["involvedObject"]["uid"] == CLAIM_POD_UID and "503 Service Unavailable" in event["message"]
+
+
+def test_f6_a_pod_being_deleted_is_owed_nothing(node):
+    """A (30000) is being deleted and its process still holds 10000; B uses 55000: nothing is owed to A."""
+    contended(node)
+    node.kube.pods[0]["metadata"]["deletionTimestamp"] = "2026-01-01T02:00:00Z"
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    agent.tick()
+    assert node.kube.evictions == []
+    assert node.events("GPUMemoryGuaranteeShort") == []
+
+
+def test_f7_every_eviction_names_the_pods_uid_and_the_victims_grace_period(node):
+    contended(node)
+    guarantee = reclaiming(ReclaimPolicy.EVICT)
+    agent = node.agent(replace(guarantee, reclaim=replace(guarantee.reclaim, victim_grace_seconds=7)))
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "b")]
+    assert node.kube.eviction_options == [{"name": "b", "uid": "u-b", "grace_seconds": 7}]
+
+
+def test_f7_a_pod_of_the_same_name_made_since_is_not_evicted(node):
+    """The UID precondition: the pod the agent chose was replaced by one of the same name (a StatefulSet's)."""
+    contended(node)
+    evict = node.kube.request_eviction
+
+    def replaced_meanwhile(namespace: str, name: str, **options: Any) -> Any:
+        node.kube.pods[1]["metadata"]["uid"] = "u-b-replacement"  # deleted and made again since the reading
+        return evict(namespace, name, **options)
+
+    node.kube.request_eviction = replaced_meanwhile
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    assert node.kube.evictions == []
+    assert node.kube.eviction_options[0]["uid"] == "u-b"
+    assert value(agent.metrics, "gpufrac_reclaims_total", outcome="failed") == 1
