@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 
 
 class KubeSink(NodeSink, AuditKube, PodSource, Protocol):
-    def request_eviction(self, namespace: str, name: str) -> tuple[EvictionOutcome, str]: ...
+    def request_eviction(self, namespace: str, name: str, *, uid: str = "",
+                         grace_seconds: int | None = None) -> tuple[EvictionOutcome, str]: ...
 
     def node_labels(self, node: str) -> dict[str, str]: ...
 
