@@ -794,3 +794,37 @@ def test_f7_a_pod_of_the_same_name_made_since_is_not_evicted(node):
     assert node.kube.evictions == []
     assert node.kube.eviction_options[0]["uid"] == "u-b"
     assert value(agent.metrics, "gpufrac_reclaims_total", outcome="failed") == 1
+
+
+def test_mps_clients_charged_to_their_server_get_nobody_evicted_needlessly(node):
+    """A driver that charges MPS clients' memory to their server (the fake's "mps_memory": "server"; gpucheck's row 6c
+    says which way a real one goes): NVML lists D's and E's processes with no usage, and the agent's MPS server with
+    all of it. D requests 30000 and uses 30000, E requests 10000 and uses 30000, 20000 free: every request fits.
+    Nobody is evicted, as when each client is listed with its own memory."""
+    node.add_pod("d", 1, request_mib=30000, limit_mib=30000, started="2026-01-01T00:00:00Z")
+    node.add_pod("e", 2, request_mib=10000, limit_mib=60000, started="2026-01-01T01:00:00Z")
+    node.proc.add(4001, cid(1), env_for("sm-sharing", 30000, 30000, UUID_A), pod_uid="u-d")
+    node.proc.add(4002, cid(2), env_for("sm-sharing", 60000, 10000, UUID_A), pod_uid="u-e")
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()  # the agent's MPS control daemons start
+    daemons = [s.pid for s in agent.daemons.statuses().values() if s.pid]
+    node.proc.add_program(4300, ["nvidia-cuda-mps-server"])
+    write_stat(node.proc, 4300, parent=daemons[0])  # the agent's daemon's server
+    node.gpus.charge_mps_clients_to_server(UUID_A)
+    node.gpus.processes(UUID_A, [{"pid": 4300, "used_memory_mib": 0},
+                                 {"pid": 4001, "used_memory_mib": 30000, "mps_server": 4300},
+                                 {"pid": 4002, "used_memory_mib": 30000, "mps_server": 4300}])
+    import pynvml
+    [client, *_] = [p for p in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(0))
+                    if p.pid == 4001]
+    assert client.usedGpuMemory is None  # the fake reports it as such a driver would
+    agent.tick()
+    agent.tick()
+    assert node.kube.evictions == []
+    gpu = {"UUID": UUID_A, "Hostname": NODE, "modelName": "NVIDIA H200"}
+    assert value(agent.metrics, "gpufrac_gpu_memory_guarantee_shortfall_bytes", **gpu) == 0
+    # the same GPU with each client listed with its own memory: the same answer
+    node.gpus.state["gpus"][0].pop("mps_memory")
+    node.gpus.write()
+    agent.tick()
+    assert node.kube.evictions == []

@@ -277,15 +277,10 @@ class Guarantee:
             except ProcReadError:
                 continue  # exited since the reading
         attributed = attribute(reading.processes, by_id, cgroups, {}, snapshot.claims)
-        servers = self._mps_servers(reading.processes)
-        others = reclaim.others_use(reading.processes, attributed, cgroups, {c.pod_uid for c in owed}, servers)
-        for uuid, held in capacity.mps_contexts(reading.processes, servers).items():  # the servers' own context
-            others[uuid] = others.get(uuid, 0) + min(held, self._context_bytes(uuid))
+        # an MPS server's memory may be its clients' (a driver that charges them to it): never taken off what is owed
+        others = reclaim.others_use(reading.processes, attributed, cgroups, {c.pod_uid for c in owed},
+                                    self._mps_servers(reading.processes))
         return reclaim.shares(attributed, owed, snapshot.gpus, reading.memory, others)
-
-    def _context_bytes(self, gpu_uuid: str) -> int:
-        remembered = self._mps_context.get(gpu_uuid)
-        return 0 if remembered is None else remembered.held_bytes
 
     def _with_gangs(self, facts: Mapping[str, PodFacts], shares: Sequence[GpuShare]) -> dict[str, PodFacts]:
         """The gangs of the pods that can be victims now (above their requests on a GPU short of memory), read from
