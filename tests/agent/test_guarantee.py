@@ -828,3 +828,24 @@ def test_mps_clients_charged_to_their_server_get_nobody_evicted_needlessly(node)
     node.gpus.write()
     agent.tick()
     assert node.kube.evictions == []
+
+
+def test_where_the_driver_holds_requests_a_process_gone_while_above_its_request_gets_an_event(node, tmp_path):
+    """The driver kills a process above its soft limit with no grace and no word: the agent says it, on the pod."""
+    contended(node)
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids rdma misc dmem\n")
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    agent.tick()
+    assert node.events("GPUProcessEndedAboveRequest") == []  # still running: nothing to say
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 30000}])  # B's process is gone, A took its room
+    agent.tick()
+    [event] = node.events("GPUProcessEndedAboveRequest")
+    assert event["involvedObject"]["name"] == "b" and event["type"] == "Warning"
+    assert "GPU process 4002 ended while its container used 55000 MiB" in event["message"]
+    assert "45000 MiB above its request of 10000 MiB" in event["message"]
+    assert value(agent.metrics, "gpufrac_reclaims_total", outcome="driver-ended") == 1
+    assert node.events("GPUProcessEndedAboveRequest")[0]["involvedObject"]["fieldPath"] == "spec.containers{app}"
+    agent.tick()
+    assert value(agent.metrics, "gpufrac_reclaims_total", outcome="driver-ended") == 1  # said once
+    assert node.kube.evictions == []

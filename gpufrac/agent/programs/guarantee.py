@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from gpufrac.agent.decide import capacity, reclaim
-from gpufrac.agent.decide.audit import Findings, Snapshot, attribute
+from gpufrac.agent.decide import capacity, reclaim, soft_limits
+from gpufrac.agent.decide.audit import AttributedProcess, Findings, Snapshot, attribute
 from gpufrac.agent.decide.errors import NvmlError, ProcReadError
 from gpufrac.agent.decide.events import EventSink, owner_event, pod_event
 from gpufrac.agent.decide.gangs import Gang, read_gang, unknown_gang
@@ -128,6 +128,8 @@ class Guarantee:
         self._killed: set[tuple[int, int]] = set()  # (pid, start time): a killed process NVML still lists
         self._evicted: set[str] = set()  # pod UIDs evicted for their total
         self._claim_pods: dict[str, PodFacts | None] = {}  # by UID: the pods claims are for (None: not there)
+        self._attributed: list[AttributedProcess] = []  # the last reading's processes of tenants
+        self._above: dict[tuple[int, str], soft_limits.AboveRequest] = {}  # driver mode: above request at last pass
         self.labels: dict[str, str] = {}  # the usable-memory labels, published with the agent's others
         self.usable_mib: dict[str, int] = {}  # GPU UUID -> usable memory as of the last pass (what requests may fill)
         self.evictions = Evictions(kube, Backoffs(config.reclaim.backoff_seconds, wall_clock, hold_off),
@@ -260,12 +262,31 @@ class Guarantee:
         shares = self._shares(reading, snapshot, owed)
         if self._reclaim_by() is ReclaimBy.DRIVER:
             self._episodes = {}  # the driver takes memory above a request back: the agent only reports the shortfall
+            self._driver_took(reading, shares)
             return {share.gpu_uuid: share.shortfall_bytes for share in shares}
+        self._above = {}
         facts = self._with_gangs(pod_facts(pods) | claim_pods, shares)
         plans, self._episodes = reclaim.decide(shares, facts, self._episodes, self._clock(), self.config.reclaim)
         for plan in plans:
             self._carry_out(plan, lambda uuid: self._replan(uuid, snapshot, owed, facts))
         return {share.gpu_uuid: share.shortfall_bytes for share in shares}
+
+    def _driver_took(self, reading: UsageReading, shares: Sequence[GpuShare]) -> None:
+        """An Event for each process NVML no longer lists that was above its request at the last pass: the driver
+        kills such a process with no grace and says nothing (soft_limits.ended)."""
+        if not reading.memory:
+            return  # NVML not read this pass: nothing can be said to have ended
+        for gone in soft_limits.ended(self._above, reading.processes):
+            t = gone.tenant
+            self._metrics.reclaims.labels(outcome="driver-ended").inc()
+            self._event(t.container.namespace, t.container.pod, t.container.pod_uid, "GPUProcessEndedAboveRequest",
+                        f"GPU process {gone.pid} ended while its container used {_mib(t.used_bytes)} on "
+                        f"{gone.gpu_uuid}, {_mib(t.above_request_bytes)} above its request of {_mib(t.request_bytes)}: "
+                        "on this node the driver holds each request as a soft limit and kills a process above it, with "
+                        "no grace, when a neighbour needs the memory (or it ended by itself)",
+                        container=None if t.container.claim else t.container.container,
+                        labels={RECLAIM_LABEL: "driver-ended"})
+        self._above = soft_limits.above_request(shares, self._attributed)
 
     def _shares(self, reading: UsageReading, snapshot: Snapshot, owed: Sequence[Any]) -> list[GpuShare]:
         """The GPUs' shares from one reading: its processes attributed by their cgroups, read now."""
@@ -280,6 +301,7 @@ class Guarantee:
         # an MPS server's memory may be its clients' (a driver that charges them to it): never taken off what is owed
         others = reclaim.others_use(reading.processes, attributed, cgroups, {c.pod_uid for c in owed},
                                     self._mps_servers(reading.processes))
+        self._attributed = attributed
         return reclaim.shares(attributed, owed, snapshot.gpus, reading.memory, others)
 
     def _with_gangs(self, facts: Mapping[str, PodFacts], shares: Sequence[GpuShare]) -> dict[str, PodFacts]:
