@@ -127,6 +127,7 @@ class FakeKube:
         self.pod_groups: dict[tuple[str, str], dict[str, Any] | Exception] = {}
         self.label_error: KubeError | None = None  # what patching the node's labels raises (None: it works)
         self.pod_errors: dict[str, KubeError] = {}  # by pod name: what reading that pod raises
+        self.list_error: KubeError | None = None  # what listing a namespace's pods by label raises
 
     def patch_node_labels(self, node: str, labels: Mapping[str, str | None]) -> None:
         if self.label_error is not None:
@@ -182,6 +183,14 @@ class FakeKube:
             raise self.pod_errors[name]
         return next((p for p in self.pods if p["metadata"]["namespace"] == namespace
                      and p["metadata"]["name"] == name), None)
+
+    def list_namespaced_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """The namespace's pods with the one label `key=value` (every pod here, not only the node's)."""
+        if self.list_error is not None:
+            raise self.list_error
+        key, _, wanted = label_selector.partition("=")
+        return [p for p in self.pods if p["metadata"]["namespace"] == namespace
+                and (p["metadata"].get("labels") or {}).get(key) == wanted]
 
     def get_pod_group(self, namespace: str, name: str) -> dict[str, Any] | None:
         found = self.pod_groups.get((namespace, name))

@@ -849,3 +849,35 @@ def test_where_the_driver_holds_requests_a_process_gone_while_above_its_request_
     agent.tick()
     assert value(agent.metrics, "gpufrac_reclaims_total", outcome="driver-ended") == 1  # said once
     assert node.kube.evictions == []
+
+
+def test_a_gang_member_is_spared_while_its_sub_group_is_at_its_minimum(node):
+    """KAI 0.18's PodGroup `train` (minMember 3, four running) has sub-groups `workers` (minMember 2) and `ps`
+    (minMember 1); B and C are workers here, a third worker and one ps run elsewhere. The gang can lose one, and so
+    can `workers` with three running; with only B and C running there, neither is evicted, whatever the gang can
+    lose; with the sub-group's pods unlisted, neither is."""
+    contended(node)
+    node.add_pod("c", 3, request_mib=1000, limit_mib=20000, started="2026-01-01T02:00:00Z")
+    node.proc.add(4003, cid(3), env_for("time-slicing", 20000, 1000, UUID_A), pod_uid="u-c")
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000}, {"pid": 4002, "used_memory_mib": 45000},
+                                 {"pid": 4003, "used_memory_mib": 10000}])
+    for body in node.kube.pods[1:]:
+        body["metadata"]["annotations"]["pod-group-name"] = "train"
+        body["metadata"]["labels"]["kai.scheduler/subgroup-name"] = "workers"
+    elsewhere = running_pod("w-3", uid="u-w3", containers={"app": cid(7)}, annotations={"pod-group-name": "train"},
+                            node="gpu-node-2", labels={"kai.scheduler/subgroup-name": "workers"})
+    node.kube.pod_groups[("team-a", "train")] = {
+        "spec": {"minMember": 3, "subGroups": [{"name": "workers", "minMember": 2}, {"name": "ps", "minMember": 1}]},
+        "status": {"running": 4}}
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    assert node.kube.evictions == []  # workers: 2 running of minMember 2
+    [short] = node.events("GPUMemoryGuaranteeShort")
+    assert "needed by its gang at its minimum" in short["message"]
+    node.kube.pods.append(elsewhere)  # a third worker runs on another node
+    node.kube.list_error = KubeError("pods is forbidden")
+    agent.tick()
+    assert node.kube.evictions == []  # the sub-group's members not known: none is evicted
+    node.kube.list_error = None
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "c")]  # one worker to spare: the youngest

@@ -6,7 +6,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpufrac.agent.decide.gangs import pod_group
+from gpufrac.agent.decide.gangs import pod_group, sub_group
 from gpufrac.agent.decide.reclaim import PodFacts
 from gpufrac.core.owners import controller_of
 
@@ -36,6 +36,7 @@ def pod_facts(pods: Iterable[Mapping[str, Any]]) -> dict[str, PodFacts]:
             started or 0.0,
             terminating=bool(metadata.get("deletionTimestamp")),
             pod_group=pod_group(metadata.get("annotations") or {}),
+            sub_group=sub_group(metadata.get("labels") or {}),
             owner=controller_of(metadata),
         )
     return facts

@@ -70,6 +70,8 @@ class PodFacts:
     terminating: bool = False  # deleted already (an eviction under way): its memory is being freed
     pod_group: str = ""  # the KAI PodGroup it names (gangs.pod_group)
     gang: Gang | None = None  # that PodGroup as read (None: none, or not read: no gang)
+    sub_group: str = ""  # the leaf sub-group of it that it names (gangs.sub_group)
+    sub_gang: Gang | None = None  # that sub-group as read (gangs.read_sub_gang; None: none)
     owner: Owner | None = None  # its controller, told when the pod is evicted (None: a bare pod)
     unread: bool = False  # the API server did not answer for it (a claim's pod): never a victim (fail closed)
 
@@ -263,18 +265,17 @@ def candidates(share: GpuShare, pods: Mapping[str, PodFacts],
 
 
 def _within_gangs(ordered: Sequence[Candidate], pods: Mapping[str, PodFacts]) -> list[Candidate]:
-    """The candidates, in order, but no more of a gang's members than it can lose. A member going already stays
-    (its memory is being freed) and counts against what its gang can lose."""
+    """The candidates, in order, but no more of a gang's members than it can lose, nor of its sub-group's. A member
+    going already stays (its memory is being freed) and counts against what its gang and sub-group can lose."""
     taken: dict[tuple[str, str], int] = {}
     kept = []
     for candidate in ordered:
-        gang = pods.get(candidate.pod_uid, _UNKNOWN_POD).gang
-        spare = None if gang is None else gang.spare
-        if gang is not None and spare is not None:
-            key = (gang.namespace, gang.name)
-            if taken.get(key, 0) >= spare and not candidate.terminating:
-                continue
-            taken[key] = taken.get(key, 0) + 1
+        facts = pods.get(candidate.pod_uid, _UNKNOWN_POD)
+        limited = [(g, g.spare) for g in (facts.gang, facts.sub_gang) if g is not None and g.spare is not None]
+        if not candidate.terminating and any(taken.get((g.namespace, g.name), 0) >= spare for g, spare in limited):
+            continue
+        for gang, _ in limited:
+            taken[(gang.namespace, gang.name)] = taken.get((gang.namespace, gang.name), 0) + 1
         kept.append(candidate)
     return kept
 

@@ -13,14 +13,13 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpufrac.agent.decide import capacity, reclaim, soft_limits
 from gpufrac.agent.decide.audit import AttributedProcess, Findings, Snapshot, attribute
 from gpufrac.agent.decide.errors import NvmlError, ProcReadError
 from gpufrac.agent.decide.events import EventSink, owner_event, pod_event
-from gpufrac.agent.decide.gangs import Gang, read_gang, unknown_gang
 from gpufrac.agent.decide.model import (
     EnforcementViolation,
     EvictionOutcome,
@@ -49,6 +48,7 @@ from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.edges.procfs import read_cgroup, read_parent_pid, read_start_time
 from gpufrac.agent.programs.backoffs import Backoffs
 from gpufrac.agent.programs.evictions import Evictions
+from gpufrac.agent.programs.gang_reader import GangReader
 from gpufrac.core.contract import mib_ceil, mib_floor, reclaim_backoff_label
 from gpufrac.kube.errors import KubeError
 
@@ -79,6 +79,8 @@ class GuaranteeKube(EventSink, Protocol):
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
     def get_pod_group(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def list_namespaced_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]: ...
 
 
 def _mib(value: int) -> str:
@@ -135,6 +137,7 @@ class Guarantee:
         self.evictions = Evictions(kube, Backoffs(config.reclaim.backoff_seconds, wall_clock, hold_off),
                                    config.reclaim.victim_grace_seconds)
         self.backoffs = self.evictions.backoffs
+        self._gangs = GangReader(kube)
 
     # ---- one pass ----
 
@@ -265,7 +268,9 @@ class Guarantee:
             self._driver_took(reading, shares)
             return {share.gpu_uuid: share.shortfall_bytes for share in shares}
         self._above = {}
-        facts = self._with_gangs(pod_facts(pods) | claim_pods, shares)
+        facts = pod_facts(pods) | claim_pods
+        if not self.config.reclaim.evict_gang_members:
+            facts = self._gangs.with_gangs(facts, shares)
         plans, self._episodes = reclaim.decide(shares, facts, self._episodes, self._clock(), self.config.reclaim)
         for plan in plans:
             self._carry_out(plan, lambda uuid: self._replan(uuid, snapshot, owed, facts))
@@ -303,32 +308,6 @@ class Guarantee:
                                     self._mps_servers(reading.processes))
         self._attributed = attributed
         return reclaim.shares(attributed, owed, snapshot.gpus, reading.memory, others)
-
-    def _with_gangs(self, facts: Mapping[str, PodFacts], shares: Sequence[GpuShare]) -> dict[str, PodFacts]:
-        """The gangs of the pods that can be victims now (above their requests on a GPU short of memory), read from
-        their PodGroups at this pass; one the API server does not answer for spares all of its members."""
-        found = dict(facts)
-        if self.config.reclaim.evict_gang_members:
-            return found
-        above = {t.container.pod_uid: t.container.namespace for share in shares if share.shortfall_bytes > 0
-                 for t in share.tenants if t.above_request_bytes > 0}
-        gangs: dict[tuple[str, str], Gang | None] = {}
-        for uid, namespace in above.items():
-            pod = facts.get(uid)
-            if pod is None or not pod.pod_group:
-                continue
-            key = (namespace, pod.pod_group)
-            if key not in gangs:
-                gangs[key] = self._gang(*key)
-            found[uid] = replace(pod, gang=gangs[key])
-        return found
-
-    def _gang(self, namespace: str, name: str) -> Gang | None:
-        try:
-            return read_gang(namespace, name, self._kube.get_pod_group(namespace, name))
-        except KubeError as err:
-            log.warning("reading PodGroup %s/%s: %s; its members are not reclaim victims", namespace, name, err)
-            return unknown_gang(namespace, name)
 
     def _claim_pod_facts(self, tenants: Sequence[RunningContainer]) -> dict[str, PodFacts]:
         """The facts of the pods the claims are for (the agent's pod list holds only annotated pods): read once per
