@@ -58,8 +58,11 @@ def read_gang(namespace: str, name: str, obj: Mapping[str, Any] | None) -> Gang 
         return None
     spec, status = obj.get("spec") or {}, obj.get("status") or {}
     min_member, running = spec.get("minMember"), status.get("running", 0)  # KAI's defaults: 1, and none running yet
-    sub_groups = {s["name"]: s.get("minMember") if isinstance(s.get("minMember"), int) else 1
-                  for s in spec.get("subGroups") or [] if isinstance(s, dict) and isinstance(s.get("name"), str)}
+    sub_groups: dict[str, int] = {}
+    for sub in spec.get("subGroups") or []:
+        if isinstance(sub, dict) and isinstance(sub.get("name"), str):
+            minimum = sub.get("minMember")
+            sub_groups[sub["name"]] = minimum if isinstance(minimum, int) else 1  # KAI's default, as the gang's
     return Gang(namespace, name, min_member if isinstance(min_member, int) else 1,
                 running if isinstance(running, int) else None, sub_groups)
 
