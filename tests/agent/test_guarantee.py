@@ -881,3 +881,42 @@ def test_a_gang_member_is_spared_while_its_sub_group_is_at_its_minimum(node):
     node.kube.list_error = None
     agent.tick()
     assert node.kube.evictions == [("team-a", "c")]  # one worker to spare: the youngest
+
+
+def test_off_reports_only_the_pods_it_would_evict(node):
+    """Two pods above their requests; the youngest alone covers the shortage: only it would be evicted."""
+    contended(node)
+    node.add_pod("c", 3, request_mib=1000, limit_mib=20000, started="2026-01-01T02:00:00Z")
+    node.proc.add(4003, cid(3), env_for("time-slicing", 20000, 1000, UUID_A), pod_uid="u-c")
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000}, {"pid": 4002, "used_memory_mib": 45000},
+                                 {"pid": 4003, "used_memory_mib": 10000}])  # 15000 free, 20000 owed: 5000 short
+    agent = node.agent(reclaiming(ReclaimPolicy.OFF))
+    agent.tick()
+    assert [e["involvedObject"]["name"] for e in node.events("GPUReclaimWouldEvict")] == ["c"]
+    assert value(agent.metrics, "gpufrac_reclaims_total", outcome="would-evict") == 1
+
+
+def test_a_refused_eviction_keeps_the_controllers_running_back_off(node):
+    """B and C are pods of one ReplicaSet. B is evicted: the ReplicaSet's back-off runs. C's eviction, refused by a
+    PodDisruptionBudget, must leave that back-off as it was, not take it off."""
+    contended(node)
+    node.add_pod("c", 3, request_mib=1000, limit_mib=20000, started="2026-01-01T02:00:00Z")
+    node.proc.add(4003, cid(3), env_for("time-slicing", 20000, 1000, UUID_A), pod_uid="u-c")
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000}, {"pid": 4002, "used_memory_mib": 45000},
+                                 {"pid": 4003, "used_memory_mib": 10000}])
+    for body in node.kube.pods[1:]:
+        body["metadata"]["ownerReferences"] = [RS_B]
+    now = [1_800_000_000.0]
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT), wall_clock=lambda: now[0])
+    node.kube.blocked.add("c")
+    agent.tick()  # c (the youngest) refused, b evicted: the back-off runs from now
+    assert node.kube.evictions == [("team-a", "b")]
+    label = reclaim_backoff_label("u-rs-b")
+    assert node.kube.labels[label] == "1800000600"
+    node.kube.pods[1]["metadata"]["deletionTimestamp"] = "2026-01-01T03:00:00Z"  # b going; c still above, refused
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000}, {"pid": 4003, "used_memory_mib": 60000}])
+    agent.pods.relist()
+    now[0] += 100
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "b")]
+    assert node.kube.labels[label] == "1800000600"  # the running back-off, as it was

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufrac.agent.decide.audit import AttributedProcess
+from gpufrac.agent.decide.attribution import AttributedProcess
 from gpufrac.agent.decide.model import GpuMemory, GpuProcess, RunningContainer
 from gpufrac.agent.decide.reclaim import (
     Episode,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpufrac.agent.decide.audit import AttributedProcess
+from gpufrac.agent.decide.attribution import AttributedProcess
 from gpufrac.agent.decide.gangs import Gang, read_gang, read_sub_gang, sub_group
 from gpufrac.agent.decide.model import GpuMemory, GpuProcess, RunningContainer
 from gpufrac.agent.decide.pod_facts import pod_facts
@@ -149,7 +149,8 @@ def test_within_gangs_holds_the_sub_group_as_well_as_the_gang():
                      memory(60000))
     gang = Gang("ns", "train", 2, 4)  # two to spare
     sub = Gang("ns", "train/workers", 2, 3, sub=True)  # one to spare
-    facts = {"u-d": PodFacts("d", 0, 1.0, gang=gang, sub_gang=sub), "u-e": PodFacts("e", 0, 2.0, gang=gang, sub_gang=sub)}
+    facts = {"u-d": PodFacts("d", 0, 1.0, gang=gang, sub_gang=sub),
+             "u-e": PodFacts("e", 0, 2.0, gang=gang, sub_gang=sub)}
     assert [c.pod for c in candidates(share, facts)] == ["e"]
     facts["u-d"] = replace(facts["u-d"], sub_gang=None)
     assert [c.pod for c in candidates(share, facts)] == ["e", "d"]

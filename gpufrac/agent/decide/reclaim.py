@@ -28,7 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from gpufrac.agent.decide.audit import AttributedProcess, device_assigned
+from gpufrac.agent.decide.attribution import AttributedProcess
+from gpufrac.agent.decide.audit import device_assigned
 from gpufrac.agent.decide.gangs import Gang
 from gpufrac.agent.decide.model import GpuInfo, GpuMemory, GpuProcess, RunningContainer
 from gpufrac.agent.decide.proc_text import pod_uids_in_cgroup

@@ -14,7 +14,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gpufrac.agent.decide.audit import AttributedProcess
+from gpufrac.agent.decide.attribution import AttributedProcess
 from gpufrac.agent.decide.capabilities import has_driver_memory_limits
 from gpufrac.agent.decide.model import GpuProcess, Inventory
 from gpufrac.agent.decide.reclaim import GpuShare, ReclaimPolicy, Tenant

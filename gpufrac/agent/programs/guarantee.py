@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpufrac.agent.decide import capacity, reclaim, soft_limits
-from gpufrac.agent.decide.audit import AttributedProcess, Findings, Snapshot, attribute
+from gpufrac.agent.decide.attribution import AttributedProcess, attribute
+from gpufrac.agent.decide.audit import Findings, Snapshot
 from gpufrac.agent.decide.errors import NvmlError, ProcReadError
 from gpufrac.agent.decide.events import EventSink, owner_event, pod_event
 from gpufrac.agent.decide.model import (
