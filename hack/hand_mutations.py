@@ -41,6 +41,11 @@ TESTS = ("tests/agent/test_guarantee.py", "tests/agent/test_reclaim.py", "tests/
 class Mutation:
     name: str
     edits: tuple[tuple[str, str, str], ...]  # (file, text, replacement): each text must occur exactly once
+    tests: tuple[str, ...] = TESTS  # what pytest runs against it (the test that kills it, where one is named)
+    timeout: float | None = None  # seconds, where the mutant loops for ever (else --timeout)
+
+
+G = "tests/agent/test_guarantee.py::"
 
 
 MUTATIONS = (
@@ -66,46 +71,49 @@ MUTATIONS = (
     Mutation("a refused eviction of a second pod of a backed-off controller drops the running back-off", (
         (BACKOFFS, "        if before is None:\n            self._until.pop(label, None)\n",
          "        if True:\n            self._until.pop(label, None)\n"),
-    )),
+    ), (G + "test_a_refused_eviction_keeps_the_controllers_running_back_off",)),
     Mutation("policy off reports every candidate instead of those it would evict", (
         (GUARANTEE, "for candidate in reclaim.to_evict(plan):", "for candidate in plan.candidates:"),
-    )),
-    Mutation("a pod evicted twice in one pass (no per-pass memory)", (
-        (EVICTIONS, "        if uid in self.this_pass:\n", "        if False:\n"),
-    )),
+    ), (G + "test_off_reports_only_the_pods_it_would_evict",)),
+    Mutation("reclaim's loop does not count the pass's evictions as going", (
+        (GUARANTEE, "going = self.evictions.this_pass ", "going = set(self.evictions.this_pass) "),
+    ), (G + "test_f3_one_eviction_per_pod_per_pass_across_gpus",), 20.0),  # it evicts the same pod for ever
+    Mutation("over-limit evictions not remembered for reclaim", (
+        (EVICTIONS, "            self.this_pass.add(uid)\n", "            pass\n"),
+    ), (G + "test_f3_over_limit_evict_and_reclaim_evict_the_same_pod_once",), 20.0),
     Mutation("evict though the back-off label was not written (fail open)", (
         (BACKOFFS, "        if not self._publish():\n", "        if not self._publish() and False:\n"),
-    )),
+    ), (G + "test_f4_a_back_off_label_that_cannot_be_written_means_no_eviction",)),
     Mutation("the node's label publishing says it wrote what it did not", (
         (NODE_LOOP, "        return self.publisher.try_publish_labels(self._labels(self._enforced))",
          "        self.publisher.try_publish_labels(self._labels(self._enforced))\n        return True"),
-    )),
+    ), (G + "test_f4_a_back_off_label_that_cannot_be_written_means_no_eviction",)),
     Mutation("a claim's pod gets a back-off label", (
         (GUARANTEE, "owner = None if victim.pod_uid in self._claim_pods else victim.owner", "owner = victim.owner"),
-    )),
+    ), (G + "test_f4_a_claims_pod_gets_no_back_off_label",)),
     Mutation("an unread claim pod is a candidate (fail open)", (
         (GUARANTEE, "PodFacts(tenant.pod, 0, 0.0, unread=True)", "PodFacts(tenant.pod, 0, 0.0)"),
-    )),
+    ), (G + "test_f5_a_claim_pod_that_cannot_be_read_is_not_evicted",)),
     Mutation("no UID precondition on an eviction", (
         (EVICTIONS, "uid=uid, grace_seconds=self._grace_seconds", "uid='', grace_seconds=self._grace_seconds"),
-    )),
+    ), (G + "test_f7_a_pod_of_the_same_name_made_since_is_not_evicted",)),
     Mutation("the victim's grace period not passed", (
         (EVICTIONS, "uid=uid, grace_seconds=self._grace_seconds", "uid=uid, grace_seconds=None"),
-    )),
+    ), (G + "test_f7_every_eviction_names_the_pods_uid_and_the_victims_grace_period",)),
     Mutation("the driver-ended Event forgets who was above its request", (
         (GUARANTEE, "self._above = soft_limits.above_request(shares, self._attributed)", "self._above = {}"),
-    )),
+    ), (G + "test_where_the_driver_holds_requests_a_process_gone_while_above_its_request_gets_an_event",)),
     Mutation("NVML's reading takes no reserve", (
         (NVML, "            reserved = int(info.reserved)\n", "            reserved = 0\n"),
-    )),
+    ), (G + "test_usable_memory_label_and_metric_from_the_fake_reserve",)),
     Mutation("NVML's reading lists every GPU's processes under the first", (
         (NVML, "uuid = _text(pynvml.nvmlDeviceGetUUID(handle))\n                    processes.extend(",
          "uuid = _text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0)))\n"
          "                    processes.extend("),
-    )),
+    ), (G + "test_f3_one_eviction_per_pod_per_pass_across_gpus",)),
     Mutation("the webhook adds the back-off affinity whatever the agent does", (
         (WEBHOOK, "    if policy.keep_off_reclaimed_nodes:\n", "    if True:\n"),
-    )),
+    ), ("tests/webhook/test_mutation.py::test_no_back_off_affinity_where_no_agent_writes_the_label",)),
 )
 
 
@@ -132,8 +140,9 @@ def caught(mutation: Mutation, timeout: float) -> tuple[bool, float, str]:
         apply(copy, mutation)
         started = time.monotonic()
         try:
-            run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *TESTS],
-                                 cwd=copy, capture_output=True, text=True, timeout=timeout)
+            run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                                  *mutation.tests], cwd=copy, capture_output=True, text=True,
+                                 timeout=mutation.timeout or timeout)
         except subprocess.TimeoutExpired:
             return True, time.monotonic() - started, "timed out (a loop that never ends: caught)"
         lines = [line for line in run.stdout.splitlines() if line.strip()]

@@ -21,10 +21,9 @@ from gpufrac.agent.decide.reclaim import ReclaimPolicy, ReclaimSettings
 from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.edges.nvml import NvmlSource
 from gpufrac.agent.programs.agent_config import AgentConfig
-from gpufrac.agent.programs.guarantee import GuaranteeConfig, pod_facts
+from gpufrac.agent.programs.guarantee import GuaranteeConfig
 from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.core.contract import MIB, reclaim_backoff_label
-from gpufrac.core.owners import Owner
 from gpufrac.kube.errors import KubeError
 from testkit.agent import UUID_A, UUID_B, FakeKube, canonical_annotations, cid, env_for, pod, scrape, value
 from testkit.fakes.state import ProcRoot
@@ -343,21 +342,6 @@ def test_where_the_driver_holds_requests_as_soft_limits_the_agent_evicts_nothing
     agent.tick()
     assert node.kube.evictions == [("team-a", "b")]
     assert "taken back by the agent's eviction (reclaim.policy evict)" in node.kube.last_condition()["message"]
-
-
-def test_pod_facts():
-    body = pod("p", uid="u-p", containers={"app": cid(1)}, annotations={})
-    body["spec"]["priority"] = -3
-    body["metadata"]["creationTimestamp"] = "2026-01-02T00:00:00Z"
-    assert pod_facts([body])["u-p"].priority == -3
-    assert pod_facts([body])["u-p"].started == 1767312000.0
-    body["status"]["startTime"] = "2026-01-03T00:00:00Z"
-    assert pod_facts([body])["u-p"].started == 1767398400.0
-    assert pod_facts([body])["u-p"].owner is None  # a bare pod
-    body["metadata"]["ownerReferences"] = [
-        {"apiVersion": "v1", "kind": "Node", "name": "n", "uid": "u-n"},  # an owner that does not control it
-        {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "u-job", "controller": True}]
-    assert pod_facts([body])["u-p"].owner == Owner("batch/v1", "Job", "train", "u-job")
 
 
 # ---- usable capacity ----

@@ -13,6 +13,7 @@ from gpufrac.agent.decide.reclaim import GpuShare, PodFacts, Tenant, candidates,
 from gpufrac.agent.decide.request_fit import admitted
 from gpufrac.agent.decide.soft_limits import above_request, ended
 from gpufrac.core.contract import MIB
+from gpufrac.core.owners import Owner
 from testkit.agent import UUID_A, UUID_B, cid, container, gpu_info, pod
 
 TOTAL = 80000
@@ -176,3 +177,28 @@ def test_what_the_driver_took_back():
     assert [(g.pid, g.gpu_uuid) for g in ended(found, still)] == [(2, UUID_A)]
     assert ended(found, [GpuProcess(UUID_A, 2, 1, None), GpuProcess(UUID_A, 3, 1, None)]) == []
     assert above_request([GpuShare(UUID_A, 0, ())], [charged(E, 2, 25000)]) == {}
+
+
+def test_pod_facts():
+    body = pod("p", uid="u-p", containers={"app": cid(1)}, annotations={})
+    body["spec"]["priority"] = -3
+    body["metadata"]["creationTimestamp"] = "2026-01-02T00:00:00Z"
+    assert pod_facts([body])["u-p"].priority == -3
+    assert pod_facts([body])["u-p"].started == 1767312000.0
+    body["status"]["startTime"] = "2026-01-03T00:00:00Z"
+    assert pod_facts([body])["u-p"].started == 1767398400.0
+    assert pod_facts([body])["u-p"].owner is None  # a bare pod
+    body["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Node", "name": "n", "uid": "u-n"},  # an owner that does not control it
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "u-job", "controller": True}]
+    assert pod_facts([body])["u-p"].owner == Owner("batch/v1", "Job", "train", "u-job")
+    assert not pod_facts([body])["u-p"].terminating
+    body["metadata"]["deletionTimestamp"] = "2026-01-04T00:00:00Z"
+    body["metadata"]["annotations"] = {"pod-group-name": "train"}
+    facts = pod_facts([body])["u-p"]
+    assert facts.terminating and facts.pod_group == "train" and facts.name == "p" and facts.sub_group == ""
+    body["spec"]["priority"] = "high"  # not a number: 0
+    body["status"]["startTime"] = "not a time"
+    assert (pod_facts([body])["u-p"].priority, pod_facts([body])["u-p"].started) == (0, 1767312000.0)
+    del body["metadata"]["creationTimestamp"]
+    assert pod_facts([body])["u-p"].started == 0.0

@@ -1,6 +1,7 @@
 """Every eviction the agent's guarantee makes (edge): over-limit `evict` and reclaim alike.
 
-One eviction per pod per pass, whichever GPU or action asks for it (a second would double its Events, metrics and
+One eviction per pod per pass, whichever GPU or action asks for it (`this_pass`: over-limit evicts first, and
+reclaim counts those pods, and its own, as going) (a second would double its Events, metrics and
 back-off, and a second GPU might evict a younger pod for memory already being freed). Each names the pod's UID as a
 precondition (a pod of the same name created since is not evicted) and gives it `reclaim.victimGracePeriodSeconds`
 (a bound on how long its memory takes to come back). A pod with a controller gets its back-off label on the node
@@ -38,10 +39,9 @@ class Evictions:
         self.this_pass = set()
 
     def evict(self, namespace: str, name: str, uid: str, owner: Owner | None = None) -> Eviction:
-        """Evict once per pass; with `owner`, its back-off on the node first (None: no back-off, e.g. a claim's pod,
-        whose pods carry no affinity to honour it)."""
-        if uid in self.this_pass:
-            return EvictionOutcome.GONE, "evicted already in this pass"
+        """Evict; with `owner`, its back-off on the node first (None: no back-off, e.g. a claim's pod, whose pods
+        carry no affinity to honour it). A pod evicted (or found gone) joins `this_pass`, which reclaim's loop counts
+        as going: it is not asked for again in this pass."""
         try:
             outcome, said = self.backoffs.evict(owner, lambda: self._request(namespace, name, uid))
         except BackoffNotWrittenError as err:
