@@ -110,7 +110,7 @@ MUTATIONS = (
         (NVML, "uuid = _text(pynvml.nvmlDeviceGetUUID(handle))\n                    processes.extend(",
          "uuid = _text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0)))\n"
          "                    processes.extend("),
-    ), (G + "test_f3_one_eviction_per_pod_per_pass_across_gpus",)),
+    ), (G + "test_usable_memory_label_and_metric_from_the_fake_reserve",)),  # GPU B's MPS context
     Mutation("the webhook adds the back-off affinity whatever the agent does", (
         (WEBHOOK, "    if policy.keep_off_reclaimed_nodes:\n", "    if True:\n"),
     ), ("tests/webhook/test_mutation.py::test_no_back_off_affinity_where_no_agent_writes_the_label",)),

@@ -680,6 +680,7 @@ def test_f3_one_eviction_per_pod_per_pass_across_gpus(node):
     assert node.kube.evictions == [("team-a", "x")]
     assert len(node.events("GPUMemoryReclaimed")) == 1
     assert value(agent.metrics, "gpufrac_reclaims_total", outcome="evicted") == 1
+    assert node.events("GPUMemoryGuaranteeShort") == []  # on GPU B too, x going covers c's request
 
 
 def test_f3_over_limit_evict_and_reclaim_evict_the_same_pod_once(node):
