@@ -83,19 +83,20 @@ def test_a_tenant_seen_but_not_owed_is_owed_nothing_and_may_still_be_a_candidate
 
 
 def test_others_use_counts_only_processes_known_to_be_no_tenants():
-    processes = [GpuProcess(UUID_A, 10, 1000 * MIB, None),  # a process of no fraction: counted
+    processes = [GpuProcess(UUID_A, 12, None, None),  # its usage not told (first: those after it still count)
+                 GpuProcess(UUID_A, 10, 1000 * MIB, None),  # a process of no fraction: counted
+                 GpuProcess(UUID_A, 17, 64000 * MIB, None),  # another: added
                  GpuProcess(UUID_B, 11, 2000 * MIB, None),  # on the other GPU: counted there
-                 GpuProcess(UUID_A, 12, None, None),  # its usage not told
                  GpuProcess(UUID_A, 13, 4000 * MIB, None),  # its cgroup not read
                  GpuProcess(UUID_A, 14, 8000 * MIB, None),  # an MPS server: may hold its clients'
                  GpuProcess(UUID_A, 15, 16000 * MIB, None),  # a tenant's, attributed
                  GpuProcess(UUID_A, 16, 32000 * MIB, None)]  # in a tenant pod's cgroup, its container unknown
     cgroups = {10: CGROUP.format(uid="x", id=cid(10)), 11: CGROUP.format(uid="x", id=cid(11)),
                12: CGROUP.format(uid="x", id=cid(12)), 14: CGROUP.format(uid="s", id=cid(14)),
-               15: CGROUP.format(uid="x", id=cid(2)), 16: CGROUP.format(uid=POD_UID.replace("-", "_"), id=cid(16))}
-    attributed = [AttributedProcess(processes[5], E, None)]
+               15: CGROUP.format(uid="x", id=cid(2)), 17: CGROUP.format(uid="y", id=cid(17)), 16: CGROUP.format(uid=POD_UID.replace("-", "_"), id=cid(16))}
+    attributed = [AttributedProcess(next(p for p in processes if p.pid == 15), E, None)]
     found = others_use(processes, attributed, cgroups, {POD_UID, "u-e"}, [14])
-    assert found == {UUID_A: 1000 * MIB, UUID_B: 2000 * MIB}
+    assert found == {UUID_A: 65000 * MIB, UUID_B: 2000 * MIB}
     # the same PID on another GPU is judged there
     assert others_use([GpuProcess(UUID_B, 15, 5 * MIB, None)], attributed, cgroups, set(), []) == {
         UUID_B: 5 * MIB}
@@ -177,6 +178,9 @@ def test_what_the_driver_took_back():
     assert [(g.pid, g.gpu_uuid) for g in ended(found, still)] == [(2, UUID_A)]
     assert ended(found, [GpuProcess(UUID_A, 2, 1, None), GpuProcess(UUID_A, 3, 1, None)]) == []
     assert above_request([GpuShare(UUID_A, 0, ())], [charged(E, 2, 25000)]) == {}
+    one_byte = GpuShare(UUID_A, 0, (Tenant(E, 10000 * MIB, 10000 * MIB + 1),))
+    assert list(above_request([one_byte], [charged(E, 2, 25000)])) == [(2, UUID_A)]
+    assert above_request([GpuShare(UUID_A, 0, (Tenant(E, 10000 * MIB, 10000 * MIB),))], [charged(E, 2, 1)]) == {}
 
 
 def test_pod_facts():
@@ -202,3 +206,7 @@ def test_pod_facts():
     assert (pod_facts([body])["u-p"].priority, pod_facts([body])["u-p"].started) == (0, 1767312000.0)
     del body["metadata"]["creationTimestamp"]
     assert pod_facts([body])["u-p"].started == 0.0
+    body["metadata"]["creationTimestamp"] = 1767312000  # not a time stamp's text
+    assert pod_facts([body])["u-p"].started == 0.0
+    del body["metadata"]["uid"], body["metadata"]["name"]
+    assert pod_facts([body])[""].name == ""

@@ -15,7 +15,7 @@ def _timestamp(text: object) -> float | None:
     if not isinstance(text, str) or not text:
         return None
     try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        return dt.datetime.fromisoformat(text).timestamp()  # Python 3.11 reads the API server's `Z`
     except ValueError:
         return None
 
