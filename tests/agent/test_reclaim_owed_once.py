@@ -93,7 +93,8 @@ def test_others_use_counts_only_processes_known_to_be_no_tenants():
                  GpuProcess(UUID_A, 16, 32000 * MIB, None)]  # in a tenant pod's cgroup, its container unknown
     cgroups = {10: CGROUP.format(uid="x", id=cid(10)), 11: CGROUP.format(uid="x", id=cid(11)),
                12: CGROUP.format(uid="x", id=cid(12)), 14: CGROUP.format(uid="s", id=cid(14)),
-               15: CGROUP.format(uid="x", id=cid(2)), 17: CGROUP.format(uid="y", id=cid(17)), 16: CGROUP.format(uid=POD_UID.replace("-", "_"), id=cid(16))}
+               15: CGROUP.format(uid="x", id=cid(2)), 17: CGROUP.format(uid="y", id=cid(17)),
+               16: CGROUP.format(uid=POD_UID.replace("-", "_"), id=cid(16))}
     attributed = [AttributedProcess(next(p for p in processes if p.pid == 15), E, None)]
     found = others_use(processes, attributed, cgroups, {POD_UID, "u-e"}, [14])
     assert found == {UUID_A: 65000 * MIB, UUID_B: 2000 * MIB}
