@@ -85,9 +85,9 @@ unit: venv
 	$(PY) -m pytest -q -m 'not e2e'
 
 # Mutation testing of the guarantee: mutmut ([tool.mutmut] in pyproject.toml) over the pure decisions behind reclaim,
-# who is owed, usable memory and the over-limit action, against the tests that cover them; then the hand-made
-# mutations of the loop that carries them out (hack/hand_mutations.py). Fails on any surviving mutant (a timeout is
-# a mutant caught looping for ever); docs/operations.md says what was found. About 1.5 min on 2 cores.
+# who is owed, attribution, gangs, usable memory and the over-limit action, against the tests that cover them; then
+# the hand-made mutations of the edges that act on them (hack/hand_mutations.py). Fails on any surviving mutant (a
+# timeout is a mutant caught looping for ever); docs/operations.md says what was found. About 3 min on 2 cores.
 mutation: venv
 	rm -rf mutants
 	$(VENV)/bin/mutmut run --max-children 2

@@ -16,7 +16,8 @@ Checks (docs/gpu-check.md says how to read them):
   3x  CUDA 13.4 limits: NVIDIA_GPU_MEMORY_REQUEST/LIMIT applied to a cgroup as the toolkit hook does, held
   4x  compute modes: two spinning clients finish together under sm-sharing, take turns without MPS
   5x  pods: sm-sharing clients in their own mount/IPC/PID namespaces, seeing only the delivered directories
-  6x  attribution: NVML's per-process memory and utilization name the client processes, not the MPS server
+  6x  attribution: NVML's per-process memory and utilization name the client processes, not the MPS server; and
+      which of the two this driver charges an MPS client's memory to
   7   the MPS daemons started, and stopped on `quit`
   8x  the runtime (crictl, containerd 2 with NRI and CDI, gpufrac's NRI plugin): a fraction named by its CDI device sees
       exactly its GPU and gets the CUDA 13.4 limits on its cgroup; a plain pod asking for every GPU by env sees none

@@ -55,7 +55,7 @@ class Run:
             (("4a",), lambda: compute.run("4a", SM_SHARING)),
             (("4c",), lambda: compute.run("4c", TIME_SLICING)),
             (("5a", "5b"), self.pods.run),
-            (("6a", "6b"), self.attribution.run),
+            (("6a", "6b", "6c"), self.attribution.run),
             (("8a", "8b", "8c"), self.runtime.run),
             (("9a", "9b", "9c"), self.daemon_side.run),  # late (then 10, 11c, 11d): the daemon keeps these limits
             (("10",), self.dra.run),

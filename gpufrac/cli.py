@@ -41,6 +41,7 @@ def _policy(args: argparse.Namespace) -> Policy:  # imported lazily: `gpufrac ag
         mps_root=args.mps_root,
         require_enforcing_node=args.require_enforcing_node,
         allow_multiple_fraction_containers=args.allow_multiple_fraction_containers,
+        keep_off_reclaimed_nodes=args.keep_off_reclaimed_nodes,
         delivery=Delivery(args.delivery),
         csi_driver=args.csi_driver,
     )
@@ -62,6 +63,10 @@ def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--csi-driver", default=DEFAULT_DRIVER_NAME, help="the agent's CSI driver (delivery csi)")
     parser.add_argument("--require-enforcing-node", action=argparse.BooleanOptionalAction, default=False,
                         help="add a required node affinity on gpufrac.io/enforcement.<mode> in (driver, mps)")
+    parser.add_argument("--keep-off-reclaimed-nodes", action=argparse.BooleanOptionalAction, default=False,
+                        help="give a controller's fractional pods a node affinity that the agent's reclaim back-off "
+                             "label fails (the chart sets it where reclaim.policy is evict and reclaim.backoffSeconds "
+                             "> 0)")
     parser.add_argument("--allow-multiple-fraction-containers", action=argparse.BooleanOptionalAction,
                         default=False, help="admit pods in which several containers hold a fraction (KAI's binder "
                                             "binds one per pod; only for a binder that binds each)")

@@ -31,6 +31,7 @@ from gpufrac.core.contract import (
     pinned_limits,
     write_canonical,
 )
+from gpufrac.kube.errors import KubeError
 from testkit.fakes.build import fake_nvml_library
 from testkit.fakes.state import H200_MIB, FakeGpuState, ProcRoot
 from testkit.pods import running_pod
@@ -121,10 +122,16 @@ class FakeKube:
         self.blocked: set[str] = set()  # pod names a PodDisruptionBudget protects: their evictions get 429
         self.label_patches: list[dict[str, str | None]] = []  # each patch of the node's labels, in order
         self.evicted_after_patch: list[int] = []  # per eviction: the index of the last label patch before it
+        self.eviction_options: list[dict[str, Any]] = []  # per eviction asked for: the pod's name, UID, grace period
         # KAI's PodGroups by (namespace, name); an exception is what reading that one raises
         self.pod_groups: dict[tuple[str, str], dict[str, Any] | Exception] = {}
+        self.label_error: KubeError | None = None  # what patching the node's labels raises (None: it works)
+        self.pod_errors: dict[str, KubeError] = {}  # by pod name: what reading that pod raises
+        self.list_error: KubeError | None = None  # what listing a namespace's pods by label raises
 
     def patch_node_labels(self, node: str, labels: Mapping[str, str | None]) -> None:
+        if self.label_error is not None:
+            raise self.label_error
         self.label_patches.append(dict(labels))
         for key, label in labels.items():
             if label is None:
@@ -153,7 +160,12 @@ class FakeKube:
     def evict_pod(self, namespace: str, name: str) -> bool:
         return self.request_eviction(namespace, name)[0] is EvictionOutcome.EVICTED
 
-    def request_eviction(self, namespace: str, name: str) -> tuple[EvictionOutcome, str]:
+    def request_eviction(self, namespace: str, name: str, *, uid: str = "",
+                         grace_seconds: int | None = None) -> tuple[EvictionOutcome, str]:
+        self.eviction_options.append({"name": name, "uid": uid, "grace_seconds": grace_seconds})
+        if uid and not any(p["metadata"]["name"] == name and p["metadata"].get("uid") == uid for p in self.pods):
+            raise KubeError(f"evicting pod {namespace}/{name}: 409 Conflict: the UID in the precondition ({uid}) "
+                            "does not match the UID in the object")
         if name in self.blocked:
             return EvictionOutcome.BLOCKED, "Cannot evict pod as it would violate the pod's disruption budget."
         self.evictions.append((namespace, name))
@@ -167,8 +179,18 @@ class FakeKube:
         return labelled, "100"
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        if name in self.pod_errors:
+            raise self.pod_errors[name]
         return next((p for p in self.pods if p["metadata"]["namespace"] == namespace
                      and p["metadata"]["name"] == name), None)
+
+    def list_namespaced_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """The namespace's pods with the one label `key=value` (every pod here, not only the node's)."""
+        if self.list_error is not None:
+            raise self.list_error
+        key, _, wanted = label_selector.partition("=")
+        return [p for p in self.pods if p["metadata"]["namespace"] == namespace
+                and (p["metadata"].get("labels") or {}).get(key) == wanted]
 
     def get_pod_group(self, namespace: str, name: str) -> dict[str, Any] | None:
         found = self.pod_groups.get((namespace, name))

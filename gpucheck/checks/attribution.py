@@ -16,6 +16,7 @@ from gpucheck.session import Session
 class Attribution:
     MEMORY = "6a", "attribution: memory"
     UTILIZATION = "6b", "attribution: utilization"
+    CHARGED = "6c", "attribution: MPS memory charged to"
 
     def __init__(self, session: Session, daemons: Daemons) -> None:
         self.s = session
@@ -26,7 +27,7 @@ class Attribution:
         s = self.s
         reason = s.node.no_cuda() or self.daemons.problem(SM_SHARING)
         if reason:
-            s.skip((self.MEMORY, self.UTILIZATION), reason)
+            s.skip((self.MEMORY, self.UTILIZATION, self.CHARGED), reason)
             return
         a, _ = s.node.limits()
         alloc = a // 2
@@ -57,9 +58,10 @@ class Attribution:
                            sm_util={str(p): u for p, u in util.items()})
             s.add(attribution_memory_row(*self.MEMORY, pids, servers, memory, alloc, numbers))
             s.add(attribution_util_row(*self.UTILIZATION, pids, servers, util, numbers))
+            s.add(charged_to_row(*self.CHARGED, pids, servers, memory, alloc, numbers))
         except (ClientError, NvmlError) as err:
             numbers["error"] = getattr(err, "event", str(err))
-            for row_id, name in (self.MEMORY, self.UTILIZATION):
+            for row_id, name in (self.MEMORY, self.UTILIZATION, self.CHARGED):
                 s.add(Row(row_id, name, FAIL, str(err), numbers))
         finally:
             s.finish(clients)
@@ -117,3 +119,25 @@ def attribution_util_row(row_id: str, name: str, pids: list[int], servers: list[
         return Row(row_id, name, FAIL, f"no SM utilization for client(s) {missing}; samples name {who} "
                                        f"({seen or 'no samples'})", numbers)
     return Row(row_id, name, PASS, f"each spinning client has its own SM utilization: {seen}", numbers)
+
+
+def charged_to_row(row_id: str, name: str, pids: list[int], servers: list[int], memory: dict[int, int | None],
+                   alloc_mib: int, numbers: dict[str, Any]) -> Row:
+    """Which way this driver reports an MPS client's memory: on the client (each listed with what it holds) or on its
+    server (the clients listed without it, or not at all, and the server holding theirs). Either is a PASS that says
+    which; what gpufrac's reclaim does with each is in docs/operations.md. FAIL: the clients' memory is on neither."""
+    held = alloc_mib * MIB * 0.9
+    on_clients = all((memory.get(p) or 0) >= held for p in pids)
+    on_server = sum(memory.get(p) or 0 for p in servers) >= held * len(pids)
+    numbers["mps_memory_charged_to"] = "client" if on_clients else "server" if on_server else "neither"
+    seen = ", ".join(f"{p}: {mib_text(memory.get(p))}" for p in pids)
+    at_server = ", ".join(f"{p}: {mib_text(memory.get(p))}" for p in servers) or "none listed"
+    if on_clients:
+        return Row(row_id, name, PASS, f"each client: NVML lists each client with its {alloc_mib} MiB ({seen}; "
+                                       f"servers {at_server}): reclaim names the pod above its request", numbers)
+    if on_server:
+        return Row(row_id, name, PASS, f"the MPS server: NVML lists the clients without their memory ({seen}) and "
+                                       f"the server with it ({at_server}): reclaim counts it once, against the GPU, "
+                                       "and cannot name a victim", numbers)
+    return Row(row_id, name, FAIL, f"the clients' {alloc_mib} MiB each is on neither the clients ({seen}) nor the "
+                                   f"MPS server ({at_server})", numbers)

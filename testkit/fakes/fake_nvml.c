@@ -8,7 +8,13 @@
  *    "gpus": [{"uuid": "GPU-...", "name": "NVIDIA H200", "memory_total_mib": 143771,
  *              "compute_mode": 0,                             // optional, NVML_COMPUTEMODE_*
  *              "reserved_memory_mib": 600,                    // optional: what the driver keeps (v2 `reserved`)
- *              "processes": [{"pid": 4242, "used_memory_mib": 2048, "sm_util": 35}],
+ *              "processes": [{"pid": 4242, "used_memory_mib": 2048, "sm_util": 35},
+ *                            {"pid": 4243, "used_memory_mib": 1024, "mps_server": 4300}],  // an MPS client of 4300
+ *              // optional: MPS clients' memory charged to their server, as a driver that does so reports it
+ *              // (issue 45; which way a real driver goes is gpucheck's row 6c): the client is listed with its
+ *              // usedGpuMemory NVML_VALUE_NOT_AVAILABLE, which pynvml reads as None, and its server with its own
+ *              // memory and its clients'. Absent or "client": each client is listed with its own (row 6a's PASS).
+ *              "mps_memory": "server",
  *              // what NVIDIA's device plugin and nvidia-ctk ask (optional; absent: NVML_ERROR_NOT_SUPPORTED):
  *              "minor_number": 0,                             // its /dev/nvidia<minor>
  *              "pci_bus_id": "00000000:18:00.0", "pci_device_id": "0x233510de", "pci_subsystem_id": "0x..",
@@ -53,6 +59,7 @@
 
 #define MAX_GPUS 16
 #define MAX_PROCS 64
+#define NVML_VALUE_NOT_AVAILABLE 0xFFFFFFFFFFFFFFFFULL /* nvml.h: a value the driver cannot tell */
 #define MAX_FILE (256 * 1024)
 
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
@@ -76,13 +83,14 @@ typedef struct {
 
 typedef struct { unsigned int index; } fake_device; /* what an nvmlDevice_t points at */
 
-typedef struct { unsigned int pid; long long used_mib; int sm_util; } fake_proc;
+typedef struct { unsigned int pid; long long used_mib; int sm_util; unsigned int mps_server; } fake_proc;
 #define MAX_XIDS 16
 typedef struct {
     char uuid[96], name[96];
     long long memory_total_mib;
     long long reserved_mib;
     int compute_mode;
+    int mps_memory_on_server; /* "mps_memory": "server" */
     int nprocs;
     fake_proc procs[MAX_PROCS];
     /* What NVIDIA's device plugin and container toolkit ask (absent from the file: -1 / empty, and the call
@@ -244,6 +252,7 @@ static void read_process(reader *r, fake_proc *proc) {
         if (!strcmp(key, "pid")) proc->pid = (unsigned int)read_number(r);
         else if (!strcmp(key, "used_memory_mib")) proc->used_mib = (long long)read_number(r);
         else if (!strcmp(key, "sm_util")) proc->sm_util = (int)read_number(r);
+        else if (!strcmp(key, "mps_server")) proc->mps_server = (unsigned int)read_number(r);
         else skip_value(r, 1);
     }
 }
@@ -306,7 +315,11 @@ static void read_gpu(reader *r, fake_gpu *gpu) {
         else if (!strcmp(key, "memory_total_mib")) gpu->memory_total_mib = (long long)read_number(r);
         else if (!strcmp(key, "compute_mode")) gpu->compute_mode = (int)read_number(r);
         else if (!strcmp(key, "reserved_memory_mib")) gpu->reserved_mib = (long long)read_number(r);
-        else if (!strcmp(key, "minor_number")) gpu->minor_number = (int)read_number(r);
+        else if (!strcmp(key, "mps_memory")) {
+            char where[16];
+            read_string(r, where, sizeof where);
+            gpu->mps_memory_on_server = !strcmp(where, "server");
+        } else if (!strcmp(key, "minor_number")) gpu->minor_number = (int)read_number(r);
         else if (!strcmp(key, "pci_bus_id")) read_string(r, gpu->pci_bus_id, sizeof gpu->pci_bus_id);
         else if (!strcmp(key, "pci_device_id")) gpu->pci_device_id = read_hex(r);
         else if (!strcmp(key, "pci_subsystem_id")) gpu->pci_subsystem_id = read_hex(r);
@@ -597,6 +610,19 @@ int nvmlDeviceGetMemoryInfo_v2(fake_device *device, nvmlMemory_v2_t *memory) {
     return NVML_SUCCESS;
 }
 
+/* A process' usedGpuMemory: its own, or where the GPU charges MPS clients to their server ("mps_memory": "server"),
+ * NVML_VALUE_NOT_AVAILABLE for a client and its own plus its clients' for a server. The GPU's used memory is the
+ * same either way. */
+static unsigned long long reported_usage(const fake_gpu *gpu, int i) {
+    unsigned long long used = (unsigned long long)gpu->procs[i].used_mib * MIB;
+    int j;
+    if (!gpu->mps_memory_on_server) return used;
+    if (gpu->procs[i].mps_server) return NVML_VALUE_NOT_AVAILABLE;
+    for (j = 0; j < gpu->nprocs; j++)
+        if (gpu->procs[j].mps_server == gpu->procs[i].pid) used += (unsigned long long)gpu->procs[j].used_mib * MIB;
+    return used;
+}
+
 int nvmlDeviceGetComputeRunningProcesses_v3(fake_device *device, unsigned int *count,
                                             nvmlProcessInfo_v2_t *infos) {
     fake_state st;
@@ -610,7 +636,7 @@ int nvmlDeviceGetComputeRunningProcesses_v3(fake_device *device, unsigned int *c
     }
     for (i = 0; i < gpu->nprocs; i++) {
         infos[i].pid = gpu->procs[i].pid;
-        infos[i].usedGpuMemory = (unsigned long long)gpu->procs[i].used_mib * MIB;
+        infos[i].usedGpuMemory = reported_usage(gpu, i);
         infos[i].gpuInstanceId = 0xFFFFFFFFu;
         infos[i].computeInstanceId = 0xFFFFFFFFu;
     }

@@ -61,6 +61,13 @@ class FakeGpuState:
                 gpu.setdefault("xid_errors", []).append(xid)
         self.write()
 
+    def charge_mps_clients_to_server(self, uuid: str) -> None:
+        """That GPU reports MPS clients' memory on their server (fake_nvml.c, "mps_memory": "server")."""
+        for gpu in self.state["gpus"]:
+            if gpu["uuid"] == uuid:
+                gpu["mps_memory"] = "server"
+        self.write()
+
     def reserve(self, uuid: str, reserved_memory_mib: int) -> None:
         """What the driver keeps of that GPU (NVML v2 memory info's `reserved`)."""
         for gpu in self.state["gpus"]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpufrac.agent.decide.audit import AttributedProcess, Snapshot, attribute, audit, decide, device_assigned, usage
+from gpufrac.agent.decide.attribution import AttributedProcess, attribute
+from gpufrac.agent.decide.audit import Snapshot, audit, decide, device_assigned, usage
 from gpufrac.agent.decide.errors import ProcReadError
 from gpufrac.agent.decide.model import GpuProcess, ViolationKind
 from gpufrac.agent.decide.pods import fractional_containers, index_by_container_id

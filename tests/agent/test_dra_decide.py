@@ -332,7 +332,8 @@ def test_a_claims_process_without_its_env_or_with_another_limit_is_a_violation()
 def test_a_claim_is_owed_its_request_from_prepare_on() -> None:
     snapshot = claim_snapshot([GpuProcess(GPU_0, 201, 60000 << 20, 5)], {})
     memory = {GPU_0: GpuMemory(GPU_0, 80 * GIB, 0, 60000 << 20, 80 * GIB - (60000 << 20))}
-    [share] = reclaim.shares([], snapshot.claims.tenants, snapshot.gpus, memory)
+    # process 201 is known to be no tenant's (its cgroup read, naming no claim's pod): its use is not the claim's
+    [share] = reclaim.shares([], snapshot.claims.tenants, snapshot.gpus, memory, {GPU_0: 60000 << 20})
     [tenant] = share.tenants
     assert (tenant.container.pod, tenant.request_bytes, tenant.owed_bytes) == ("infer-0", 40 * GIB, 40 * GIB)
     assert share.shortfall_bytes == 40 * GIB - share.free_bytes > 0

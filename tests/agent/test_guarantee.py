@@ -21,10 +21,9 @@ from gpufrac.agent.decide.reclaim import ReclaimPolicy, ReclaimSettings
 from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.edges.nvml import NvmlSource
 from gpufrac.agent.programs.agent_config import AgentConfig
-from gpufrac.agent.programs.guarantee import GuaranteeConfig, pod_facts
+from gpufrac.agent.programs.guarantee import GuaranteeConfig
 from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.core.contract import MIB, reclaim_backoff_label
-from gpufrac.core.owners import Owner
 from gpufrac.kube.errors import KubeError
 from testkit.agent import UUID_A, UUID_B, FakeKube, canonical_annotations, cid, env_for, pod, scrape, value
 from testkit.fakes.state import ProcRoot
@@ -345,21 +344,6 @@ def test_where_the_driver_holds_requests_as_soft_limits_the_agent_evicts_nothing
     assert "taken back by the agent's eviction (reclaim.policy evict)" in node.kube.last_condition()["message"]
 
 
-def test_pod_facts():
-    body = pod("p", uid="u-p", containers={"app": cid(1)}, annotations={})
-    body["spec"]["priority"] = -3
-    body["metadata"]["creationTimestamp"] = "2026-01-02T00:00:00Z"
-    assert pod_facts([body])["u-p"].priority == -3
-    assert pod_facts([body])["u-p"].started == 1767312000.0
-    body["status"]["startTime"] = "2026-01-03T00:00:00Z"
-    assert pod_facts([body])["u-p"].started == 1767398400.0
-    assert pod_facts([body])["u-p"].owner is None  # a bare pod
-    body["metadata"]["ownerReferences"] = [
-        {"apiVersion": "v1", "kind": "Node", "name": "n", "uid": "u-n"},  # an owner that does not control it
-        {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "u-job", "controller": True}]
-    assert pod_facts([body])["u-p"].owner == Owner("batch/v1", "Job", "train", "u-job")
-
-
 # ---- usable capacity ----
 
 def test_usable_memory_label_and_metric_from_the_fake_reserve(node):
@@ -488,6 +472,7 @@ def three_above(node) -> None:
     node.add_pod("c", 3, request_mib=5000, limit_mib=60000, started="2026-01-01T02:00:00Z")
     for n, uid, pid in ((1, "u-a", 4001), (2, "u-b", 4002), (3, "u-c", 4003)):
         node.proc.add(pid, cid(n), env_for("time-slicing", 60000, 5000, UUID_A), pod_uid=uid)
+    node.proc.add(9000, cid(90), {}, pod_uid="u-not-a-fraction")  # a process of no fraction: no tenant's memory
     node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 1000}, {"pid": 4002, "used_memory_mib": 15000},
                                  {"pid": 4003, "used_memory_mib": 15000}, {"pid": 9000, "used_memory_mib": 44000}])
 
@@ -496,11 +481,11 @@ def test_each_eviction_follows_a_fresh_reading(node):
     three_above(node)
     evict = node.kube.request_eviction
 
-    def evict_and_the_other_process_ends(namespace: str, name: str) -> Any:
+    def evict_and_the_other_process_ends(namespace: str, name: str, **options: Any) -> Any:
         node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 1000},
                                      {"pid": 4002, "used_memory_mib": 15000},
                                      {"pid": 4003, "used_memory_mib": 15000}])  # 44000 MiB freed meanwhile
-        return evict(namespace, name)
+        return evict(namespace, name, **options)
 
     node.kube.request_eviction = evict_and_the_other_process_ends
     agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
@@ -627,3 +612,296 @@ def test_a_claim_pods_priority_is_read_from_the_api_server(node):
     assert node.kube.evictions == []
     [short] = node.events("GPUMemoryGuaranteeShort")
     assert "no pod uses more than its request there that may be evicted" in short["message"]
+
+
+# ---- the findings of issue 45: reclaim evicts only when a request truly cannot be met, once, failing closed ----
+
+RS_B = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "b-5d9f", "uid": "u-rs-b", "controller": True}
+
+
+def test_f1_use_charged_to_no_tenant_is_counted_once_against_the_gpu_not_again_as_owed(node):
+    """D requests 30000 and uses 30000 through a process whose cgroup cannot be read (as NVML usage it has not told,
+    or a client charged to its MPS server); E requests 10000 and uses 30000; 20000 free. Every request fits: D's
+    30000 left `free` already, so it is not owed again; nobody is evicted."""
+    node.add_pod("d", 1, request_mib=30000, limit_mib=30000, started="2026-01-01T00:00:00Z")
+    node.add_pod("e", 2, request_mib=10000, limit_mib=60000, started="2026-01-01T01:00:00Z")
+    node.proc.add(4002, cid(2), env_for("time-slicing", 60000, 10000, UUID_A), pod_uid="u-e")
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 30000},  # no /proc entry: its cgroup is unread
+                                 {"pid": 4002, "used_memory_mib": 30000}])
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    agent.tick()
+    assert node.kube.evictions == []
+    gpu = {"UUID": UUID_A, "Hostname": NODE, "modelName": "NVIDIA H200"}
+    assert value(agent.metrics, "gpufrac_gpu_memory_guarantee_shortfall_bytes", **gpu) == 0
+    # a process of no fraction is no tenant's: its use is not taken off what is owed
+    node.proc.add(4001, cid(90), {}, pod_uid="u-not-a-fraction")
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "e")]
+
+
+def test_f2_nothing_is_owed_to_a_container_the_node_refuses(node):
+    """A (30000) uses 40000, B (40000) uses 30000: B's 10000 fit in the 10000 free. C (20000) is bound but its
+    container is refused at creation (90000 requested of 80000 usable): C is owed nothing, A stays."""
+    node.add_pod("a", 1, request_mib=30000, limit_mib=60000, started="2026-01-01T01:00:00Z")
+    node.add_pod("b", 2, request_mib=40000, limit_mib=40000)
+    c = node.add_pod("c", 3, request_mib=20000, limit_mib=20000)
+    del c["status"]["containerStatuses"][0]["containerID"]  # never created: the NRI plugin refused it
+    c["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "CreateContainerError"}}
+    node.proc.add(4001, cid(1), env_for("time-slicing", 60000, 30000, UUID_A), pod_uid="u-a")
+    node.proc.add(4002, cid(2), env_for("time-slicing", 40000, 40000, UUID_A), pod_uid="u-b")
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 40000}, {"pid": 4002, "used_memory_mib": 30000}])
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    agent.tick()
+    assert node.kube.evictions == []
+    # once B is gone C fits (30000 + 20000 of 80000): it is owed again, and A above its request is the victim
+    node.kube.pods.remove(next(p for p in node.kube.pods if p["metadata"]["name"] == "b"))
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 70000}])
+    agent.pods.relist()
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "a")]
+
+
+def test_f3_one_eviction_per_pod_per_pass_across_gpus(node):
+    """X uses more than its request on GPU A and on GPU B, where a and c are each owed: one eviction frees both."""
+    node.add_pod("a", 1, request_mib=30000, limit_mib=30000)
+    node.add_pod("c", 3, request_mib=30000, limit_mib=30000, gpu=UUID_B)
+    x = pod("x", uid="u-x", containers={"app": cid(2)}, annotations=canonical_annotations(
+        "app", request_mib=10000, limit_mib=70000, devices=[UUID_A, UUID_B]))
+    node.kube.pods.append(x)
+    node.proc.add(4001, cid(1), env_for("time-slicing", 30000, 30000, UUID_A), pod_uid="u-a")
+    node.proc.add(4003, cid(3), env_for("time-slicing", 30000, 30000, UUID_B), pod_uid="u-c")
+    node.proc.add(4002, cid(2), env_for("time-slicing", 70000, 10000, UUID_A), pod_uid="u-x")
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 1000}, {"pid": 4002, "used_memory_mib": 60000}])
+    node.gpus.processes(UUID_B, [{"pid": 4003, "used_memory_mib": 1000}, {"pid": 4002, "used_memory_mib": 60000}])
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "x")]
+    assert len(node.events("GPUMemoryReclaimed")) == 1
+    assert value(agent.metrics, "gpufrac_reclaims_total", outcome="evicted") == 1
+    assert node.events("GPUMemoryGuaranteeShort") == []  # on GPU B too, x going covers c's request
+
+
+def test_f3_over_limit_evict_and_reclaim_evict_the_same_pod_once(node):
+    contended(node)
+    b = node.kube.pods[1]
+    b["metadata"]["annotations"] = canonical_annotations("app", request_mib=10000, limit_mib=50000, devices=[UUID_A])
+    agent = node.agent(replace(reclaiming(ReclaimPolicy.EVICT), over_limit_action=OverLimitAction.EVICT))
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "b")]  # over its limit (55000 of 50000) and the reclaim victim
+    assert len(node.events("GPUMemoryLimitEvicted")) == 1 and node.events("GPUMemoryReclaimed") == []
+
+
+def test_f4_a_back_off_label_that_cannot_be_written_means_no_eviction(node):
+    contended(node)
+    node.kube.pods[1]["metadata"]["ownerReferences"] = [RS_B]
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    node.kube.label_error = KubeError("labelling node gpu-node-1: 503 Service Unavailable")
+    agent.tick()
+    assert node.kube.evictions == []
+    assert value(agent.metrics, "gpufrac_reclaims_total", outcome="not-kept-off") == 1
+    [event] = node.events("GPUReclaimNotEvicted")
+    assert event["involvedObject"]["name"] == "b" and "could not be written" in event["message"]
+    assert node.events("GPUMemoryReclaimedFromPod") == []  # nothing says the pod is kept off
+    node.kube.label_error = None  # the API server answers again: evicted then, with its back-off
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "b")] and reclaim_backoff_label("u-rs-b") in node.kube.labels
+
+
+def test_f4_a_claims_pod_gets_no_back_off_label(node):
+    """A claim's pods take their GPUs through DRA: the webhook gives them no back-off affinity, so no label is
+    written for their controller; its Event says a replacement may come back."""
+    node.add_pod("a", 1, request_mib=30000, limit_mib=30000)
+    claims = claim_on_a(node, 10000, 60000)
+    node.kube.pods[-1]["metadata"]["ownerReferences"] = [RS_B]
+    node.proc.add(4001, cid(1), env_for("time-slicing", 30000, 30000, UUID_A), pod_uid="u-a")
+    node.proc.add(4009, cid(9), {}, pod_uid=CLAIM_POD_UID)
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000}, {"pid": 4009, "used_memory_mib": 55000}])
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.claims = lambda: claims
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "claimed")]
+    assert reclaim_backoff_label("u-rs-b") not in node.kube.labels
+    assert not any(reclaim_backoff_label("u-rs-b") in patch for patch in node.kube.label_patches)
+    [on_owner] = node.events("GPUMemoryReclaimedFromPod")
+    assert "which no back-off label keeps off" in on_owner["message"]
+
+
+def test_f5_a_claim_pod_that_cannot_be_read_is_not_evicted(node):
+    node.add_pod("a", 1, request_mib=30000, limit_mib=30000)
+    claims = claim_on_a(node, 10000, 60000, priority=2000)  # protected, as the API server would have said
+    node.proc.add(4001, cid(1), env_for("time-slicing", 30000, 30000, UUID_A), pod_uid="u-a")
+    node.proc.add(4009, cid(9), {}, pod_uid=CLAIM_POD_UID)
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000}, {"pid": 4009, "used_memory_mib": 55000}])
+    node.kube.pod_errors["claimed"] = KubeError("reading pod team-a/claimed: 503 Service Unavailable")
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.claims = lambda: claims
+    agent.tick()
+    assert node.kube.evictions == []
+    assert value(agent.metrics, "gpufrac_reclaims_total", outcome="unread") == 1
+    [event] = node.events("GPUReclaimPodUnread")
+    assert event["involvedObject"]["uid"] == CLAIM_POD_UID and "503 Service Unavailable" in event["message"]
+
+
+def test_f6_a_pod_being_deleted_is_owed_nothing(node):
+    """A (30000) is being deleted and its process still holds 10000; B uses 55000: nothing is owed to A."""
+    contended(node)
+    node.kube.pods[0]["metadata"]["deletionTimestamp"] = "2026-01-01T02:00:00Z"
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    agent.tick()
+    assert node.kube.evictions == []
+    assert node.events("GPUMemoryGuaranteeShort") == []
+
+
+def test_f7_every_eviction_names_the_pods_uid_and_the_victims_grace_period(node):
+    contended(node)
+    guarantee = reclaiming(ReclaimPolicy.EVICT)
+    agent = node.agent(replace(guarantee, reclaim=replace(guarantee.reclaim, victim_grace_seconds=7)))
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "b")]
+    assert node.kube.eviction_options == [{"name": "b", "uid": "u-b", "grace_seconds": 7}]
+
+
+def test_f7_a_pod_of_the_same_name_made_since_is_not_evicted(node):
+    """The UID precondition: the pod the agent chose was replaced by one of the same name (a StatefulSet's)."""
+    contended(node)
+    evict = node.kube.request_eviction
+
+    def replaced_meanwhile(namespace: str, name: str, **options: Any) -> Any:
+        node.kube.pods[1]["metadata"]["uid"] = "u-b-replacement"  # deleted and made again since the reading
+        return evict(namespace, name, **options)
+
+    node.kube.request_eviction = replaced_meanwhile
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    assert node.kube.evictions == []
+    assert node.kube.eviction_options[0]["uid"] == "u-b"
+    assert value(agent.metrics, "gpufrac_reclaims_total", outcome="failed") == 1
+
+
+def test_mps_clients_charged_to_their_server_get_nobody_evicted_needlessly(node):
+    """A driver that charges MPS clients' memory to their server (the fake's "mps_memory": "server"; gpucheck's row 6c
+    says which way a real one goes): NVML lists D's and E's processes with no usage, and the agent's MPS server with
+    all of it. D requests 30000 and uses 30000, E requests 10000 and uses 30000, 20000 free: every request fits.
+    Nobody is evicted, as when each client is listed with its own memory."""
+    node.add_pod("d", 1, request_mib=30000, limit_mib=30000, started="2026-01-01T00:00:00Z")
+    node.add_pod("e", 2, request_mib=10000, limit_mib=60000, started="2026-01-01T01:00:00Z")
+    node.proc.add(4001, cid(1), env_for("sm-sharing", 30000, 30000, UUID_A), pod_uid="u-d")
+    node.proc.add(4002, cid(2), env_for("sm-sharing", 60000, 10000, UUID_A), pod_uid="u-e")
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()  # the agent's MPS control daemons start
+    daemons = [s.pid for s in agent.daemons.statuses().values() if s.pid]
+    node.proc.add_program(4300, ["nvidia-cuda-mps-server"])
+    write_stat(node.proc, 4300, parent=daemons[0])  # the agent's daemon's server
+    node.gpus.charge_mps_clients_to_server(UUID_A)
+    node.gpus.processes(UUID_A, [{"pid": 4300, "used_memory_mib": 0},
+                                 {"pid": 4001, "used_memory_mib": 30000, "mps_server": 4300},
+                                 {"pid": 4002, "used_memory_mib": 30000, "mps_server": 4300}])
+    import pynvml
+    [client, *_] = [p for p in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(0))
+                    if p.pid == 4001]
+    assert client.usedGpuMemory is None  # the fake reports it as such a driver would
+    agent.tick()
+    agent.tick()
+    assert node.kube.evictions == []
+    gpu = {"UUID": UUID_A, "Hostname": NODE, "modelName": "NVIDIA H200"}
+    assert value(agent.metrics, "gpufrac_gpu_memory_guarantee_shortfall_bytes", **gpu) == 0
+    # the same GPU with each client listed with its own memory: the same answer
+    node.gpus.state["gpus"][0].pop("mps_memory")
+    node.gpus.write()
+    agent.tick()
+    assert node.kube.evictions == []
+
+
+def test_where_the_driver_holds_requests_a_process_gone_while_above_its_request_gets_an_event(node, tmp_path):
+    """The driver kills a process above its soft limit with no grace and no word: the agent says it, on the pod."""
+    contended(node)
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids rdma misc dmem\n")
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    agent.tick()
+    assert node.events("GPUProcessEndedAboveRequest") == []  # still running: nothing to say
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 30000}])  # B's process is gone, A took its room
+    agent.tick()
+    [event] = node.events("GPUProcessEndedAboveRequest")
+    assert event["involvedObject"]["name"] == "b" and event["type"] == "Warning"
+    assert "GPU process 4002 ended while its container used 55000 MiB" in event["message"]
+    assert "45000 MiB above its request of 10000 MiB" in event["message"]
+    assert value(agent.metrics, "gpufrac_reclaims_total", outcome="driver-ended") == 1
+    assert node.events("GPUProcessEndedAboveRequest")[0]["involvedObject"]["fieldPath"] == "spec.containers{app}"
+    agent.tick()
+    assert value(agent.metrics, "gpufrac_reclaims_total", outcome="driver-ended") == 1  # said once
+    assert node.kube.evictions == []
+
+
+def test_a_gang_member_is_spared_while_its_sub_group_is_at_its_minimum(node):
+    """KAI 0.18's PodGroup `train` (minMember 3, four running) has sub-groups `workers` (minMember 2) and `ps`
+    (minMember 1); B and C are workers here, a third worker and one ps run elsewhere. The gang can lose one, and so
+    can `workers` with three running; with only B and C running there, neither is evicted, whatever the gang can
+    lose; with the sub-group's pods unlisted, neither is."""
+    contended(node)
+    node.add_pod("c", 3, request_mib=1000, limit_mib=20000, started="2026-01-01T02:00:00Z")
+    node.proc.add(4003, cid(3), env_for("time-slicing", 20000, 1000, UUID_A), pod_uid="u-c")
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000}, {"pid": 4002, "used_memory_mib": 45000},
+                                 {"pid": 4003, "used_memory_mib": 10000}])
+    for body in node.kube.pods[1:]:
+        body["metadata"]["annotations"]["pod-group-name"] = "train"
+        body["metadata"]["labels"]["kai.scheduler/subgroup-name"] = "workers"
+    elsewhere = running_pod("w-3", uid="u-w3", containers={"app": cid(7)}, annotations={"pod-group-name": "train"},
+                            node="gpu-node-2", labels={"kai.scheduler/subgroup-name": "workers"})
+    node.kube.pod_groups[("team-a", "train")] = {
+        "spec": {"minMember": 3, "subGroups": [{"name": "workers", "minMember": 2}, {"name": "ps", "minMember": 1}]},
+        "status": {"running": 4}}
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
+    agent.tick()
+    assert node.kube.evictions == []  # workers: 2 running of minMember 2
+    [short] = node.events("GPUMemoryGuaranteeShort")
+    assert "needed by its gang at its minimum" in short["message"]
+    node.kube.pods.append(elsewhere)  # a third worker runs on another node
+    node.kube.list_error = KubeError("pods is forbidden")
+    agent.tick()
+    assert node.kube.evictions == []  # the sub-group's members not known: none is evicted
+    node.kube.list_error = None
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "c")]  # one worker to spare: the youngest
+
+
+def test_off_reports_only_the_pods_it_would_evict(node):
+    """Two pods above their requests; the youngest alone covers the shortage: only it would be evicted."""
+    contended(node)
+    node.add_pod("c", 3, request_mib=1000, limit_mib=20000, started="2026-01-01T02:00:00Z")
+    node.proc.add(4003, cid(3), env_for("time-slicing", 20000, 1000, UUID_A), pod_uid="u-c")
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000}, {"pid": 4002, "used_memory_mib": 45000},
+                                 {"pid": 4003, "used_memory_mib": 10000}])  # 15000 free, 20000 owed: 5000 short
+    agent = node.agent(reclaiming(ReclaimPolicy.OFF))
+    agent.tick()
+    assert [e["involvedObject"]["name"] for e in node.events("GPUReclaimWouldEvict")] == ["c"]
+    assert value(agent.metrics, "gpufrac_reclaims_total", outcome="would-evict") == 1
+
+
+def test_a_refused_eviction_keeps_the_controllers_running_back_off(node):
+    """B and C are pods of one ReplicaSet. B is evicted: the ReplicaSet's back-off runs. C's eviction, refused by a
+    PodDisruptionBudget, must leave that back-off as it was, not take it off."""
+    contended(node)
+    node.add_pod("c", 3, request_mib=1000, limit_mib=20000, started="2026-01-01T02:00:00Z")
+    node.proc.add(4003, cid(3), env_for("time-slicing", 20000, 1000, UUID_A), pod_uid="u-c")
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000}, {"pid": 4002, "used_memory_mib": 45000},
+                                 {"pid": 4003, "used_memory_mib": 10000}])
+    for body in node.kube.pods[1:]:
+        body["metadata"]["ownerReferences"] = [RS_B]
+    now = [1_800_000_000.0]
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT), wall_clock=lambda: now[0])
+    node.kube.blocked.add("c")
+    agent.tick()  # c (the youngest) refused, b evicted: the back-off runs from now
+    assert node.kube.evictions == [("team-a", "b")]
+    label = reclaim_backoff_label("u-rs-b")
+    assert node.kube.labels[label] == "1800000600"
+    node.kube.pods[1]["metadata"]["deletionTimestamp"] = "2026-01-01T03:00:00Z"  # b going; c still above, refused
+    node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000}, {"pid": 4003, "used_memory_mib": 60000}])
+    agent.pods.relist()
+    now[0] += 100
+    agent.tick()
+    assert node.kube.evictions == [("team-a", "b")]
+    assert node.kube.labels[label] == "1800000600"  # the running back-off, as it was

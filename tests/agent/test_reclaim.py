@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufrac.agent.decide.audit import AttributedProcess
+from gpufrac.agent.decide.attribution import AttributedProcess
 from gpufrac.agent.decide.model import GpuMemory, GpuProcess, RunningContainer
 from gpufrac.agent.decide.reclaim import (
     Episode,
@@ -38,13 +38,13 @@ C = tenant("c", 3, request_mib=5000, limit_mib=30000)
 
 def world(*used_mib: tuple[RunningContainer, int], reserved_mib: int = 0, other_mib: int = 0,
           gpu: str = UUID_A) -> list[GpuShare]:
-    """One GPU where each container's one process uses its MiB, plus memory used by anything else."""
+    """One GPU where each container's one process uses its MiB, plus memory used by processes of no fraction."""
     attributed = [AttributedProcess(GpuProcess(gpu, 1000 + i, mib * MIB, 0), c, None)
                   for i, (c, mib) in enumerate(used_mib)]
     used = (sum(mib for _, mib in used_mib) + other_mib) * MIB
     total = TOTAL_MIB * MIB
     memory = {gpu: GpuMemory(gpu, total, reserved_mib * MIB, used, total - reserved_mib * MIB - used)}
-    return shares(attributed, [c for c, _ in used_mib], GPUS, memory)
+    return shares(attributed, [c for c, _ in used_mib], GPUS, memory, {gpu: other_mib * MIB})
 
 
 FACTS = {"u-a": PodFacts("a", 0, 1000.0), "u-b": PodFacts("b", 0, 2000.0), "u-c": PodFacts("c", 0, 3000.0)}

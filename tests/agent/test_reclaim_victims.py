@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gpufrac.agent.decide.audit import AttributedProcess
+from gpufrac.agent.decide.attribution import AttributedProcess
 from gpufrac.agent.decide.gangs import Gang, pod_group, read_gang, unknown_gang
 from gpufrac.agent.decide.model import GpuMemory, GpuProcess, RunningContainer
 from gpufrac.agent.decide.owed import owed_containers, owed_on_node

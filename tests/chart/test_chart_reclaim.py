@@ -41,3 +41,21 @@ def test_evict_gang_members_reaches_the_agent_and_the_role_reads_podgroups_only_
     role = one(render(*(a for v in values for a in ("--set", v))), "ClusterRole", "gpufrac-agent")
     podgroups = {"apiGroups": ["scheduling.run.ai"], "resources": ["podgroups"], "verbs": ["get"]}
     assert (podgroups in role["rules"]) is reads_gangs
+
+
+@pytest.mark.parametrize(("values", "grace"), [((), 30), (("reclaim.victimGracePeriodSeconds=5",), 5),
+                                               (("reclaim.victimGracePeriodSeconds=null",), None)])
+def test_the_victims_grace_period_reaches_the_agent(values, grace):
+    """F7: the evicted pod's grace period, a bound on when its memory comes back (null: the pod's own)."""
+    assert reclaim_settings(*values).victim_grace_seconds == grace
+
+
+@pytest.mark.parametrize(("values", "flag"), [
+    ((), "--no-keep-off-reclaimed-nodes"),  # reclaim off: no agent writes a back-off label
+    (("reclaim.policy=evict",), "--keep-off-reclaimed-nodes"),
+    (("reclaim.policy=evict", "reclaim.backoffSeconds=0"), "--no-keep-off-reclaimed-nodes"),
+])
+def test_the_webhook_adds_the_back_off_affinity_only_where_the_agent_writes_the_label(values, flag):
+    """F4: the affinity for the back-off label only with reclaim evicting and a back-off above 0."""
+    webhook = container(one(render(*(a for v in values for a in ("--set", v))), "Deployment", "gpufrac-webhook"))
+    assert flag in webhook["args"]

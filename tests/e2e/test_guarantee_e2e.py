@@ -45,7 +45,8 @@ def node_world(cluster, tmp_path_factory, name: str, *agent_args: str) -> Iterat
 @pytest.fixture(scope="module")
 def evicting(cluster, tmp_path_factory):
     yield from node_world(cluster, tmp_path_factory, "guarantee-evict", "--over-limit-action", "kill-newest",
-                          "--reclaim-policy", "evict", "--reclaim-grace-period", "1")
+                          "--reclaim-policy", "evict", "--reclaim-grace-period", "1",
+                          "--reclaim-victim-grace-period", "7")
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +141,11 @@ def test_evict_reclaims_from_the_pod_above_its_request(evicting, ns):
     assert on_a["type"] == "Normal" and f"evicted {ns}/{b.name} (110000 MiB on" in on_a["message"]
     assert deleting(evicting, b.name)  # through the Eviction API
     assert not deleting(evicting, a.name)
+    # the API server took the eviction's grace period (reclaim.victimGracePeriodSeconds), not the pod's own, and its
+    # UID precondition (a wrong one would have been a 409)
+    _, out, _ = evicting.cp.kubectl("get", "pod", "-n", evicting.namespace_of(b.name), b.name, "-o", "json",
+                                    user="admin")
+    assert json.loads(out)["metadata"]["deletionGracePeriodSeconds"] == 7
     text = evicting.metrics()
     assert metric_value(text, "gpufrac_reclaims_total", outcome="evicted") == 1
     assert metric_value(text, "gpufrac_reclaimed_bytes_total") == 110000 * MIB

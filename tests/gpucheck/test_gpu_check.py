@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROGRAM = ROOT / "gpucheck" / "__main__.py"  # the check from the checkout, as the clients start there
 WRAPPER = ROOT / "gpucheck" / "gpu_check.sh"
 FAKE_NODE = ROOT / "testkit" / "fakes" / "gpu_check_node.json"
-CUDA_ROWS = ("2a", "2b", "4a", "4b", "4c", "6a", "6b", "9a", "9b", "9c", "10", "11c", "11d")
+CUDA_ROWS = ("2a", "2b", "4a", "4b", "4c", "6a", "6b", "6c", "9a", "9b", "9c", "10", "11c", "11d")
 
 
 # ---- the plumbing, against the fakes ----
@@ -87,8 +87,8 @@ def test_against_the_fakes_the_table_has_every_check_and_the_daemons_start_and_q
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     status = {c["id"]: c["status"] for c in report["checks"]}
-    assert set(status) == {"1", "2a", "2b", "3a", "3b", "3c", "4a", "4b", "4c", "5a", "5b", "6a", "6b", "7", "8a", "8b",
-                           "8c", "9a", "9b", "9c", "10", "11a", "11b", "11c", "11d"}
+    assert set(status) == {"1", "2a", "2b", "3a", "3b", "3c", "4a", "4b", "4c", "5a", "5b", "6a", "6b", "6c", "7", "8a",
+                           "8b", "8c", "9a", "9b", "9c", "10", "11a", "11b", "11c", "11d"}
     assert status["1"] == status["7"] == PASS
     details = {c["id"]: c["details"] for c in report["checks"]}
     for row in CUDA_ROWS:
@@ -98,7 +98,7 @@ def test_against_the_fakes_the_table_has_every_check_and_the_daemons_start_and_q
     # it ends with the table, which is also the .txt next to the report
     table = (tmp_path / "report.txt").read_text()
     assert table == report["table"] and table in result.stdout
-    assert result.stdout.rstrip().splitlines()[-2].startswith("2 passed, 0 failed, 23 skipped")
+    assert result.stdout.rstrip().splitlines()[-2].startswith("2 passed, 0 failed, 24 skipped")
     # each mode's daemon: started with the agent's argv in the agent's layout, told quit, exited 0, gone
     for mode in ComputeMode:
         spec = daemon_spec(mode, mps_v3=True, binary=str(MPS_CONTROL), mps_root=tmp_path / "work" / "mps",
@@ -196,7 +196,7 @@ def test_with_fake_cuda_every_client_path_runs_and_passes(tmp_path: Path) -> Non
     assert result.returncode == 0, result.stdout + result.stderr
     rows = checks(tmp_path)
     pods = unshare_works()
-    expected = {"1", "2a", "2b", "4a", "4b", "4c", "5a", "5b", "6a", "6b", "7"}
+    expected = {"1", "2a", "2b", "4a", "4b", "4c", "5a", "5b", "6a", "6b", "6c", "7"}
     assert set(rows) == expected
     assert {r for r, c in rows.items() if c["status"] != PASS} == (set() if pods else {"5a", "5b"})
     report = json.loads((tmp_path / "report.json").read_text())
@@ -213,6 +213,7 @@ def test_with_fake_cuda_every_client_path_runs_and_passes(tmp_path: Path) -> Non
     attribution = rows["6a"]["numbers"]
     assert sorted(attribution["memory_mib"][str(p)] for p in attribution["client_pids"]) == [1024, 1024]
     assert all(attribution["sm_util"][str(p)] == 95 for p in attribution["client_pids"])
+    assert rows["6c"]["numbers"]["mps_memory_charged_to"] == "client"  # the fake lists each client's own
     if pods:
         assert "is NOT needed" in rows["5b"]["details"] and rows["5b"]["numbers"]["shm_needed"] is False
         assert [c["probe"]["allocated_mib"] for c in rows["5a"]["numbers"]["clients"]] == [2048, 4096]
@@ -300,8 +301,8 @@ def test_checks_past_the_time_budget_are_skipped_and_the_daemons_still_stop(tmp_
     assert result.returncode == 0, result.stdout + result.stderr
     rows = checks(tmp_path)
     skipped = {r for r, c in rows.items() if c["status"] == SKIPPED and "time budget" in c["details"]}
-    assert skipped == {"2a", "2b", "3a", "3b", "3c", "4a", "4b", "4c", "5a", "5b", "6a", "6b", "8a", "8b", "8c", "9a",
-                       "9b", "9c", "10", "11a", "11b", "11c", "11d"}
+    assert skipped == {"2a", "2b", "3a", "3b", "3c", "4a", "4b", "4c", "5a", "5b", "6a", "6b", "6c", "8a", "8b", "8c",
+                       "9a", "9b", "9c", "10", "11a", "11b", "11c", "11d"}
     assert rows["1"]["status"] == rows["7"]["status"] == PASS
 
 

@@ -9,6 +9,8 @@ import pytest
 from gpucheck import contract as restated
 from gpucheck import judge, nvml
 from gpucheck.checks import runtime
+from gpucheck.checks.attribution import charged_to_row
+from gpucheck.contract import MIB
 from gpucheck.rows import FAIL, PASS, SKIPPED
 
 # ---- the judgements ----
@@ -82,3 +84,16 @@ def test_the_runtime_checks_default_to_gpufracs_image_on_the_node() -> None:
     assert runtime.gpufrac_image(listed) == "ghcr.io/acme/gpufrac:0.4.1"
     assert runtime.gpufrac_image({"images": listed["images"][:2]}) is None
     assert runtime.gpufrac_image({}) is None
+
+
+@pytest.mark.parametrize(("memory", "status", "charged_to"), [
+    ({11: 1024 * MIB, 12: 1024 * MIB, 90: 300 * MIB}, PASS, "client"),  # each client listed with its own
+    ({11: None, 12: None, 90: 2348 * MIB}, PASS, "server"),  # the clients without it, their server with it
+    ({90: 2348 * MIB}, PASS, "server"),  # the clients not listed at all
+    ({11: None, 12: None, 90: 300 * MIB}, FAIL, "neither"),  # 2 GiB held and nobody charged for it
+])
+def test_row_6c_says_which_way_the_driver_charges_mps_client_memory(memory: dict[int, int | None], status: str,
+                                                                    charged_to: str) -> None:
+    numbers: dict[str, Any] = {}
+    row = charged_to_row("6c", "attribution: MPS memory charged to", [11, 12], [90], memory, 1024, numbers)
+    assert row.status == status and numbers["mps_memory_charged_to"] == charged_to

@@ -8,6 +8,7 @@ machine (the lock) is waited for up to 15 min.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -19,9 +20,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from e2e.install import Helm  # noqa: E402
+from e2e.install import RELEASE, Helm  # noqa: E402
+from e2e.names import RELEASE_NAMESPACE  # noqa: E402
 from e2e.node import DEVICE_PLUGIN, RealCluster, images_missing  # noqa: E402
 from e2e.state import private_workdir  # noqa: E402
+from e2e.testing import unique  # noqa: E402
 from e2e.toolkit.errors import ClusterError, ToolsMissingError  # noqa: E402
 from e2e.toolkit.nvidia_toolkit import TOOLKIT_BINARIES, nvidia_binaries  # noqa: E402
 from e2e.toolkit.tools import node_binaries  # noqa: E402
@@ -91,6 +94,45 @@ def installed(node: RealCluster, helm: Helm) -> Helm:
     if not helm.installed():
         helm.install()
     return helm
+
+
+def user_values(helm: Helm) -> dict:
+    return json.loads(helm.run("get", "values", RELEASE, "-n", RELEASE_NAMESPACE, "-o", "json").stdout or "{}")
+
+
+@pytest.fixture
+def evicting(node: RealCluster, installed: Helm) -> Iterator[Helm]:
+    """The release with `reclaim.policy=evict` and a short grace period (so the webhook gives a controller's pods the
+    back-off affinity, reclaim.backoffSeconds being 600); rolled back to the revision it was at."""
+    found = json.loads(installed.run("status", RELEASE, "-n", RELEASE_NAMESPACE, "-o", "json").stdout)
+    values = user_values(installed)
+    installed.upgrade("reclaim.policy=evict", "reclaim.gracePeriodSeconds=2")
+    try:
+        yield installed
+    finally:
+        installed.run("rollback", RELEASE, str(found["version"]), "-n", RELEASE_NAMESPACE, "--wait",
+                      "--timeout", "5m")
+        assert user_values(installed) == values
+        # a rollback runs no hooks: the older revision's caBundle (none, for the first) is written again as
+        # docs/operations.md says, by a one-off run of the certificate CronJob
+        job = unique("gpufrac-certs-after-rollback")
+        for args in (("create", "job", job, "--from=cronjob/gpufrac-certs"),
+                     ("wait", "--for=condition=complete", f"job/{job}", "--timeout=300s"),
+                     ("delete", "job", job, "--wait=false")):
+            res = node.kubectl("-n", RELEASE_NAMESPACE, *args, user="admin")
+            assert res.rc == 0, res.stderr
+
+
+@pytest.fixture
+def gpu_processes(node: RealCluster) -> Iterator:
+    """The fake NVML's state, written back as it was found."""
+    found = json.loads((node.gpu_fakes / "nvml.json").read_text())
+    gpus = node.gpu_state()
+    try:
+        yield gpus
+    finally:
+        gpus.state = found
+        gpus.write()
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

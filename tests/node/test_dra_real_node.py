@@ -19,7 +19,7 @@ from e2e.node import APP_IMAGE, GPU_UUIDS, RealCluster
 from e2e.pods import exec_in, get_json, get_pod, host_pids, wait_running
 from e2e.testing import unique
 from e2e.toolkit.wait import wait_until
-from gpufrac.agent.decide.audit import attribute
+from gpufrac.agent.decide.attribution import attribute
 from gpufrac.agent.decide.claim_tenants import claim_tenants
 from gpufrac.agent.decide.dra_prepare import DraNode
 from gpufrac.agent.decide.dra_slices import DRIVER

@@ -54,7 +54,8 @@ def label_node(node: RealCluster, label: str, value: str | None) -> None:
 
 
 def test_a_replacement_is_not_placed_on_a_node_holding_its_controllers_back_off(node: RealCluster,
-                                                                                installed: Helm) -> None:
+                                                                                evicting: Helm) -> None:
+    """With reclaim evicting (the webhook adds the back-off affinity only then: --keep-off-reclaimed-nodes)."""
     name = unique("backoff")
     manifest = deployment(name)
     label = None

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 
 import pytest
 
 from e2e.agent_world import metric_value
-from e2e.install import RELEASE, Helm
-from e2e.names import RELEASE_NAMESPACE, USER_NAMESPACE
+from e2e.install import Helm
+from e2e.names import USER_NAMESPACE
 from e2e.node import GPU_UUIDS, RealCluster
 from e2e.pods import agent_metrics, bind, create, events, get_json, host_pids, wait_running
 from e2e.testing import example, unique
@@ -63,44 +62,6 @@ def budget(node: RealCluster, name: str, allowed: int) -> bool:
     status = pdb.get("status", {})
     return (status.get("observedGeneration") == pdb["metadata"]["generation"] and status.get("expectedPods") == 1
             and status.get("disruptionsAllowed") == allowed)
-
-
-def user_values(helm: Helm) -> dict:
-    return json.loads(helm.run("get", "values", RELEASE, "-n", RELEASE_NAMESPACE, "-o", "json").stdout or "{}")
-
-
-@pytest.fixture
-def evicting(node: RealCluster, installed: Helm) -> Iterator[Helm]:
-    """The release with `reclaim.policy=evict` and a short grace period; rolled back to the revision it was at."""
-    found = json.loads(installed.run("status", RELEASE, "-n", RELEASE_NAMESPACE, "-o", "json").stdout)
-    values = user_values(installed)
-    installed.upgrade("reclaim.policy=evict", "reclaim.gracePeriodSeconds=2")
-    try:
-        yield installed
-    finally:
-        installed.run("rollback", RELEASE, str(found["version"]), "-n", RELEASE_NAMESPACE, "--wait",
-                      "--timeout", "5m")
-        assert user_values(installed) == values
-        # a rollback runs no hooks: the older revision's caBundle (none, for the first) is written again as
-        # docs/operations.md says, by a one-off run of the certificate CronJob
-        job = unique("gpufrac-certs-after-rollback")
-        for args in (("create", "job", job, "--from=cronjob/gpufrac-certs"),
-                     ("wait", "--for=condition=complete", f"job/{job}", "--timeout=300s"),
-                     ("delete", "job", job, "--wait=false")):
-            res = node.kubectl("-n", RELEASE_NAMESPACE, *args, user="admin")
-            assert res.rc == 0, res.stderr
-
-
-@pytest.fixture
-def gpu_processes(node: RealCluster) -> Iterator:
-    """The fake NVML's state, written back as it was found."""
-    found = json.loads((node.gpu_fakes / "nvml.json").read_text())
-    gpus = node.gpu_state()
-    try:
-        yield gpus
-    finally:
-        gpus.state = found
-        gpus.write()
 
 
 def test_a_blocking_budget_then_the_eviction(node: RealCluster, evicting: Helm, gpu_processes):

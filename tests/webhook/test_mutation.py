@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 
 import jsonpatch
@@ -16,6 +17,9 @@ from testkit.pods import INFERENCE, NOTEBOOK, pod
 from testkit.reviews import review
 
 KUBE_VERSION = "1.36.0"
+
+
+KEEPING_OFF = Policy(keep_off_reclaimed_nodes=True)  # the chart's reclaim.policy evict, reclaim.backoffSeconds > 0
 
 
 def mutated(obj, policy=POLICY):
@@ -199,21 +203,31 @@ def test_a_controllers_fractional_pod_is_kept_off_the_nodes_where_reclaim_evicte
     obj["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
                               {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}
-    final, _ = mutated(obj)
+    final, _ = mutated(copy.deepcopy(obj), KEEPING_OFF)
     terms = final["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"]
     wanted = {"key": reclaim_backoff_label("u-rs-1"), "operator": "DoesNotExist"}
     assert wanted["key"] == "gpufrac.io/reclaimed." + hashlib.sha256(b"u-rs-1").hexdigest()[:16]
     assert all(wanted in term["matchExpressions"] for term in terms) and len(terms) == 2
-    assert admission.mutate(review(final), POLICY).patch == []  # once is enough
-    bare = mutated(pod(INFERENCE))[0]
+    assert admission.mutate(review(final), KEEPING_OFF).patch == []  # once is enough
+    bare = mutated(pod(INFERENCE), KEEPING_OFF)[0]
     assert "affinity" not in bare["spec"]
     not_controlling = pod(INFERENCE)
     not_controlling["metadata"]["ownerReferences"] = [{**owner, "controller": False}]
-    assert "affinity" not in mutated(not_controlling)[0]["spec"]
+    assert "affinity" not in mutated(not_controlling, KEEPING_OFF)[0]["spec"]
     plain = pod({})
     plain["metadata"]["ownerReferences"] = [owner]
-    assert "affinity" not in mutated(plain)[0]["spec"]
+    assert "affinity" not in mutated(plain, KEEPING_OFF)[0]["spec"]
+
+
+def test_no_back_off_affinity_where_no_agent_writes_the_label():
+    """F4: reclaim off, or a back-off of 0 (the webhook's default, --no-keep-off-reclaimed-nodes): the agent never
+    labels a node for a back-off, so a controller's pod gets no affinity for it."""
+    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "infer-7c9", "uid": "u-rs-1", "controller": True}
+    obj = pod(INFERENCE)
+    obj["metadata"]["ownerReferences"] = [owner]
+    final, _ = mutated(obj)
+    assert "affinity" not in final["spec"]
 
 
 def test_mps_directories_are_configurable():

@@ -11,7 +11,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpufrac.agent.decide.claim_tenants import NO_CLAIMS, ClaimTenants
+from gpufrac.agent.decide.attribution import AttributedProcess, attribute
+from gpufrac.agent.decide.claim_tenants import ClaimTenants
 from gpufrac.agent.decide.model import (
     EnforcementViolation,
     GpuInfo,
@@ -20,7 +21,6 @@ from gpufrac.agent.decide.model import (
     UsageSample,
     ViolationKind,
 )
-from gpufrac.agent.decide.proc_text import container_ids_in_cgroup, pod_uids_in_cgroup
 from gpufrac.core.annotations import device_id
 from gpufrac.core.contract import (
     MIB,
@@ -56,56 +56,10 @@ class Findings:
     attributed: list[AttributedProcess] = field(default_factory=list)  # the processes of fractional containers
 
 
-def in_fractional_container(cgroup: str, containers: Mapping[str, RunningContainer],
-                            claims: ClaimTenants = NO_CLAIMS) -> bool:
-    """Whether a process' cgroup names one of the fractional containers, or a pod a claim is reserved for (only
-    those get their environ read)."""
-    return any(c in containers for c in container_ids_in_cgroup(cgroup)) or \
-        bool(claims.by_pod_gpu and pod_uids_in_cgroup(cgroup) & claims.pod_uids)
-
-
 def decide(snapshot: Snapshot) -> Findings:
     attributed = attribute(snapshot.processes, snapshot.containers, snapshot.cgroups, snapshot.environs,
                            snapshot.claims)
     return Findings(audit(attributed, snapshot.gpus), usage(attributed, snapshot.tenants(), snapshot.gpus), attributed)
-
-
-@dataclass(frozen=True)
-class AttributedProcess:
-    process: GpuProcess
-    container: RunningContainer
-    environ: Mapping[str, str] | None  # None: could not be read (the process exited meanwhile)
-
-
-def attribute(
-    processes: Iterable[GpuProcess],
-    containers: Mapping[str, RunningContainer],
-    cgroups: Mapping[int, str],
-    environs: Mapping[int, Mapping[str, str]],
-    claims: ClaimTenants = NO_CLAIMS,
-) -> list[AttributedProcess]:
-    """Match processes to fractional containers by the container ID in their cgroup, else to a claim's share by
-    the pod UID in their cgroup and the GPU they use; others are dropped."""
-    result = []
-    for process in processes:
-        text = cgroups.get(process.pid)
-        if text is None:
-            continue
-        container = _owner(text, process.gpu_uuid, containers, claims)
-        if container is not None:
-            result.append(AttributedProcess(process, container, environs.get(process.pid)))
-    return result
-
-
-def _owner(cgroup: str, gpu_uuid: str, containers: Mapping[str, RunningContainer],
-           claims: ClaimTenants) -> RunningContainer | None:
-    for container_id in container_ids_in_cgroup(cgroup):
-        if container_id in containers:
-            return containers[container_id]
-    if not claims.by_pod_gpu:
-        return None
-    return next((claims.by_pod_gpu[(uid, gpu_uuid)] for uid in sorted(pod_uids_in_cgroup(cgroup))
-                 if (uid, gpu_uuid) in claims.by_pod_gpu), None)
 
 
 # Checked apart (env_mismatches): the pinned limit may be keyed by index or UUID, the devices by CDI's `void`.

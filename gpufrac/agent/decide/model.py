@@ -60,6 +60,7 @@ class EvictionOutcome(StrEnum):
     EVICTED = "evicted"
     BLOCKED = "blocked"  # 429: a PodDisruptionBudget allows no disruption now (or the API server throttles)
     GONE = "gone"  # 404: the pod is gone already
+    NOT_KEPT_OFF = "not-kept-off"  # not asked for: its controller's back-off label could not be put on the node
 
 
 class DaemonState(StrEnum):

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 _CONTAINER_COMPONENT = re.compile(
     r"^(?:cri-containerd-|crio-|docker-|containerd-)?([0-9a-f]{64})(?:\.scope)?$"
 )
-_RUNTIME_SCHEME = re.compile(r"^[a-z0-9.+-]+://")
+_RUNTIME_SCHEME = re.compile(r"^[a-z0-9.+-]+://+")
 # A path component naming a pod: `pod<uid>` (cgroupfs), `kubepods-burstable-pod<uid, - as _>.slice` (systemd)
 _POD_COMPONENT = re.compile(
     r"^(?:kubepods(?:-[a-z]+)?-)?pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
@@ -22,7 +22,7 @@ _POD_COMPONENT = re.compile(
 
 def normalize_container_id(status_id: str) -> str:
     """`containerd://abc…` (as in pod status) → `abc…`."""
-    return _RUNTIME_SCHEME.sub("", status_id.strip()).strip("/")
+    return _RUNTIME_SCHEME.sub("", status_id.strip())
 
 
 def _path_components(text: str) -> Iterator[str]:

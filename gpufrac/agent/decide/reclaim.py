@@ -28,9 +28,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from gpufrac.agent.decide.audit import AttributedProcess, device_assigned
+from gpufrac.agent.decide.attribution import AttributedProcess
+from gpufrac.agent.decide.audit import device_assigned
 from gpufrac.agent.decide.gangs import Gang
 from gpufrac.agent.decide.model import GpuInfo, GpuMemory, GpuProcess, RunningContainer
+from gpufrac.agent.decide.proc_text import pod_uids_in_cgroup
 from gpufrac.core.contract import MIB
 from gpufrac.core.owners import Owner
 
@@ -48,6 +50,7 @@ class ReclaimSettings:
     protected_priority: int | None = None  # pods at or above this priority are never evicted
     evict_gang_members: bool = False  # True: a gang's members are candidates like any pod, its minimum or not
     backoff_seconds: float = 600.0  # an evicted pod's controller is kept off the node this long (0: not at all)
+    victim_grace_seconds: int | None = 30  # an evicted pod's grace period (None: its terminationGracePeriodSeconds)
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,10 @@ class PodFacts:
     terminating: bool = False  # deleted already (an eviction under way): its memory is being freed
     pod_group: str = ""  # the KAI PodGroup it names (gangs.pod_group)
     gang: Gang | None = None  # that PodGroup as read (None: none, or not read: no gang)
+    sub_group: str = ""  # the leaf sub-group of it that it names (gangs.sub_group)
+    sub_gang: Gang | None = None  # that sub-group as read (gangs.read_sub_gang; None: none)
     owner: Owner | None = None  # its controller, told when the pod is evicted (None: a bare pod)
+    unread: bool = False  # the API server did not answer for it (a claim's pod): never a victim (fail closed)
 
 
 @dataclass(frozen=True)
@@ -78,11 +84,19 @@ class Tenant:
     container: RunningContainer
     request_bytes: int
     used_bytes: int
+    owed: bool = True  # False: seen using the GPU, but owed nothing (its pod is going, or it will not run again)
 
     @property
     def owed_bytes(self) -> int:
         """What its request still guarantees it on this GPU."""
-        return max(0, self.request_bytes - self.used_bytes)
+        return max(0, self.request_bytes - self.used_bytes) if self.owed else 0
+
+    @property
+    def may_hide_use(self) -> bool:
+        """Whether some of its use may be in NVML's used memory uncharged to it: it has processes (a container
+        created, or a claim's pods) whose usage NVML did not tell, whose cgroup was not read, or that MPS charges to
+        its server."""
+        return bool(self.container.container_id or self.container.claim)
 
     @property
     def above_request_bytes(self) -> int:
@@ -111,10 +125,15 @@ class GpuShare:
     gpu_uuid: str
     free_bytes: int
     tenants: tuple[Tenant, ...]
+    unattributed_bytes: int = 0  # in use, charged to no tenant, and not known to be anyone else's
 
     @property
     def owed_bytes(self) -> int:
-        return sum(t.owed_bytes for t in self.tenants)
+        """What the requests still guarantee, less the unattributed use that may be theirs: that memory has left
+        `free` already, so it is counted once, against the GPU, not again as owed to a request."""
+        owed = sum(t.owed_bytes for t in self.tenants)
+        hiding = sum(t.owed_bytes for t in self.tenants if t.may_hide_use)
+        return owed - min(self.unattributed_bytes, hiding)
 
     @property
     def shortfall_bytes(self) -> int:
@@ -158,15 +177,21 @@ def shares(
     owed: Iterable[RunningContainer],
     gpus: Mapping[str, GpuInfo],
     memory: Mapping[str, GpuMemory],
+    others: Mapping[str, int] | None = None,
 ) -> list[GpuShare]:
     """Per GPU with a memory reading: every owed container assigned to it, and every fractional container using
-    it, with its request and what its processes use there. A process listed twice (same PID, same GPU) is counted
-    once; a process of no fractional container is in NVML's free only, charged to no one."""
+    it, with its request and what its processes use there; only the containers in `owed` are owed anything. A
+    process listed twice (same PID, same GPU) is counted once. What NVML counts as used but no tenant is charged for
+    (a usage NVML did not tell, a cgroup not read, a client charged to its MPS server), less what is known to be no
+    tenant's (`others`, by GPU: the MPS servers' own context, processes of no fraction), is the GPU's unattributed
+    use."""
     used: dict[tuple[tuple[str, str, str], str], int] = {}
     owners: dict[tuple[str, str, str], RunningContainer] = {}
+    owed_keys: set[tuple[str, str, str]] = set()
     for container, uuid in _assigned(owed, gpus):
         used.setdefault((container.key, uuid), 0)
         owners[container.key] = container
+        owed_keys.add(container.key)
     seen: set[tuple[int, str]] = set()
     for item in attributed:
         if (item.process.pid, item.process.gpu_uuid) in seen:
@@ -179,12 +204,32 @@ def shares(
     for (container_key, gpu_uuid), used_bytes in used.items():
         spec = owners[container_key].fraction
         request_mib = spec.request_mib if spec.request_mib is not None else spec.limit_mib
-        by_gpu.setdefault(gpu_uuid, []).append(Tenant(owners[container_key], (request_mib or 0) * MIB, used_bytes))
+        by_gpu.setdefault(gpu_uuid, []).append(Tenant(owners[container_key], (request_mib or 0) * MIB, used_bytes,
+                                                      owed=container_key in owed_keys))
+    known_others = others or {}
     return [
-        GpuShare(uuid, memory[uuid].free_bytes, tuple(sorted(tenants, key=lambda t: t.container.key)))
+        GpuShare(uuid, memory[uuid].free_bytes, tuple(sorted(tenants, key=lambda t: t.container.key)),
+                 max(0, memory[uuid].used_bytes - sum(t.used_bytes for t in tenants) - known_others.get(uuid, 0)))
         for uuid, tenants in sorted(by_gpu.items())
         if uuid in memory
     ]
+
+
+def others_use(processes: Iterable[GpuProcess], attributed: Iterable[AttributedProcess], cgroups: Mapping[int, str],
+               tenant_pods: Iterable[str], servers: Iterable[int]) -> dict[str, int]:
+    """Per GPU, what processes known to be no tenant's use: their usage told, their cgroup read and naming no
+    tenant's pod, not an MPS server (whose use may be its clients'). The rest of NVML's used memory that no tenant is
+    charged for may be a tenant's (`GpuShare.unattributed_bytes`)."""
+    charged = {(a.process.pid, a.process.gpu_uuid) for a in attributed}
+    pods, skip = set(tenant_pods), set(servers)
+    found: dict[str, int] = {}
+    for process in processes:
+        text = cgroups.get(process.pid)
+        if process.used_bytes is None or text is None or process.pid in skip or \
+                (process.pid, process.gpu_uuid) in charged or pod_uids_in_cgroup(text) & pods:
+            continue
+        found[process.gpu_uuid] = found.get(process.gpu_uuid, 0) + process.used_bytes
+    return found
 
 
 _UNKNOWN_POD = PodFacts("", 0, 0.0)  # a pod not in the agent's list (yet): priority 0, the oldest
@@ -197,7 +242,7 @@ def _protected(facts: PodFacts, settings: ReclaimSettings) -> bool:
 def candidates(share: GpuShare, pods: Mapping[str, PodFacts],
                settings: ReclaimSettings = ReclaimSettings()) -> tuple[Candidate, ...]:
     """Pods above their requests on this GPU and owed nothing there, in eviction order: lowest priority, then
-    youngest. Pods at or above the protected priority are left out."""
+    youngest. Pods at or above the protected priority, and those whose facts could not be read, are left out."""
     used: dict[str, int] = {}
     above: dict[str, int] = {}
     owed: set[str] = set()
@@ -212,7 +257,7 @@ def candidates(share: GpuShare, pods: Mapping[str, PodFacts],
     found = []
     for uid, extra in above.items():
         facts = pods.get(uid, _UNKNOWN_POD)
-        if extra <= 0 or uid in owed or _protected(facts, settings):
+        if extra <= 0 or uid in owed or facts.unread or _protected(facts, settings):
             continue
         found.append(Candidate(names[uid][0], names[uid][1], uid, facts.priority, facts.started, used[uid], extra,
                                facts.terminating, facts.owner))
@@ -221,18 +266,17 @@ def candidates(share: GpuShare, pods: Mapping[str, PodFacts],
 
 
 def _within_gangs(ordered: Sequence[Candidate], pods: Mapping[str, PodFacts]) -> list[Candidate]:
-    """The candidates, in order, but no more of a gang's members than it can lose. A member going already stays
-    (its memory is being freed) and counts against what its gang can lose."""
+    """The candidates, in order, but no more of a gang's members than it can lose, nor of its sub-group's. A member
+    going already stays (its memory is being freed) and counts against what its gang and sub-group can lose."""
     taken: dict[tuple[str, str], int] = {}
     kept = []
     for candidate in ordered:
-        gang = pods.get(candidate.pod_uid, _UNKNOWN_POD).gang
-        spare = None if gang is None else gang.spare
-        if gang is not None and spare is not None:
-            key = (gang.namespace, gang.name)
-            if taken.get(key, 0) >= spare and not candidate.terminating:
-                continue
-            taken[key] = taken.get(key, 0) + 1
+        facts = pods.get(candidate.pod_uid, _UNKNOWN_POD)
+        limited = [(g, g.spare) for g in (facts.gang, facts.sub_gang) if g is not None and g.spare is not None]
+        if not candidate.terminating and any(taken.get((g.namespace, g.name), 0) >= spare for g, spare in limited):
+            continue
+        for gang, _ in limited:
+            taken[(gang.namespace, gang.name)] = taken.get((gang.namespace, gang.name), 0) + 1
         kept.append(candidate)
     return kept
 

@@ -57,3 +57,14 @@ def does_not_fit(pod_uid: str, container: str, request_mib: int | None, gpus: Se
             return (f"its request of {request_mib} MiB does not fit on GPU {uuid}: {usable} MiB usable there, "
                     f"{taken} MiB of it requested by the fractions placed there ({listed})")
     return None
+
+
+def admitted(owed: Sequence[RunningContainer], gpus: Sequence[GpuInfo],
+             usable_mib: Mapping[str, int]) -> list[RunningContainer]:
+    """The owed containers the node lets run: one not created yet whose request does not fit next to the others' is
+    refused at its creation (`does_not_fit`, as the NRI plugin decides it), so no memory can be owed to it and
+    reclaim must not evict for it. A created container or a claim's share (prepared already) stays owed."""
+    placed = owed_by_gpu(owed, gpus)
+    return [c for c in owed if c.container_id or c.claim or does_not_fit(
+        c.pod_uid, c.container, c.fraction.request_mib,
+        [u for u in (gpu_uuid(d, gpus) for d in c.fraction.devices) if u is not None], usable_mib, placed) is None]

@@ -10,12 +10,14 @@ older driver, cgroup v1, no `dmem`) the agent's eviction, `reclaim.policy`, is w
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 
+from gpufrac.agent.decide.attribution import AttributedProcess
 from gpufrac.agent.decide.capabilities import has_driver_memory_limits
-from gpufrac.agent.decide.model import Inventory
-from gpufrac.agent.decide.reclaim import ReclaimPolicy
+from gpufrac.agent.decide.model import GpuProcess, Inventory
+from gpufrac.agent.decide.reclaim import GpuShare, ReclaimPolicy, Tenant
 
 DMEM_CONTROLLER = "dmem"  # the cgroup v2 controller the driver's soft and hard limits live in
 
@@ -42,3 +44,34 @@ def reclaim_note(by: ReclaimBy, policy: ReclaimPolicy) -> str:
     if policy is ReclaimPolicy.EVICT:
         return f"memory above a request is taken back by the agent's eviction (reclaim.policy evict): {without}"
     return f"memory above a request is not taken back (reclaim.policy off), and {without}"
+
+
+@dataclass(frozen=True)
+class AboveRequest:
+    """A process of a tenant that used more than its request on a GPU, as one pass saw it."""
+
+    pid: int
+    gpu_uuid: str
+    tenant: Tenant
+
+
+def above_request(shares: Iterable[GpuShare], attributed: Iterable[AttributedProcess]) -> dict[tuple[int, str],
+                                                                                                AboveRequest]:
+    """By (PID, GPU): the processes of the tenants above their requests."""
+    over = {(t.container.key, share.gpu_uuid): t for share in shares for t in share.tenants
+            if t.above_request_bytes > 0}
+    found = {}
+    for item in attributed:
+        tenant = over.get((item.container.key, item.process.gpu_uuid))
+        if tenant is not None:
+            found[(item.process.pid, item.process.gpu_uuid)] = AboveRequest(item.process.pid, item.process.gpu_uuid,
+                                                                            tenant)
+    return found
+
+
+def ended(before: Mapping[tuple[int, str], AboveRequest], processes: Iterable[GpuProcess]) -> list[AboveRequest]:
+    """The processes above their requests at the last pass that NVML no longer lists: where the driver holds the
+    requests as soft limits it kills such a process, with no grace and no word of its own, when a neighbour needs
+    the memory (it may also have ended by itself: the Event says both)."""
+    listed = {(p.pid, p.gpu_uuid) for p in processes}
+    return [b for key, b in sorted(before.items()) if key not in listed]

@@ -171,14 +171,24 @@ class KubeClient:
         """False when the eviction is refused for now (a PodDisruptionBudget: 429) or the pod is gone."""
         return self.request_eviction(namespace, name)[0] is EvictionOutcome.EVICTED
 
-    def request_eviction(self, namespace: str, name: str) -> tuple[EvictionOutcome, str]:
+    def request_eviction(self, namespace: str, name: str, *, uid: str = "",
+                         grace_seconds: int | None = None) -> tuple[EvictionOutcome, str]:
         """Evict through the Eviction API, which honours PodDisruptionBudgets: the outcome and the API server's
-        words when it refused. Other errors raise KubeError."""
-        body = {
+        words when it refused. With `uid`, only the pod of that UID (a precondition: a pod of the same name made
+        since is a 409, a KubeError); with `grace_seconds`, its grace period instead of its own. Other errors raise
+        KubeError."""
+        body: dict[str, Any] = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
             "metadata": {"name": name, "namespace": namespace},
         }
+        options: dict[str, Any] = {}
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        if grace_seconds is not None:
+            options["gracePeriodSeconds"] = grace_seconds
+        if options:
+            body["deleteOptions"] = options
         try:
             with translated(f"evicting pod {namespace}/{name}"):
                 self.core.create_namespaced_pod_eviction(name, namespace, body)

@@ -73,7 +73,8 @@ class _UsageCollector(Collector):
         yield from families.values()
 
 
-RECLAIM_OUTCOMES = ("evicted", "blocked", "failed", "would-evict", "no-candidate")
+RECLAIM_OUTCOMES = ("evicted", "blocked", "failed", "not-kept-off", "unread", "would-evict", "no-candidate",
+                    "driver-ended")
 OVER_LIMIT_OUTCOMES = (("kill-newest", "killed"), ("evict", "evicted"), ("evict", "blocked"))
 GPU_LABELS = ("UUID", "Hostname", "modelName")
 
@@ -192,7 +193,9 @@ class AgentMetrics:
         self.reclaims = Counter(
             "gpufrac_reclaims",
             "Reclaim of memory used above a request, per pod considered: evicted, blocked (a PodDisruptionBudget "
-            "refused), failed, would-evict (reclaim.policy off), no-candidate (nothing above its request)",
+            "refused), failed, not-kept-off (its back-off label not written: not evicted), unread (a claim's pod not "
+            "read: not evicted), would-evict (reclaim.policy off), no-candidate (nothing above its request), "
+            "driver-ended (a process above its request gone where the driver holds requests)",
             ["outcome"],
             registry=self.registry,
         )

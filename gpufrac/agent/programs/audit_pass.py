@@ -7,7 +7,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from gpufrac.agent.decide.audit import Findings, Snapshot, decide, in_fractional_container
+from gpufrac.agent.decide.attribution import in_fractional_container
+from gpufrac.agent.decide.audit import Findings, Snapshot, decide
 from gpufrac.agent.decide.claim_tenants import ClaimTenants
 from gpufrac.agent.decide.errors import NvmlError, ProcReadError
 from gpufrac.agent.decide.events import EventSink, ViolationRecorder

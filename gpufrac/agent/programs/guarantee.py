@@ -13,14 +13,14 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gpufrac.agent.decide import capacity, reclaim
-from gpufrac.agent.decide.audit import Findings, Snapshot, attribute
+from gpufrac.agent.decide import capacity, reclaim, soft_limits
+from gpufrac.agent.decide.attribution import AttributedProcess, attribute
+from gpufrac.agent.decide.audit import Findings, Snapshot
 from gpufrac.agent.decide.errors import NvmlError, ProcReadError
 from gpufrac.agent.decide.events import EventSink, owner_event, pod_event
-from gpufrac.agent.decide.gangs import Gang, pod_group, read_gang, unknown_gang
 from gpufrac.agent.decide.model import (
     EnforcementViolation,
     EvictionOutcome,
@@ -32,6 +32,7 @@ from gpufrac.agent.decide.model import (
 )
 from gpufrac.agent.decide.overlimit import OverLimitAction, newest
 from gpufrac.agent.decide.owed import owed_on_node
+from gpufrac.agent.decide.pod_facts import pod_facts
 from gpufrac.agent.decide.reclaim import (
     Candidate,
     GpuShare,
@@ -42,12 +43,14 @@ from gpufrac.agent.decide.reclaim import (
     Tenant,
     UsageReading,
 )
+from gpufrac.agent.decide.request_fit import admitted
 from gpufrac.agent.decide.soft_limits import ReclaimBy
 from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.edges.procfs import read_cgroup, read_parent_pid, read_start_time
 from gpufrac.agent.programs.backoffs import Backoffs
+from gpufrac.agent.programs.evictions import Evictions
+from gpufrac.agent.programs.gang_reader import GangReader
 from gpufrac.core.contract import mib_ceil, mib_floor, reclaim_backoff_label
-from gpufrac.core.owners import controller_of
 from gpufrac.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
@@ -71,41 +74,14 @@ class MemorySource(Protocol):
 
 
 class GuaranteeKube(EventSink, Protocol):
-    def request_eviction(self, namespace: str, name: str) -> tuple[EvictionOutcome, str]: ...
+    def request_eviction(self, namespace: str, name: str, *, uid: str = "",
+                         grace_seconds: int | None = None) -> tuple[EvictionOutcome, str]: ...
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
     def get_pod_group(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
-
-def _timestamp(text: object) -> float | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def pod_facts(pods: Iterable[Mapping[str, Any]]) -> dict[str, PodFacts]:
-    """By pod UID: spec.priority (0 when unset), status.startTime (else the creation time), and whether it is being
-    deleted."""
-    facts = {}
-    for pod in pods:
-        metadata = pod.get("metadata") or {}
-        priority = (pod.get("spec") or {}).get("priority")
-        started = _timestamp((pod.get("status") or {}).get("startTime")) or _timestamp(
-            metadata.get("creationTimestamp")
-        )
-        facts[str(metadata.get("uid", ""))] = PodFacts(
-            str(metadata.get("name", "")),
-            priority if isinstance(priority, int) else 0,
-            started or 0.0,
-            terminating=bool(metadata.get("deletionTimestamp")),
-            pod_group=pod_group(metadata.get("annotations") or {}),
-            owner=controller_of(metadata),
-        )
-    return facts
+    def list_namespaced_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]: ...
 
 
 def _mib(value: int) -> str:
@@ -138,7 +114,7 @@ class Guarantee:
         mps_daemons: Callable[[], Iterable[int]] = tuple,
         reclaim_by: Callable[[], ReclaimBy] = lambda: ReclaimBy.AGENT,
         wall_clock: Callable[[], float] = time.time,
-        hold_off: Callable[[], None] = lambda: None,
+        hold_off: Callable[[], bool] = lambda: True,
     ) -> None:
         self._kube = kube
         self._gpus = gpus
@@ -155,14 +131,20 @@ class Guarantee:
         self._killed: set[tuple[int, int]] = set()  # (pid, start time): a killed process NVML still lists
         self._evicted: set[str] = set()  # pod UIDs evicted for their total
         self._claim_pods: dict[str, PodFacts | None] = {}  # by UID: the pods claims are for (None: not there)
+        self._attributed: list[AttributedProcess] = []  # the last reading's processes of tenants
+        self._above: dict[tuple[int, str], soft_limits.AboveRequest] = {}  # driver mode: above request at last pass
         self.labels: dict[str, str] = {}  # the usable-memory labels, published with the agent's others
         self.usable_mib: dict[str, int] = {}  # GPU UUID -> usable memory as of the last pass (what requests may fill)
-        self.backoffs = Backoffs(config.reclaim.backoff_seconds, wall_clock, hold_off)
+        self.evictions = Evictions(kube, Backoffs(config.reclaim.backoff_seconds, wall_clock, hold_off),
+                                   config.reclaim.victim_grace_seconds)
+        self.backoffs = self.evictions.backoffs
+        self._gangs = GangReader(kube)
 
     # ---- one pass ----
 
     def run(self, inventory: Inventory, snapshot: Snapshot, findings: Findings,
             pods: Sequence[Mapping[str, Any]]) -> None:
+        self.evictions.new_pass()
         reading = self._read() or UsageReading((), {})
         usable = self.measure(inventory, reading.memory, reading.processes)
         self.hold_totals(findings.violations)
@@ -258,7 +240,7 @@ class Guarantee:
         c = violation.container
         if c.pod_uid in self._evicted:
             return
-        outcome, said = self._evict(c.namespace, c.pod)
+        outcome, said = self.evictions.evict(c.namespace, c.pod, c.pod_uid)
         if outcome is None:
             return
         if outcome is EvictionOutcome.BLOCKED:
@@ -276,16 +258,41 @@ class Guarantee:
 
     def reclaim(self, reading: UsageReading, snapshot: Snapshot, pods: Sequence[Mapping[str, Any]]) -> dict[str, int]:
         """Decide (pure) on one reading and carry out; returns each GPU's shortfall, for the metric."""
-        owed = [*owed_on_node(pods), *snapshot.claims.tenants]  # a claim is owed from Prepare on
+        claim_pods = self._claim_pod_facts(snapshot.claims.tenants)
+        # a claim is owed from Prepare on, unless its pod is going; a container the node refuses is owed nothing
+        claims = [t for t in snapshot.claims.tenants if not (t.pod_uid in claim_pods and
+                                                              claim_pods[t.pod_uid].terminating)]
+        owed = admitted([*owed_on_node(pods), *claims], list(snapshot.gpus.values()), self.usable_mib)
         shares = self._shares(reading, snapshot, owed)
         if self._reclaim_by() is ReclaimBy.DRIVER:
             self._episodes = {}  # the driver takes memory above a request back: the agent only reports the shortfall
+            self._driver_took(reading, shares)
             return {share.gpu_uuid: share.shortfall_bytes for share in shares}
-        facts = self._with_gangs(pod_facts(pods) | self._claim_pod_facts(snapshot.claims.tenants), shares)
+        self._above = {}
+        facts = pod_facts(pods) | claim_pods
+        if not self.config.reclaim.evict_gang_members:
+            facts = self._gangs.with_gangs(facts, shares)
         plans, self._episodes = reclaim.decide(shares, facts, self._episodes, self._clock(), self.config.reclaim)
         for plan in plans:
             self._carry_out(plan, lambda uuid: self._replan(uuid, snapshot, owed, facts))
         return {share.gpu_uuid: share.shortfall_bytes for share in shares}
+
+    def _driver_took(self, reading: UsageReading, shares: Sequence[GpuShare]) -> None:
+        """An Event for each process NVML no longer lists that was above its request at the last pass: the driver
+        kills such a process with no grace and says nothing (soft_limits.ended)."""
+        if not reading.memory:
+            return  # NVML not read this pass: nothing can be said to have ended
+        for gone in soft_limits.ended(self._above, reading.processes):
+            t = gone.tenant
+            self._metrics.reclaims.labels(outcome="driver-ended").inc()
+            self._event(t.container.namespace, t.container.pod, t.container.pod_uid, "GPUProcessEndedAboveRequest",
+                        f"GPU process {gone.pid} ended while its container used {_mib(t.used_bytes)} on "
+                        f"{gone.gpu_uuid}, {_mib(t.above_request_bytes)} above its request of {_mib(t.request_bytes)}: "
+                        "on this node the driver holds each request as a soft limit and kills a process above it, with "
+                        "no grace, when a neighbour needs the memory (or it ended by itself)",
+                        container=None if t.container.claim else t.container.container,
+                        labels={RECLAIM_LABEL: "driver-ended"})
+        self._above = soft_limits.above_request(shares, self._attributed)
 
     def _shares(self, reading: UsageReading, snapshot: Snapshot, owed: Sequence[Any]) -> list[GpuShare]:
         """The GPUs' shares from one reading: its processes attributed by their cgroups, read now."""
@@ -297,52 +304,39 @@ class Guarantee:
             except ProcReadError:
                 continue  # exited since the reading
         attributed = attribute(reading.processes, by_id, cgroups, {}, snapshot.claims)
-        return reclaim.shares(attributed, owed, snapshot.gpus, reading.memory)
-
-    def _with_gangs(self, facts: Mapping[str, PodFacts], shares: Sequence[GpuShare]) -> dict[str, PodFacts]:
-        """The gangs of the pods that can be victims now (above their requests on a GPU short of memory), read from
-        their PodGroups at this pass; one the API server does not answer for spares all of its members."""
-        found = dict(facts)
-        if self.config.reclaim.evict_gang_members:
-            return found
-        above = {t.container.pod_uid: t.container.namespace for share in shares if share.shortfall_bytes > 0
-                 for t in share.tenants if t.above_request_bytes > 0}
-        gangs: dict[tuple[str, str], Gang | None] = {}
-        for uid, namespace in above.items():
-            pod = facts.get(uid)
-            if pod is None or not pod.pod_group:
-                continue
-            key = (namespace, pod.pod_group)
-            if key not in gangs:
-                gangs[key] = self._gang(*key)
-            found[uid] = replace(pod, gang=gangs[key])
-        return found
-
-    def _gang(self, namespace: str, name: str) -> Gang | None:
-        try:
-            return read_gang(namespace, name, self._kube.get_pod_group(namespace, name))
-        except KubeError as err:
-            log.warning("reading PodGroup %s/%s: %s; its members are not reclaim victims", namespace, name, err)
-            return unknown_gang(namespace, name)
+        # an MPS server's memory may be its clients' (a driver that charges them to it): never taken off what is owed
+        others = reclaim.others_use(reading.processes, attributed, cgroups, {c.pod_uid for c in owed},
+                                    self._mps_servers(reading.processes))
+        self._attributed = attributed
+        return reclaim.shares(attributed, owed, snapshot.gpus, reading.memory, others)
 
     def _claim_pod_facts(self, tenants: Sequence[RunningContainer]) -> dict[str, PodFacts]:
         """The facts of the pods the claims are for (the agent's pod list holds only annotated pods): read once per
         pod (its priority does not change; its going is what the evictions' answers say). A pod that is not there
         (a claim recorded without its pods names itself) is left to reclaim's defaults; one the API server did not
-        answer for is asked again at a later pass."""
+        answer for is no victim (fail closed: it may be protected, or a gang's) and is asked again at a later pass."""
         wanted = {t.pod_uid: t for t in tenants}
         self._claim_pods = {uid: f for uid, f in self._claim_pods.items() if uid in wanted}
+        unread = {}
         for uid, tenant in wanted.items():
             if uid in self._claim_pods:
                 continue
             try:
                 pod = self._kube.get_pod(tenant.namespace, tenant.pod)
             except KubeError as err:
-                log.warning("reading pod %s/%s of claim %s: %s", tenant.namespace, tenant.pod, tenant.claim, err)
+                unread[uid] = PodFacts(tenant.pod, 0, 0.0, unread=True)
+                self._unread(tenant, str(err))
                 continue
             found = pod is not None and (pod.get("metadata") or {}).get("uid") == uid
             self._claim_pods[uid] = pod_facts([pod])[uid] if found and pod is not None else None
-        return {uid: f for uid, f in self._claim_pods.items() if f is not None}
+        return {uid: f for uid, f in self._claim_pods.items() if f is not None} | unread
+
+    def _unread(self, tenant: RunningContainer, why: str) -> None:
+        log.warning("reading pod %s/%s of claim %s: %s", tenant.namespace, tenant.pod, tenant.claim, why)
+        self._metrics.reclaims.labels(outcome="unread").inc()
+        self._event(tenant.namespace, tenant.pod, tenant.pod_uid, "GPUReclaimPodUnread",
+                    f"reclaim could not read this pod (claim {tenant.claim}): {why}; until it can, it is not evicted "
+                    "for GPU memory (its priority and gang are not known)", labels={RECLAIM_LABEL: "unread"})
 
     def _replan(self, gpu_uuid: str, snapshot: Snapshot, owed: Sequence[Any],
                 facts: Mapping[str, PodFacts]) -> ReclaimPlan | None:
@@ -377,12 +371,19 @@ class Guarantee:
         """Evict one victim at a time, as `reclaim.next_victim` picks it from a fresh reading, until the pods going
         free the shortfall: None then, else the last plan (still short), and the pods whose eviction was refused."""
         refused: set[str] = set()
-        going: set[str] = set()
+        going = self.evictions.this_pass  # evicted for another GPU or over its limit this pass: once is enough
         blocked: list[str] = []
         current: ReclaimPlan | None = plan
         while current is not None and (victim := reclaim.next_victim(current, refused, going)) is not None:
-            outcome, said = self.backoffs.evict(victim.owner, lambda: self._evict(victim.namespace, victim.pod))
-            if outcome is None:
+            # a claim's pods carry no affinity for the back-off label: none is put on for them
+            owner = None if victim.pod_uid in self._claim_pods else victim.owner
+            outcome, said = self.evictions.evict(victim.namespace, victim.pod, victim.pod_uid, owner)
+            if outcome is EvictionOutcome.NOT_KEPT_OFF:
+                self._metrics.reclaims.labels(outcome="not-kept-off").inc()
+                refused.add(victim.pod_uid)
+                self._candidate_event(victim, current, "GPUReclaimNotEvicted", "not-kept-off", "did not evict this pod",
+                                      f"; {said}")
+            elif outcome is None:
                 self._metrics.reclaims.labels(outcome="failed").inc()
                 refused.add(victim.pod_uid)
             elif outcome is EvictionOutcome.BLOCKED:
@@ -392,8 +393,7 @@ class Guarantee:
                 self._candidate_event(victim, current, "GPUReclaimBlocked", "blocked", "could not evict this pod",
                                       f"; the eviction was refused ({said}): the next candidate is tried, and this "
                                       "pod again after reclaim.gracePeriodSeconds")
-            else:  # evicted, or gone already: either way its memory is being freed
-                going.add(victim.pod_uid)
+            else:  # evicted, or gone already: either way its memory is being freed (Evictions.this_pass)
                 if outcome is EvictionOutcome.EVICTED:
                     self._evicted_for(victim, current)
             current = replan(plan.gpu_uuid)
@@ -414,16 +414,19 @@ class Guarantee:
             event_type="Normal", labels={RECLAIM_LABEL: "reclaimed-for"},
         )
         if candidate.owner is not None:
-            self._owner_event(candidate, plan, self.backoffs.until(candidate.owner))
+            self._owner_event(candidate, plan, self.backoffs.until(candidate.owner),
+                              claim=candidate.pod_uid in self._claim_pods)
 
-    def _owner_event(self, candidate: Candidate, plan: ReclaimPlan, until: float | None) -> None:
+    def _owner_event(self, candidate: Candidate, plan: ReclaimPlan, until: float | None, *, claim: bool) -> None:
         """Its controller hears it too, and for how long its pods are kept off this node."""
         owner = candidate.owner
         assert owner is not None
         after = (f"its fractional pods are kept off node {self._node} until "
                  f"{dt.datetime.fromtimestamp(until, dt.UTC):%Y-%m-%dT%H:%M:%SZ} (reclaim.backoffSeconds; node label "
                  f"{reclaim_backoff_label(owner.uid)})" if until is not None else
-                 "a replacement may be placed on the same GPU again (reclaim.backoffSeconds is 0)")
+                 "a replacement may be placed on the same GPU again (" +
+                 ("its pods take their GPUs through DRA claims, which no back-off label keeps off" if claim else
+                  "reclaim.backoffSeconds is 0") + ")")
         message = (f"evicted its pod {candidate.pod} on node {self._node} to reclaim GPU memory on {plan.gpu_uuid} "
                    f"for {_owed_text(plan.owed)}: it used {_mib(candidate.used_bytes)} there, "
                    f"{_mib(candidate.above_request_bytes)} above its requests; {after}")
@@ -465,14 +468,6 @@ class Guarantee:
                         **extra)
 
     # ---- the Kubernetes edge ----
-
-    def _evict(self, namespace: str, name: str) -> tuple[EvictionOutcome | None, str]:
-        """The Eviction API's answer; (None, why) when the call failed otherwise."""
-        try:
-            return self._kube.request_eviction(namespace, name)
-        except KubeError as err:
-            log.warning("evicting %s/%s: %s", namespace, name, err)
-            return None, str(err)
 
     def _event(self, namespace: str, pod: str, pod_uid: str, reason: str, message: str, **extra: Any) -> None:
         try:

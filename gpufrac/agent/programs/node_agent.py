@@ -95,6 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reclaim-backoff", type=float, default=_RECLAIM.backoff_seconds, metavar="SECONDS",
                         help="after reclaim evicts a pod with a controller, keep that controller's fractional pods off "
                              "this node this long (a node label their node affinity fails on; 0: not at all)")
+    parser.add_argument("--reclaim-victim-grace-period", type=int, default=_RECLAIM.victim_grace_seconds,
+                        metavar="SECONDS", help="the grace period an evicted pod gets (the eviction's "
+                                                "gracePeriodSeconds; -1: the pod's own terminationGracePeriodSeconds)")
     parser.add_argument("--reclaim-evict-gang-members", action=argparse.BooleanOptionalAction,
                         default=_RECLAIM.evict_gang_members,
                         help="evict members of a KAI gang (PodGroup) like any pod, even below its minMember (default: "
@@ -173,7 +176,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
             args.over_limit_action,
             ReclaimSettings(args.reclaim_policy, args.reclaim_grace_period, args.reclaim_hysteresis_mib * MIB,
                             args.reclaim_protected_priority, args.reclaim_evict_gang_members,
-                            args.reclaim_backoff),
+                            args.reclaim_backoff,
+                            None if args.reclaim_victim_grace_period < 0 else args.reclaim_victim_grace_period),
         ),
         image=args.image,
     )

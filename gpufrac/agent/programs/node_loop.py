@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 
 
 class KubeSink(NodeSink, AuditKube, PodSource, Protocol):
-    def request_eviction(self, namespace: str, name: str) -> tuple[EvictionOutcome, str]: ...
+    def request_eviction(self, namespace: str, name: str, *, uid: str = "",
+                         grace_seconds: int | None = None) -> tuple[EvictionOutcome, str]: ...
 
     def node_labels(self, node: str) -> dict[str, str]: ...
 
@@ -229,9 +230,10 @@ class Agent:
         return {**capabilities.node_labels(self.inventory, enforced), **guarantee.labels,
                 **guarantee.backoffs.labels()}
 
-    def _publish_backoffs(self) -> None:
-        """Between two ticks, before an eviction: the node's labels with the back-offs as they are now."""
-        self.publisher.try_publish_labels(self._labels(self._enforced))
+    def _publish_backoffs(self) -> bool:
+        """Between two ticks, before an eviction: the node's labels with the back-offs as they are now (False: not
+        written)."""
+        return self.publisher.try_publish_labels(self._labels(self._enforced))
 
     def _adopt_backoffs(self) -> None:
         """Once: the back-offs an earlier agent left on the node are kept until they end, then taken off."""

@@ -233,7 +233,8 @@ def mutate_create(obj: dict[str, Any], fractions: PodFractions, policy: Policy) 
     if policy.require_enforcing_node:
         for mode in sorted(modes):
             _require_enforcing_node(pod, mode)
-    _keep_off_reclaimed_nodes(pod)
+    if policy.keep_off_reclaimed_nodes:
+        _keep_off_reclaimed_nodes(pod)
     return result
 
 

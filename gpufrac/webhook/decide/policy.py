@@ -39,6 +39,9 @@ class Policy:
     require_enforcing_node: bool = False
     # Let several containers of one pod each hold a fraction; KAI's binder binds one per pod.
     allow_multiple_fraction_containers: bool = False
+    # Give a controller's fractional pods the node affinity the reclaim back-off label fails (agent: reclaim.policy
+    # evict with reclaim.backoffSeconds > 0); otherwise no agent writes that label, and no affinity is added for it.
+    keep_off_reclaimed_nodes: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mps_dirs", mps_pipe_dirs(self.mps_root))  # derived once: read per container

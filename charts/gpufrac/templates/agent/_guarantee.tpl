@@ -16,6 +16,8 @@ evict. `policy: off` written unquoted is YAML's false: it means off too. */}}
 - {{ .Values.reclaim.hysteresisMiB | quote }}
 - --reclaim-backoff
 - {{ .Values.reclaim.backoffSeconds | quote }}
+- --reclaim-victim-grace-period
+- {{ if kindIs "invalid" .Values.reclaim.victimGracePeriodSeconds }}"-1"{{ else }}{{ .Values.reclaim.victimGracePeriodSeconds | int64 | quote }}{{ end }}
 {{- if not (kindIs "invalid" .Values.reclaim.protectedPriority) }}
 - --reclaim-protected-priority
 - {{ .Values.reclaim.protectedPriority | int64 | quote }}
