@@ -12,11 +12,14 @@ import pytest
 from gpufrac.agent.decide import dra_state, mps_limits, reclaim
 from gpufrac.agent.decide.audit import Snapshot, decide
 from gpufrac.agent.decide.claim_tenants import claim_tenants
+from gpufrac.agent.decide.dra_cdi_dirs import cdi_dir_problem
 from gpufrac.agent.decide.dra_claims import ClaimError, ClaimPod, read_claim
 from gpufrac.agent.decide.dra_prepare import DraNode, PreparedClaim, cdi_spec, prepare, spec_file_name
+from gpufrac.agent.decide.dra_reconcile import reconciled
 from gpufrac.agent.decide.dra_slices import DeviceName, SliceGpu, parse_device_name, resource_slices
 from gpufrac.agent.decide.events import event_body
 from gpufrac.agent.decide.front_door import FrontDoorChoice
+from gpufrac.agent.decide.kubelet_allocations import CheckpointError, parse_checkpoint
 from gpufrac.agent.decide.model import GpuInfo, GpuMemory, GpuProcess, ViolationKind
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import FrontDoor
@@ -336,3 +339,113 @@ def test_a_claim_is_owed_its_request_from_prepare_on() -> None:
     [tenant] = share.tenants
     assert (tenant.container.pod, tenant.request_bytes, tenant.owed_bytes) == ("infer-0", 40 * GIB, 40 * GIB)
     assert share.shortfall_bytes == 40 * GIB - share.free_bytes > 0
+
+
+# ---- admin access, what the node cannot enforce, GPUs held elsewhere or lost ----
+
+def admin_claim(device: str, uid: str) -> dict[str, Any]:
+    obj = claim(device, uid=uid, memory=None)
+    obj["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    return obj
+
+
+def test_an_admin_access_claim_owes_nothing_and_is_no_tenant() -> None:
+    full = prepared(claim("gpu-0-time-slicing", uid="full", memory="81000Mi"))
+    admin = prepared(admin_claim("gpu-0-time-slicing", "admin"), others=(full,))  # the GPU has no MiB left
+    [device] = admin.devices
+    assert (device.admin, device.request_mib, device.limit_mib) == (True, 0, 0)
+    assert claim_tenants([admin]).tenants == ()
+    assert cdi_spec(admin, node()) is None and device.cdi_ids == ("nvidia.com/gpu=GPU-00000000-aaaa",)  # no limits
+    # and it takes nothing from a share prepared after it
+    assert prepared(claim("gpu-1-time-slicing", uid="next", memory="81000Mi"), others=(admin,)).devices
+    again = prepared(claim("gpu-0-time-slicing", uid="late", memory="1Mi"), others=(admin,))
+    assert again.devices[0].request_mib == 1
+    assert dra_state.load(dra_state.dump([admin]))["admin"] == admin
+
+
+def test_a_mode_the_node_cannot_enforce_is_neither_published_nor_prepared() -> None:
+    weak = node(unenforced={"time-slicing": "its memory limits are not enforced"})
+    _, devices = resource_slices(NODE, weak.publishable(), "615.10", generation=1, offered=weak.offered())
+    assert sorted(d["name"] for d in devices["spec"]["devices"]) == [
+        "gpu-0", "gpu-0-sm-sharing", "gpu-1", "gpu-1-sm-sharing"]
+    with pytest.raises(ClaimError, match=r"cannot hold a time-slicing claim's limits now \(its memory limits are not "
+                                         r"enforced\); it publishes no such device"):
+        prepared(claim("gpu-0-time-slicing"), weak)
+    assert prepared(claim("gpu-0-sm-sharing", compute="20"), weak).devices[0].mode == "sm-sharing"
+
+
+def test_a_gpu_of_nvidias_device_plugin_is_not_published_nor_prepared() -> None:
+    shared = node(plugin_gpus={GPU_0: "advertised in the kubelet's device checkpoint"})
+    assert [g.gpu.uuid for g in shared.publishable()] == [GPU_1]
+    with pytest.raises(ClaimError, match=r"GPU 0 \(GPU-00000000-aaaa\) is NVIDIA's device plugin's"):
+        prepared(claim("gpu-0"), shared)
+
+
+def test_the_device_plugins_gpus_are_read_from_the_kubelets_checkpoint() -> None:
+    text = json.dumps({"Data": {"PodDeviceEntries": None, "RegisteredDevices": {
+        "nvidia.com/gpu": [GPU_0, f"{GPU_1}::2"], "example.com/nic": ["eth0"]}}, "Checksum": 1})
+    assert parse_checkpoint(text).registered == {GPU_0, GPU_1}
+    assert parse_checkpoint(json.dumps({"Data": {"PodDeviceEntries": []}})).registered == frozenset()
+    with pytest.raises(CheckpointError, match="RegisteredDevices"):
+        parse_checkpoint(json.dumps({"Data": {"RegisteredDevices": ["x"]}}))
+
+
+def test_a_lost_gpus_devices_are_tainted_and_refused_and_untainted_when_it_returns() -> None:
+    sick = node(lost={GPU_0: "XID 79"})
+    lost = {g.gpu.index: sick.lost[g.gpu.uuid] for g in sick.publishable() if g.gpu.uuid in sick.lost}
+    _, devices = resource_slices(NODE, sick.publishable(), "615.10", generation=1, lost=lost)
+    taints = {d["name"]: d.get("taints") for d in devices["spec"]["devices"]}
+    assert taints["gpu-0-time-slicing"] == taints["gpu-0"] == [
+        {"key": "gpu.gpufrac.io/unhealthy", "value": "XID 79", "effect": "NoSchedule"}]
+    assert taints["gpu-1"] is None
+    with pytest.raises(ClaimError, match=r"GPU 0 \(GPU-00000000-aaaa\) is unhealthy \(XID 79\)"):
+        prepared(claim("gpu-0-time-slicing"), sick)
+    _, healed = resource_slices(NODE, node().publishable(), "615.10", generation=2)
+    assert not any("taints" in d for d in healed["spec"]["devices"])
+
+
+def test_the_slices_are_owned_by_their_node() -> None:
+    for body in resource_slices(NODE, gpus().values(), "615.10", generation=1, node_uid="node-uid-1"):
+        assert body["metadata"]["ownerReferences"] == [
+            {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "node-uid-1", "controller": True}]
+
+
+@pytest.mark.parametrize(("device", "consumed", "message"), [
+    ("gpu-0-time-slicing", {"memory": "1Gi", "compute": "50"}, r"names \['compute'\], which a time-slicing device "
+                                                               r"does not publish"),
+    ("gpu-0-sm-sharing", {"memory": "1Gi", "cores": "2"}, r"names \['cores'\]"),
+])
+def test_consumed_capacity_is_read_for_every_capacity_and_one_not_published_is_refused(
+        device: str, consumed: dict[str, str], message: str) -> None:
+    obj = claim(device)
+    obj["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] = consumed
+    with pytest.raises(ClaimError, match=message):
+        prepared(obj)
+
+
+def test_a_node_whose_runtime_does_not_read_the_dra_cdi_directory_says_so_and_refuses_claims() -> None:
+    problem = cdi_dir_problem("/var/run/cdi", ["/var/lib/gpufrac-node/containerd/cdi"])
+    assert problem is not None and "writes claims' CDI specs to /var/run/cdi, which the container runtime does not " \
+        "read (its CDI spec directories: /var/lib/gpufrac-node/containerd/cdi)" in problem
+    assert cdi_dir_problem("/var/run/cdi/", ["/etc/cdi", "/var/run/cdi"]) is None
+    with pytest.raises(ClaimError, match="which the container runtime does not read"):
+        prepared(claim("gpu-0-time-slicing"), node(cdi_problem=problem))
+
+
+# ---- the records held against the API ----
+
+def test_a_record_whose_claim_is_gone_is_dropped_and_a_shared_claim_takes_every_pod_reserved() -> None:
+    record = prepared(claim("gpu-0-time-slicing", pods=(("infer-0", POD_UID),)))
+    assert reconciled(record, None) is None
+    assert reconciled(record, claim("gpu-0-time-slicing", uid="another-uid")) is None
+    assert reconciled(record, claim("gpu-0-time-slicing", pods=(("infer-0", POD_UID),))) is record
+    later = reconciled(record, claim("gpu-0-time-slicing", pods=(("infer-0", POD_UID), ("infer-1", OTHER_UID))))
+    assert later is not None and {p.uid for p in later.pods} == {POD_UID, OTHER_UID}
+    # the audit now takes the second pod's processes on the GPU as the claim's
+    tenants = claim_tenants([later])
+    assert (OTHER_UID, GPU_0) in tenants.by_pod_gpu and (OTHER_UID, GPU_0) not in claim_tenants([record]).by_pod_gpu
+    snapshot = Snapshot([GpuProcess(GPU_0, 201, 1 << 30, 5)], {}, {201: cgroup_of(OTHER_UID)}, {},
+                        {g.gpu.uuid: g.gpu for g in gpus().values()}, tenants)
+    assert [a.container.container for a in decide(snapshot).attributed] == ["claim-uid-1/gpu"]
+    # no pod reserved any more (the kubelet unprepares it soon): its last pods stay
+    assert reconciled(record, claim("gpu-0-time-slicing")) is record

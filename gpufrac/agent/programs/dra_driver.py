@@ -11,13 +11,15 @@ from __future__ import annotations
 import argparse
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpufrac.agent.decide import dra_state
 from gpufrac.agent.decide.capacity import usable_label
 from gpufrac.agent.decide.claim_tenants import claim_tenants
+from gpufrac.agent.decide.dra_cdi_dirs import cdi_dir_problem
 from gpufrac.agent.decide.dra_claims import ClaimError, ClaimRef, read_claim
 from gpufrac.agent.decide.dra_prepare import (
     DRA_DOOR,
@@ -25,8 +27,10 @@ from gpufrac.agent.decide.dra_prepare import (
     PreparedClaim,
     cdi_spec,
     control_devices,
+    own_cdi_id,
     prepare,
 )
+from gpufrac.agent.decide.dra_reconcile import reconciled
 from gpufrac.agent.decide.dra_slices import DRIVER, SliceGpu, resource_slices
 from gpufrac.agent.decide.errors import ConfigError
 from gpufrac.agent.decide.front_door import FrontDoorChoice, choose, dra_served
@@ -35,6 +39,7 @@ from gpufrac.agent.decide.nri_decision import gpu_identity
 from gpufrac.agent.decide.pods import placed_fractions
 from gpufrac.agent.edges.dra.files import DEFAULT_CDI_DIR, DEFAULT_STATE_FILE, ClaimSpecs, StateFile
 from gpufrac.agent.edges.dra.services import DeviceAnswer
+from gpufrac.agent.edges.kubelet_checkpoint import KubeletCheckpoint
 from gpufrac.agent.edges.nri.devices import DEFAULT_CDI_DIRS, CdiSpecs
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import FRONT_DOOR_LABEL, FrontDoor
@@ -57,6 +62,8 @@ class SliceApi(Protocol):
     def replace_slice(self, body: dict[str, Any], resource_version: str) -> None: ...
 
     def delete_slice(self, name: str) -> None: ...
+
+    def node_uid(self, node: str) -> str: ...
 
 
 def _answers(claim: PreparedClaim) -> tuple[DeviceAnswer, ...]:
@@ -88,6 +95,7 @@ class DraDriver:
         self._driver_version = driver_version
         self._lock = threading.Lock()
         self._published: list[Any] | None = None
+        self._node_uid = ""
         text = state.read()
         try:
             self.prepared: dict[str, PreparedClaim] = dra_state.load(text) if text is not None else {}
@@ -122,8 +130,13 @@ class DraDriver:
         node = self._node()
         done = self.prepared.get(claim.uid)
         if done is not None:
-            if node is not None and not self._specs.exists(claim.uid):
-                self._write_spec(done, node)  # the spec went missing (a reboot cleared /var/run): write it again
+            if any(own_cdi_id(d) for d in done.devices) and not self._specs.exists(claim.uid):
+                # the spec went missing (a reboot cleared /var/run): write it again, never answer without it
+                if node is None:
+                    return (f"claim {claim} was prepared before the agent restarted and its CDI spec is gone (a "
+                            "reboot); the agent writes it again once it has read this node's GPUs (NVML); the "
+                            "kubelet retries")
+                self._write_spec(done, node)
             return _answers(done)
         if node is None:
             return "the agent has not read this node's GPUs yet (NVML); the kubelet retries"
@@ -171,6 +184,28 @@ class DraDriver:
         self._saved = tuple(self.prepared.values())
         self._claimed = _claimed_gpus(self._saved)
 
+    # ---- the records, held against the API ----
+
+    def reconcile(self) -> None:
+        """Drop the records of claims gone from the API and take the pods each claim is reserved for now
+        (decide.dra_reconcile); one GET per recorded claim. Raises KubeError."""
+        for record in self._saved:
+            obj = self._api.get_claim(record.claim.namespace, record.claim.name)
+            with self._lock:
+                if self.prepared.get(record.claim.uid) is not record:
+                    continue  # unprepared or prepared again meanwhile
+                now = reconciled(record, obj)
+                if now is record:
+                    continue
+                if now is None:
+                    self._specs.remove(record.claim.uid)
+                    del self.prepared[record.claim.uid]
+                    log.info("DRA: claim %s is gone from the API server; its record and CDI spec are dropped",
+                             record.claim)
+                else:
+                    self.prepared[record.claim.uid] = now
+                self._save()
+
     # ---- the ResourceSlices ----
 
     def publish(self) -> bool:
@@ -179,8 +214,12 @@ class DraDriver:
         if node is None:
             return False
         # a node whose front door is annotations publishes no devices: the scheduler then allocates none here
-        gpus = list(node.gpus.values()) if node.front_door.door is FrontDoor.DRA else []
-        wanted = resource_slices(node.name, gpus, self._driver_version(), generation=0) if gpus else []
+        gpus = node.publishable() if node.front_door.door is FrontDoor.DRA else []
+        if gpus and not self._node_uid:
+            self._node_uid = self._api.node_uid(node.name)
+        lost = {gpu.gpu.index: node.lost[gpu.gpu.uuid] for gpu in gpus if gpu.gpu.uuid in node.lost}
+        wanted = resource_slices(node.name, gpus, self._driver_version(), generation=0, offered=node.offered(),
+                                 lost=lost, node_uid=self._node_uid) if gpus else []
         content = [_slice_content(body) for body in wanted]
         if content == self._published:
             return False
@@ -211,6 +250,10 @@ class DraDriver:
         while not stop.is_set():
             before()
             try:
+                self.reconcile()
+            except KubeError as err:
+                log.warning("DRA: holding the prepared claims against the API server failed: %s", err)
+            try:
                 self.publish()
             except ConflictError:
                 self._published = None  # someone else wrote one: read them again at once
@@ -234,9 +277,20 @@ def slice_gpus(inventory: Inventory, usable_labels: dict[str, str]) -> dict[int,
     return gpus
 
 
+@dataclass(frozen=True)
+class NodeHolds:
+    """What keeps a claim off the node's GPUs, beside its front door (DraNode's fields of the same names)."""
+
+    unenforced: Mapping[str, str] = field(default_factory=dict)
+    plugin_gpus: Mapping[str, str] = field(default_factory=dict)
+    lost: Mapping[str, str] = field(default_factory=dict)
+    cdi_problem: str | None = None
+
+
 def dra_node(name: str, inventory: Inventory | None, usable_labels: dict[str, str], mps_root: str,
              mps_modes: Iterable[str], cdi_devices: frozenset[str], dev: Path = Path("/dev"), *,
-             front_door: FrontDoorChoice = DRA_DOOR, placed: Iterable[RunningContainer] = ()) -> DraNode | None:
+             front_door: FrontDoorChoice = DRA_DOOR, placed: Iterable[RunningContainer] = (),
+             holds: NodeHolds = NodeHolds()) -> DraNode | None:
     if inventory is None:
         return None
     annotated = {gpu_identity(entry, inventory.gpus): f"container {c.container} of pod {c.namespace}/{c.pod}"
@@ -244,7 +298,8 @@ def dra_node(name: str, inventory: Inventory | None, usable_labels: dict[str, st
     return DraNode(name=name, gpus=slice_gpus(inventory, usable_labels), mps_root=mps_root,
                    mps_modes=frozenset(mps_modes), cdi_devices=cdi_devices,
                    host_devices=control_devices(f"/dev/{path.name}" for path in dev.glob("nvidia*")),
-                   front_door=front_door, annotated=annotated)
+                   front_door=front_door, annotated=annotated, unenforced=holds.unenforced,
+                   plugin_gpus=holds.plugin_gpus, lost=holds.lost, cdi_problem=holds.cdi_problem)
 
 
 class FrontDoorWatch:
@@ -283,6 +338,13 @@ def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
                              "ResourceClaims (dra) or annotated fractions (annotations); one front door per GPU")
     parser.add_argument("--dra-cdi-dir", type=Path, default=DEFAULT_CDI_DIR, metavar="PATH",
                         help="where each claim's CDI spec is written (one of the runtime's cdi_spec_dirs)")
+    parser.add_argument("--dra-cdi-host-dir", metavar="PATH",
+                        help="that directory's path on the host, where it is mounted elsewhere in the agent's "
+                             "container (default: --dra-cdi-dir)")
+    parser.add_argument("--dra-runtime-cdi-dir", action="append", metavar="PATH",
+                        help="a directory the container runtime reads CDI specs from (its cdi_spec_dirs; "
+                             "repeatable; default: the --cdi-spec-dir ones, else /etc/cdi and /var/run/cdi); "
+                             "the driver refuses claims while --dra-cdi-host-dir is not among them")
 
 
 class DraService:
@@ -321,11 +383,21 @@ def dra_service(args: argparse.Namespace, agent: Agent, api_client: Any) -> DraS
     kube = DraKube(api_client)
     door = FrontDoorWatch(lambda: kube.node_labels(config.node), FrontDoor(args.dra_default_front_door))
 
+    runtime_dirs = [str(d) for d in (args.dra_runtime_cdi_dir or args.cdi_spec_dir or DEFAULT_CDI_DIRS)]
+    cdi_problem = cdi_dir_problem(str(args.dra_cdi_host_dir or args.dra_cdi_dir), runtime_dirs)
+    checkpoint = KubeletCheckpoint(args.nri_device_checkpoint)
+
+    def holds() -> NodeHolds:
+        # before the agent's first pass has judged a mode, it is not offered
+        unenforced = {str(mode): agent.not_served.get(mode, "the agent has not judged it yet") for mode in ComputeMode}
+        plugin = {uuid: "advertised in the kubelet's device checkpoint" for uuid in checkpoint.allocations().registered}
+        return NodeHolds({mode: why for mode, why in unenforced.items() if why}, plugin, agent.lost_gpus(), cdi_problem)
+
     def node() -> DraNode | None:
         served = [str(mode) for mode, status in agent.daemon_statuses().items() if status.up]
         placed = placed_fractions(agent.pods.snapshot()) if agent.pods.synced.is_set() else ()
         return dra_node(config.node, agent.inventory, agent.audit.guarantee.labels, str(config.mps_root), served,
-                        cdi.names(), front_door=door.choice, placed=placed)
+                        cdi.names(), front_door=door.choice, placed=placed, holds=holds())
 
     def driver_version() -> str:
         return agent.inventory.driver_version if agent.inventory is not None else ""
@@ -339,7 +411,8 @@ def dra_service(args: argparse.Namespace, agent: Agent, api_client: Any) -> DraS
         return dra_served(door.choice, [gpu.uuid for gpu in gpus], driver.claimed_gpus())
 
     agent.dra_gpus = dra_gpus  # what the NRI plugin refuses annotated fractions on
-    agent.front_door_problem = lambda: door.choice.problem  # said on the node's condition
+    # said on the node's condition, from the agent's first pass on: before any claim is placed
+    agent.front_door_problem = lambda: "; ".join(p for p in (door.choice.problem, cdi_problem) if p) or None
     endpoint, registration = plugin_paths(args.kubelet_dir, DRIVER)
     plugin = DraPlugin(DRIVER, endpoint, registration, driver, on_registered=driver.republish)
     return DraService(driver, plugin, max(config.interval, 5.0), door)
