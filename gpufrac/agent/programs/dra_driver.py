@@ -43,10 +43,11 @@ from gpufrac.agent.edges.kubelet_checkpoint import KubeletCheckpoint
 from gpufrac.agent.edges.nri.devices import DEFAULT_CDI_DIRS, CdiSpecs
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import FRONT_DOOR_LABEL, FrontDoor
-from gpufrac.kube.errors import ConflictError, KubeError
+from gpufrac.kube.errors import ConflictError, KubeError, NotFoundError
 
 if TYPE_CHECKING:
     from gpufrac.agent.edges.dra.server import DraPlugin
+    from gpufrac.agent.programs.gpu_health_watch import GpuHealthWatch
     from gpufrac.agent.programs.node_loop import Agent
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ def _claimed_gpus(claims: Iterable[PreparedClaim]) -> dict[str, str]:
 def _slice_content(body: dict[str, Any]) -> Any:
     spec = dict(body["spec"])
     spec["pool"] = {k: v for k, v in spec["pool"].items() if k != "generation"}
-    return spec
+    return spec, body["metadata"].get("ownerReferences")
 
 
 class DraDriver:
@@ -216,7 +217,7 @@ class DraDriver:
         # a node whose front door is annotations publishes no devices: the scheduler then allocates none here
         gpus = node.publishable() if node.front_door.door is FrontDoor.DRA else []
         if gpus and not self._node_uid:
-            self._node_uid = self._api.node_uid(node.name)
+            self._node_uid = self._owner_uid(node.name)
         lost = {gpu.gpu.index: node.lost[gpu.gpu.uuid] for gpu in gpus if gpu.gpu.uuid in node.lost}
         wanted = resource_slices(node.name, gpus, self._driver_version(), generation=0, offered=node.offered(),
                                  lost=lost, node_uid=self._node_uid) if gpus else []
@@ -238,6 +239,14 @@ class DraDriver:
         log.info("DRA: published the ResourceSlices of node %s (pool generation %d, %d GPUs; front door %s: %s)",
                  node.name, generation, len(gpus), node.front_door.door, node.front_door.why)
         return True
+
+    def _owner_uid(self, node: str) -> str:
+        """The Node's UID, to own the slices; "" while the API server has no such Node (asked again next time)."""
+        try:
+            return self._api.node_uid(node)
+        except NotFoundError as err:
+            log.warning("DRA: the slices are published without their Node owner for now: %s", err)
+            return ""
 
     def republish(self) -> None:
         """Write the slices again at the next publish, changed or not: the kubelet deletes a driver's slices when it
@@ -350,8 +359,10 @@ def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
 class DraService:
     """The driver, its gRPC plugin and its slice publisher, started and stopped with the agent."""
 
-    def __init__(self, driver: DraDriver, plugin: DraPlugin, interval: float, front_door: FrontDoorWatch) -> None:
+    def __init__(self, driver: DraDriver, plugin: DraPlugin, interval: float, front_door: FrontDoorWatch,
+                 health: GpuHealthWatch | None = None) -> None:
         self.driver = driver
+        self.health = health
         self.plugin = plugin
         self.front_door = front_door
         self._interval = interval
@@ -362,6 +373,8 @@ class DraService:
 
     def start(self) -> None:
         self.front_door.refresh()  # before the kubelet's first Prepare
+        if self.health is not None:
+            self.health.start()
         self.plugin.start()
         self._publisher.start()
 
@@ -370,6 +383,8 @@ class DraService:
         self._stop.set()
         self.plugin.stop()
         self._publisher.join(timeout=self._interval + 5)
+        if self.health is not None:
+            self.health.stop()
 
 
 def dra_service(args: argparse.Namespace, agent: Agent, api_client: Any) -> DraService | None:
@@ -377,6 +392,7 @@ def dra_service(args: argparse.Namespace, agent: Agent, api_client: Any) -> DraS
         return None
     from gpufrac.agent.edges.dra.kube import DraKube
     from gpufrac.agent.edges.dra.server import DraPlugin, plugin_paths
+    from gpufrac.agent.programs.gpu_health_watch import GpuHealthWatch
 
     config = agent.config
     cdi = CdiSpecs(args.cdi_spec_dir or DEFAULT_CDI_DIRS)
@@ -386,6 +402,12 @@ def dra_service(args: argparse.Namespace, agent: Agent, api_client: Any) -> DraS
     runtime_dirs = [str(d) for d in (args.dra_runtime_cdi_dir or args.cdi_spec_dir or DEFAULT_CDI_DIRS)]
     cdi_problem = cdi_dir_problem(str(args.dra_cdi_host_dir or args.dra_cdi_dir), runtime_dirs)
     checkpoint = KubeletCheckpoint(args.nri_device_checkpoint)
+
+    def listed() -> tuple[str, ...]:
+        return tuple(sorted(gpu.uuid for gpu in agent.inventory.gpus)) if agent.inventory is not None else ()
+
+    health = GpuHealthWatch(listed)
+    agent.lost_gpus = health.lost
 
     def holds() -> NodeHolds:
         # before the agent's first pass has judged a mode, it is not offered
@@ -415,4 +437,4 @@ def dra_service(args: argparse.Namespace, agent: Agent, api_client: Any) -> DraS
     agent.front_door_problem = lambda: "; ".join(p for p in (door.choice.problem, cdi_problem) if p) or None
     endpoint, registration = plugin_paths(args.kubelet_dir, DRIVER)
     plugin = DraPlugin(DRIVER, endpoint, registration, driver, on_registered=driver.republish)
-    return DraService(driver, plugin, max(config.interval, 5.0), door)
+    return DraService(driver, plugin, max(config.interval, 5.0), door, health)
