@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 
 from gpufrac.agent.decide.gpu_health import GpuHealth, after_inventory, after_xid
-from gpufrac.agent.edges.nvml_events import XidWatch
+from gpufrac.agent.edges.nvml import XidWatch
 
 log = logging.getLogger(__name__)
 

@@ -104,7 +104,7 @@ class Agent:
         self.dra_gpus: Callable[[], dict[str, str]] = dict
         # Why the node's front-door label is not followed (None: it is, or there is none); set by the driver.
         self.front_door_problem: Callable[[], str | None] = lambda: None
-        # GPU UUID -> the critical XID that lost it (edges.nvml_events); the DRA driver taints its devices.
+        # GPU UUID -> the critical XID that lost it (edges.nvml.XidWatch); the DRA driver taints its devices.
         self.lost_gpus: Callable[[], dict[str, str]] = dict
 
     @property
