@@ -16,10 +16,13 @@ from gpufrac.agent.decide.dra_cdi_dirs import cdi_dir_problem
 from gpufrac.agent.decide.dra_claims import ClaimError, ClaimPod, read_claim
 from gpufrac.agent.decide.dra_prepare import DraNode, PreparedClaim, cdi_spec, prepare, spec_file_name
 from gpufrac.agent.decide.dra_reconcile import reconciled
+from gpufrac.agent.decide.dra_shared_claims import ClaimHolder, time_slicing_holders
 from gpufrac.agent.decide.dra_slices import DeviceName, SliceGpu, parse_device_name, resource_slices
 from gpufrac.agent.decide.events import event_body
 from gpufrac.agent.decide.front_door import FrontDoorChoice
 from gpufrac.agent.decide.kubelet_allocations import CheckpointError, parse_checkpoint
+from gpufrac.agent.decide.nri_decision import ContainerInfo, NodeFacts, PodInfo, Refusal, RefusalReason
+from gpufrac.agent.decide.nri_decision import decide as nri_decide
 from gpufrac.agent.decide.model import GpuInfo, GpuMemory, GpuProcess, ViolationKind
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import FrontDoor
@@ -146,7 +149,8 @@ def test_a_time_slicing_claim_gets_the_toolkits_device_and_its_limits_in_mib() -
     assert "deviceNodes" not in spec["devices"][0]["containerEdits"]  # the toolkit's device brings them, and hooks
     assert env_of(spec) == {"NVIDIA_GPU_MEMORY_REQUEST": "40960", "NVIDIA_GPU_MEMORY_LIMIT": "49152",
                             "CUDA_MPS_PIPE_DIRECTORY": "/run/gpufrac/mps/time-slicing",
-                            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "GPU-00000000-aaaa=49152M"}
+                            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "GPU-00000000-aaaa=49152M",
+                            "GPUFRAC_DRA_CLAIM": "uid-1"}  # which claim: one pod per time-slicing claim
     assert spec_file_name("uid-1") == "gpu.gpufrac.io-claim_uid-1.json"
 
 
@@ -168,7 +172,8 @@ def test_an_sm_sharing_claim_gets_the_mps_directories_and_its_thread_percentage(
 def test_without_an_mps_daemon_time_slicing_keeps_the_driver_limits_and_sm_sharing_is_refused() -> None:
     driver_only = node(mps_modes=frozenset())
     spec = cdi_spec(prepared(claim("gpu-0-time-slicing"), driver_only), driver_only)
-    assert env_of(spec) == {"NVIDIA_GPU_MEMORY_REQUEST": "40960", "NVIDIA_GPU_MEMORY_LIMIT": "40960"}
+    assert env_of(spec) == {"NVIDIA_GPU_MEMORY_REQUEST": "40960", "NVIDIA_GPU_MEMORY_LIMIT": "40960",
+                            "GPUFRAC_DRA_CLAIM": "uid-1"}
     with pytest.raises(ClaimError, match="runs no sm-sharing MPS daemon"):
         prepared(claim("gpu-0-sm-sharing"), driver_only)
 
@@ -280,7 +285,8 @@ def test_a_claim_records_the_pods_it_is_reserved_for_and_the_env_its_device_give
     result = prepared(obj)
     assert result.pods == (ClaimPod("infer-0", POD_UID),)  # another group's "pods" are no pods
     [device] = result.devices
-    assert dict(entry.split("=", 1) for entry in device.env) == env_of(cdi_spec(result, node()))
+    assert {**dict(entry.split("=", 1) for entry in device.env), "GPUFRAC_DRA_CLAIM": "uid-1"} == env_of(
+        cdi_spec(result, node()))
     assert dra_state.load(dra_state.dump([result])) == {"uid-1": result}
     # a record written before the pods and the env were kept reads, without them
     record = json.loads(dra_state.dump([result]))
@@ -449,3 +455,36 @@ def test_a_record_whose_claim_is_gone_is_dropped_and_a_shared_claim_takes_every_
     assert [a.container.container for a in decide(snapshot).attributed] == ["claim-uid-1/gpu"]
     # no pod reserved any more (the kubelet unprepares it soon): its last pods stay
     assert reconciled(record, claim("gpu-0-time-slicing")) is record
+
+
+TS_UID = "7c9e6679-7425-40de-944b-e07fc1f90ae7"  # a claim's UID is a UUID
+
+
+def test_a_time_slicing_claim_serves_one_pod_and_a_second_pods_container_is_refused() -> None:
+    record = prepared(claim("gpu-0-time-slicing", uid=TS_UID, pods=(("infer-0", POD_UID),)))
+    shared = reconciled(record, claim("gpu-0-time-slicing", uid=TS_UID,
+                                      pods=(("infer-0", POD_UID), ("a-later-pod", OTHER_UID))))
+    assert shared is not None and shared.pods[0].uid == POD_UID  # the first stays first, whatever the names
+    holders = time_slicing_holders([shared])
+    assert holders == {TS_UID: ClaimHolder(f"team/claim-{TS_UID}", POD_UID, "infer-0")}
+    env = env_of(cdi_spec(shared, node()))
+    facts = NodeFacts(claim_holders=holders)
+
+    def create(pod_uid: str, **seen: Any) -> Any:
+        pod = PodInfo("team", "p", pod_uid, {})
+        return nri_decide(pod, ContainerInfo("c" * 64, "app", seen.get("env", {}),
+                                             cdi_devices=seen.get("cdi", ())), facts)
+
+    refused = create(OTHER_UID, env=env)
+    assert isinstance(refused, Refusal) and refused.reason is RefusalReason.CLAIM_SHARED
+    assert f"uses time-slicing claim team/claim-{TS_UID}, which serves pod infer-0" in refused.message
+    assert "ResourceClaimTemplate" in refused.message
+    by_cdi = create(OTHER_UID, cdi=(f"gpu.gpufrac.io/claim={TS_UID}-gpu-0-time-slicing",))
+    assert isinstance(by_cdi, Refusal) and by_cdi.reason is RefusalReason.CLAIM_SHARED
+    assert not isinstance(create(POD_UID, env=env), Refusal)  # its own pod runs
+    # the holder gone from reservedFor: the next pod holds it
+    after = reconciled(shared, claim("gpu-0-time-slicing", uid=TS_UID, pods=(("a-later-pod", OTHER_UID),)))
+    assert after is not None and time_slicing_holders([after])[TS_UID].pod_uid == OTHER_UID
+    # sm-sharing claims and admin access are not judged here
+    sm = prepared(claim("gpu-1-sm-sharing", uid="sm", pods=(("infer-0", POD_UID),)))
+    assert time_slicing_holders([sm]) == {}

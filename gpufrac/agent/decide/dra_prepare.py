@@ -55,6 +55,7 @@ DRA_DOOR = FrontDoorChoice(FrontDoor.DRA, "the agent's DRA driver")
 CDI_KIND = f"{DRIVER}/claim"
 TOOLKIT_KINDS = ("nvidia.com/gpu", "k8s.device-plugin.nvidia.com/gpu")  # whose device carries the toolkit's hooks
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+CLAIM_ENV = "GPUFRAC_DRA_CLAIM"  # a time-slicing claim's UID in its container (decide.dra_shared_claims)
 
 
 @dataclass(frozen=True)
@@ -257,9 +258,11 @@ def _env(device: PreparedDevice, node: DraNode) -> list[str]:
     return [f"{key}={value}" for key, value in (env | visible).items()]
 
 
-def _edits(device: PreparedDevice, node: DraNode) -> dict[str, Any]:
+def _edits(device: PreparedDevice, node: DraNode, claim_uid: str) -> dict[str, Any]:
     edits: dict[str, Any] = {}
     env = list(device.env) or _env(device, node)
+    if device.mode == ComputeMode.TIME_SLICING and not device.admin:
+        env.append(f"{CLAIM_ENV}={claim_uid}")
     if _own_device_nodes(device):
         edits["deviceNodes"] = [{"path": path} for path in
                                 (f"/dev/nvidia{device.gpu_index}", *sorted(node.host_devices))]
@@ -283,7 +286,7 @@ def own_cdi_id(device: PreparedDevice) -> str | None:
 def cdi_spec(prepared: PreparedClaim, node: DraNode) -> dict[str, Any] | None:
     """The claim's CDI spec: a device `<claim uid>-<device>` per allocated device that needs edits of ours; None
     when none does (whole GPUs the toolkit's spec names)."""
-    devices = [{"name": name, "containerEdits": _edits(device, node)}
+    devices = [{"name": name, "containerEdits": _edits(device, node, prepared.claim.uid)}
                for device in prepared.devices if (name := own_cdi_id(device)) is not None]
     return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices} if devices else None
 

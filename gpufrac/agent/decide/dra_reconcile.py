@@ -22,6 +22,8 @@ def reconciled(record: PreparedClaim, obj: Mapping[str, Any] | None) -> Prepared
     meta = (obj or {}).get("metadata")
     if obj is None or not isinstance(meta, Mapping) or meta.get("uid") != record.claim.uid:
         return None
-    pods = reserved_pods(obj)
+    reserved = reserved_pods(obj)
+    # Those recorded first stay first (the first holds a time-slicing claim: decide.dra_shared_claims).
+    pods = tuple(p for p in record.pods if p in reserved) + tuple(p for p in reserved if p not in record.pods)
     # No pod reserved any more: the kubelet unprepares it soon; until then its last pods keep their processes.
     return replace(record, pods=pods) if pods and pods != record.pods else record

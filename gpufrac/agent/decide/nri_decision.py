@@ -41,6 +41,7 @@ from gpufrac.agent.decide.creation_escapes import (
     mps_user_conflict,
     pipe_dir_problem,
 )
+from gpufrac.agent.decide.dra_shared_claims import ClaimHolder, shared_claim_refusal
 from gpufrac.agent.decide.front_door import refusal_for_annotated
 from gpufrac.agent.decide.kubelet_allocations import NO_ALLOCATIONS, KubeletAllocations
 from gpufrac.agent.decide.model import GpuInfo, RunningContainer
@@ -122,6 +123,7 @@ class NodeFacts:
     multi_user_modes: frozenset[ComputeMode] = frozenset()  # whose MPS daemon serves every UID at once (`-m`)
     usable_mib: Mapping[str, int] = field(default_factory=dict)  # GPU UUID -> usable memory (decide.capacity)
     owed: Mapping[str, tuple[Owed, ...]] = field(default_factory=dict)  # GPU UUID -> requests placed on it
+    claim_holders: Mapping[str, ClaimHolder] = field(default_factory=dict)  # time-slicing claim UID -> its pod
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,7 @@ class RefusalReason(StrEnum):
     SERVED_THROUGH_DRA = "GPUServedThroughDra"  # front_door: one front door per GPU
     DAEMON_LIMITS_NOT_SET = "GPUMpsLimitsNotSet"  # the sm-sharing daemon could not be told the fraction's limits
     REQUEST_DOES_NOT_FIT = "GPURequestDoesNotFit"  # request_fit: not next to the requests owed on its GPU
+    CLAIM_SHARED = "GPUClaimShared"  # dra_shared_claims: a time-slicing claim serves one pod
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,9 @@ def _refuse_duplicated_edits(result: Injection | Refusal, container: ContainerIn
 def _decide(pod: PodInfo, container: ContainerInfo, node: NodeFacts, policy: Policy) -> Injection | Refusal:
     canonical = read_canonical(pod.annotations)
     where = f"container {container.name} of pod {pod}"
+    shared = shared_claim_refusal(pod.uid, container.env, container.cdi_devices, node.claim_holders)
+    if shared is not None:
+        return Refusal(RefusalReason.CLAIM_SHARED, f"{where}: {shared}")
     for item in canonical.unreadable:
         if item.container in (container.name, None):
             return Refusal(RefusalReason.UNREADABLE,

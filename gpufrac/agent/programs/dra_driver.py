@@ -31,6 +31,7 @@ from gpufrac.agent.decide.dra_prepare import (
     prepare,
 )
 from gpufrac.agent.decide.dra_reconcile import reconciled
+from gpufrac.agent.decide.dra_shared_claims import time_slicing_holders
 from gpufrac.agent.decide.dra_slices import DRIVER, SliceGpu, resource_slices
 from gpufrac.agent.decide.errors import ConfigError
 from gpufrac.agent.decide.front_door import FrontDoorChoice, choose, dra_served
@@ -427,6 +428,7 @@ def dra_service(args: argparse.Namespace, agent: Agent, api_client: Any) -> DraS
     driver = DraDriver(node, kube, ClaimSpecs(args.dra_cdi_dir), StateFile(args.dra_state_file), driver_version,
                        hold=agent.hold_now)
     agent.claims = lambda: claim_tenants(driver.claims())  # held like annotated fractions
+    agent.claim_holders = lambda: time_slicing_holders(driver.claims())  # a time-slicing claim serves one pod
 
     def dra_gpus() -> dict[str, str]:
         gpus = agent.inventory.gpus if agent.inventory is not None else ()
