@@ -21,9 +21,9 @@ from gpufrac.agent.decide.dra_slices import DeviceName, SliceGpu, parse_device_n
 from gpufrac.agent.decide.events import event_body
 from gpufrac.agent.decide.front_door import FrontDoorChoice
 from gpufrac.agent.decide.kubelet_allocations import CheckpointError, parse_checkpoint
+from gpufrac.agent.decide.model import GpuInfo, GpuMemory, GpuProcess, ViolationKind
 from gpufrac.agent.decide.nri_decision import ContainerInfo, NodeFacts, PodInfo, Refusal, RefusalReason
 from gpufrac.agent.decide.nri_decision import decide as nri_decide
-from gpufrac.agent.decide.model import GpuInfo, GpuMemory, GpuProcess, ViolationKind
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import FrontDoor
 
