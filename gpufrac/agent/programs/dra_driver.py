@@ -338,8 +338,8 @@ class FrontDoorWatch:
 def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dra", action=argparse.BooleanOptionalAction, default=False,
                         help=f"serve the DRA driver {DRIVER}: publish this node's GPUs as ResourceSlices and prepare "
-                             "the ResourceClaims the scheduler allocates on them (Kubernetes 1.34+; 1.36 for "
-                             "consumable capacity)")
+                             "the ResourceClaims the scheduler allocates on them (Kubernetes 1.36+: consumable "
+                             "capacity)")
     parser.add_argument("--dra-state-file", type=Path, default=DEFAULT_STATE_FILE, metavar="PATH",
                         help="the claims this node prepared, read back after a restart (a host path)")
     parser.add_argument("--dra-default-front-door", choices=[door.value for door in FrontDoor],
