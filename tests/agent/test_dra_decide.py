@@ -22,6 +22,7 @@ from gpufrac.agent.decide.events import event_body
 from gpufrac.agent.decide.front_door import FrontDoorChoice
 from gpufrac.agent.decide.kubelet_allocations import CheckpointError, parse_checkpoint
 from gpufrac.agent.decide.model import GpuInfo, GpuMemory, GpuProcess, ViolationKind
+from gpufrac.agent.decide.mps_namespaces import Namespace, claim_namespace_name, wanted
 from gpufrac.agent.decide.nri_decision import ContainerInfo, NodeFacts, PodInfo, Refusal, RefusalReason
 from gpufrac.agent.decide.nri_decision import decide as nri_decide
 from gpufrac.core.annotations import ComputeMode
@@ -488,3 +489,21 @@ def test_a_time_slicing_claim_serves_one_pod_and_a_second_pods_container_is_refu
     # sm-sharing claims and admin access are not judged here
     sm = prepared(claim("gpu-1-sm-sharing", uid="sm", pods=(("infer-0", POD_UID),)))
     assert time_slicing_holders([sm]) == {}
+
+
+def test_an_sm_sharing_claim_sees_its_own_mps_namespace_only() -> None:
+    v3 = node(mps_namespaces=True)
+    result = prepared(claim("gpu-1-sm-sharing", compute="30", configs=[limit_config("48Gi")]), v3)
+    [spec_device] = (spec := cdi_spec(result, v3) or {})["devices"]
+    own = f"/run/gpufrac/mps/sm-sharing/gpufrac/{claim_namespace_name('team', 'claim-uid-1/gpu')}"
+    assert [(m["hostPath"], m["containerPath"]) for m in spec_device["containerEdits"]["mounts"]] == [
+        (own, "/run/gpufrac/mps/sm-sharing"), ("/run/gpufrac/mps/shm", "/dev/shm")]  # not the daemon's directory
+    assert env_of(spec)["CUDA_MPS_PIPE_DIRECTORY"] == "/run/gpufrac/mps/sm-sharing"
+    # the daemon side creates that namespace with the claim's limits, whichever pods use the claim
+    [tenant] = claim_tenants([result]).tenants
+    assert wanted([tenant]) == {claim_namespace_name("team", "claim-uid-1/gpu"): Namespace(
+        claim_namespace_name("team", "claim-uid-1/gpu"), 48 * 1024, 30, "team/claim-uid-1/claim-uid-1/gpu")}
+    # without namespaces (a pre-r615 driver), the daemon's directory, as before
+    plain = cdi_spec(result, node())
+    assert plain is not None and plain["devices"][0]["containerEdits"]["mounts"][0]["hostPath"] == \
+        "/run/gpufrac/mps/sm-sharing"

@@ -39,6 +39,7 @@ from gpufrac.agent.decide.dra_slices import (
     pool_name,
 )
 from gpufrac.agent.decide.front_door import FrontDoorChoice, refusal_for_claim
+from gpufrac.agent.decide.mps_namespaces import Namespace, claim_namespace_name
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import (
     FRONT_DOOR_LABEL,
@@ -74,6 +75,7 @@ class DraNode:
     plugin_gpus: Mapping[str, str] = field(default_factory=dict)  # GPU UUID -> the device plugin's hold on it
     lost: Mapping[str, str] = field(default_factory=dict)  # GPU UUID -> why it is unhealthy (an XID)
     cdi_problem: str | None = None  # why the runtime would not find the claims' CDI specs (None: it reads them)
+    mps_namespaces: bool = False  # the sm-sharing daemon gives each claim an MPS v3 namespace (mps_namespaces)
 
     def offered(self) -> tuple[str, ...]:
         """The modes the node publishes devices for: those it can hold the limits of, and the whole GPU."""
@@ -258,11 +260,21 @@ def _env(device: PreparedDevice, node: DraNode) -> list[str]:
     return [f"{key}={value}" for key, value in (env | visible).items()]
 
 
-def _edits(device: PreparedDevice, node: DraNode, claim_uid: str) -> dict[str, Any]:
+def _pipe_host_dir(device: PreparedDevice, node: DraNode, claim: ClaimRef) -> str:
+    """What the container gets as its pipe directory: an sm-sharing claim's own MPS namespace where the daemon gives
+    one (its one socket, no daemon's control socket), else the mode daemon's directory."""
+    pipe = mps_pipe_dir(node.mps_root, ComputeMode(device.mode))
+    if device.mode != ComputeMode.SM_SHARING or not node.mps_namespaces:
+        return pipe
+    name = claim_namespace_name(claim.namespace, f"{claim.name}/{device.request}")
+    return posixpath.join(pipe, str(Namespace(name, 0, 0, "").pipe_subdir))
+
+
+def _edits(device: PreparedDevice, node: DraNode, claim: ClaimRef) -> dict[str, Any]:
     edits: dict[str, Any] = {}
     env = list(device.env) or _env(device, node)
     if device.mode == ComputeMode.TIME_SLICING and not device.admin:
-        env.append(f"{CLAIM_ENV}={claim_uid}")
+        env.append(f"{CLAIM_ENV}={claim.uid}")
     if _own_device_nodes(device):
         edits["deviceNodes"] = [{"path": path} for path in
                                 (f"/dev/nvidia{device.gpu_index}", *sorted(node.host_devices))]
@@ -271,7 +283,8 @@ def _edits(device: PreparedDevice, node: DraNode, claim_uid: str) -> dict[str, A
     if device.mode != WHOLE and not device.admin and device.mode in node.mps_modes:
         pipe = mps_pipe_dir(node.mps_root, ComputeMode(device.mode))
         edits["mounts"] = [
-            {"hostPath": pipe, "containerPath": pipe, "options": ["rbind", "rw", "nosuid", "nodev"]},
+            {"hostPath": _pipe_host_dir(device, node, claim), "containerPath": pipe,
+             "options": ["rbind", "rw", "nosuid", "nodev"]},
             {"hostPath": mps_shm_dir(node.mps_root), "containerPath": SHM_MOUNT_PATH,
              "options": ["rbind", "rw", "nosuid", "nodev"]},
         ]
@@ -286,7 +299,7 @@ def own_cdi_id(device: PreparedDevice) -> str | None:
 def cdi_spec(prepared: PreparedClaim, node: DraNode) -> dict[str, Any] | None:
     """The claim's CDI spec: a device `<claim uid>-<device>` per allocated device that needs edits of ours; None
     when none does (whole GPUs the toolkit's spec names)."""
-    devices = [{"name": name, "containerEdits": _edits(device, node, prepared.claim.uid)}
+    devices = [{"name": name, "containerEdits": _edits(device, node, prepared.claim)}
                for device in prepared.devices if (name := own_cdi_id(device)) is not None]
     return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices} if devices else None
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gpufrac.agent.decide import dra_state
+from gpufrac.agent.decide import capabilities, dra_state
 from gpufrac.agent.decide.capacity import usable_label
 from gpufrac.agent.decide.claim_tenants import claim_tenants
 from gpufrac.agent.decide.dra_cdi_dirs import cdi_dir_problem
@@ -36,6 +36,7 @@ from gpufrac.agent.decide.dra_slices import DRIVER, SliceGpu, resource_slices
 from gpufrac.agent.decide.errors import ConfigError
 from gpufrac.agent.decide.front_door import FrontDoorChoice, choose, dra_served
 from gpufrac.agent.decide.model import Inventory, RunningContainer
+from gpufrac.agent.decide.mps_namespaces import too_long
 from gpufrac.agent.decide.nri_decision import gpu_identity
 from gpufrac.agent.decide.pods import placed_fractions
 from gpufrac.agent.edges.dra.files import DEFAULT_CDI_DIR, DEFAULT_STATE_FILE, ClaimSpecs, StateFile
@@ -43,7 +44,7 @@ from gpufrac.agent.edges.dra.services import DeviceAnswer
 from gpufrac.agent.edges.kubelet_checkpoint import KubeletCheckpoint
 from gpufrac.agent.edges.nri.devices import DEFAULT_CDI_DIRS, CdiSpecs
 from gpufrac.core.annotations import ComputeMode
-from gpufrac.core.contract import FRONT_DOOR_LABEL, FrontDoor
+from gpufrac.core.contract import FRONT_DOOR_LABEL, FrontDoor, mps_pipe_dir
 from gpufrac.kube.errors import ConflictError, KubeError, NotFoundError
 
 if TYPE_CHECKING:
@@ -295,6 +296,7 @@ class NodeHolds:
     plugin_gpus: Mapping[str, str] = field(default_factory=dict)
     lost: Mapping[str, str] = field(default_factory=dict)
     cdi_problem: str | None = None
+    mps_namespaces: bool = False
 
 
 def dra_node(name: str, inventory: Inventory | None, usable_labels: dict[str, str], mps_root: str,
@@ -309,7 +311,8 @@ def dra_node(name: str, inventory: Inventory | None, usable_labels: dict[str, st
                    mps_modes=frozenset(mps_modes), cdi_devices=cdi_devices,
                    host_devices=control_devices(f"/dev/{path.name}" for path in dev.glob("nvidia*")),
                    front_door=front_door, annotated=annotated, unenforced=holds.unenforced,
-                   plugin_gpus=holds.plugin_gpus, lost=holds.lost, cdi_problem=holds.cdi_problem)
+                   plugin_gpus=holds.plugin_gpus, lost=holds.lost, cdi_problem=holds.cdi_problem,
+                   mps_namespaces=holds.mps_namespaces)
 
 
 class FrontDoorWatch:
@@ -414,7 +417,11 @@ def dra_service(args: argparse.Namespace, agent: Agent, api_client: Any) -> DraS
         # before the agent's first pass has judged a mode, it is not offered
         unenforced = {str(mode): agent.not_served.get(mode, "the agent has not judged it yet") for mode in ComputeMode}
         plugin = {uuid: "advertised in the kubelet's device checkpoint" for uuid in checkpoint.allocations().registered}
-        return NodeHolds({mode: why for mode, why in unenforced.items() if why}, plugin, agent.lost_gpus(), cdi_problem)
+        # as the agent's MPS limits give namespaces (Agent.hold_now): a claim's spec mounts its own
+        namespaces = agent.inventory is not None and capabilities.has_driver_memory_limits(agent.inventory) and \
+            too_long(mps_pipe_dir(str(config.mps_root), ComputeMode.SM_SHARING)) is None
+        return NodeHolds({mode: why for mode, why in unenforced.items() if why}, plugin, agent.lost_gpus(), cdi_problem,
+                         namespaces)
 
     def node() -> DraNode | None:
         served = [str(mode) for mode, status in agent.daemon_statuses().items() if status.up]
