@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -467,14 +468,14 @@ def test_a_time_slicing_claim_serves_one_pod_and_a_second_pods_container_is_refu
                                       pods=(("infer-0", POD_UID), ("a-later-pod", OTHER_UID))))
     assert shared is not None and shared.pods[0].uid == POD_UID  # the first stays first, whatever the names
     holders = time_slicing_holders([shared])
-    assert holders == {TS_UID: ClaimHolder(f"team/claim-{TS_UID}", POD_UID, "infer-0")}
+    assert holders == {TS_UID: ClaimHolder(f"team/claim-{TS_UID}", POD_UID, "infer-0", (GPU_0,))}
     env = env_of(cdi_spec(shared, node()))
     facts = NodeFacts(claim_holders=holders)
 
     def create(pod_uid: str, **seen: Any) -> Any:
         pod = PodInfo("team", "p", pod_uid, {})
-        return nri_decide(pod, ContainerInfo("c" * 64, "app", seen.get("env", {}),
-                                             cdi_devices=seen.get("cdi", ())), facts)
+        return nri_decide(pod, ContainerInfo("c" * 64, "app", seen.get("env", {}), cdi_devices=seen.get("cdi", ()),
+                                             uid=seen.get("uid")), seen.get("facts", facts))
 
     refused = create(OTHER_UID, env=env)
     assert isinstance(refused, Refusal) and refused.reason is RefusalReason.CLAIM_SHARED
@@ -482,7 +483,17 @@ def test_a_time_slicing_claim_serves_one_pod_and_a_second_pods_container_is_refu
     assert "ResourceClaimTemplate" in refused.message
     by_cdi = create(OTHER_UID, cdi=(f"gpu.gpufrac.io/claim={TS_UID}-gpu-0-time-slicing",))
     assert isinstance(by_cdi, Refusal) and by_cdi.reason is RefusalReason.CLAIM_SHARED
-    assert not isinstance(create(POD_UID, env=env), Refusal)  # its own pod runs
+    runs = create(POD_UID, env=env, uid=1000)  # its own pod runs, a client of the time-slicing daemon
+    assert not isinstance(runs, Refusal) and runs.serving is not None
+    assert (runs.serving.mode, runs.serving.gpus, runs.serving.uid) == (ComputeMode.TIME_SLICING, (GPU_0,), 1000)
+    # where the time-slicing daemon serves one user at a time (no -m), another UID is refused, as annotated ones are
+    serving_root = NodeFacts(claim_holders=holders, serving=(replace(runs.serving, container_id="d" * 64, uid=0),))
+    other_user = create(POD_UID, env=env, uid=1000, facts=serving_root)
+    assert isinstance(other_user, Refusal) and other_user.reason is RefusalReason.MPS_USER_CONFLICT
+    assert "runs as UID 1000, but this node's time-slicing MPS daemon serves one user at a time and serves UID 0" \
+        in other_user.message
+    multi = replace(serving_root, multi_user_modes=frozenset({ComputeMode.TIME_SLICING}))
+    assert not isinstance(create(POD_UID, env=env, uid=1000, facts=multi), Refusal)
     # the holder gone from reservedFor: the next pod holds it
     after = reconciled(shared, claim("gpu-0-time-slicing", uid=TS_UID, pods=(("a-later-pod", OTHER_UID),)))
     assert after is not None and time_slicing_holders([after])[TS_UID].pod_uid == OTHER_UID
