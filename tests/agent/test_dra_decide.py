@@ -18,7 +18,7 @@ from gpufrac.agent.decide.dra_claims import ClaimError, ClaimPod, read_claim
 from gpufrac.agent.decide.dra_prepare import DraNode, PreparedClaim, cdi_spec, prepare, spec_file_name
 from gpufrac.agent.decide.dra_reconcile import reconciled
 from gpufrac.agent.decide.dra_shared_claims import ClaimHolder, time_slicing_holders
-from gpufrac.agent.decide.dra_slices import DeviceName, SliceGpu, parse_device_name, resource_slices
+from gpufrac.agent.decide.dra_slices import DeviceName, SliceGpu, dropped_fields, parse_device_name, resource_slices
 from gpufrac.agent.decide.events import event_body
 from gpufrac.agent.decide.front_door import FrontDoorChoice
 from gpufrac.agent.decide.kubelet_allocations import CheckpointError, parse_checkpoint
@@ -518,3 +518,18 @@ def test_an_sm_sharing_claim_sees_its_own_mps_namespace_only() -> None:
     plain = cdi_spec(result, node())
     assert plain is not None and plain["devices"][0]["containerEdits"]["mounts"][0]["hostPath"] == \
         "/run/gpufrac/mps/sm-sharing"
+
+
+def test_publishing_notices_an_api_server_that_drops_the_sharing_fields() -> None:
+    wanted = resource_slices(NODE, gpus().values(), "615.10", generation=1, lost={0: "XID 79"})
+    assert dropped_fields(wanted, json.loads(json.dumps(wanted))) is None
+    stored = json.loads(json.dumps(wanted))  # as a server without 1.36's DRA gates keeps them
+    del stored[0]["spec"]["sharedCounters"]
+    for device in stored[1]["spec"]["devices"]:
+        device.pop("allowMultipleAllocations", None)
+        device.pop("taints", None)
+        device["capacity"] = {k: {"value": v["value"]} for k, v in device["capacity"].items()}
+    problem = dropped_fields(wanted, stored)
+    assert problem is not None and problem.startswith(
+        "the API server dropped allowMultipleAllocations, capacity.requestPolicy, sharedCounters, taints from the "
+        "ResourceSlices") and "needs Kubernetes 1.36+" in problem

@@ -149,3 +149,27 @@ def resource_slices(node: str, gpus: Iterable[SliceGpu], driver_version: str, ge
                for g in ordered for mode in MODES if mode in offered]
     return [body(counters_name, {"sharedCounters": counters}), body(devices_name, {"devices": devices})]
 
+
+
+def dropped_fields(wanted: list[dict[str, Any]], stored: list[dict[str, Any]]) -> str | None:
+    """What the API server dropped of the slices written (None: nothing): an API server without consumable capacity
+    or partitionable devices (before Kubernetes 1.36, or its gates off) stores the slice without those fields, and the
+    scheduler would then hand a share out as a whole device, or ignore the one-mode counter."""
+    by_name = {s["metadata"]["name"]: s["spec"] for s in stored}
+    dropped: set[str] = set()
+    for body in wanted:
+        spec = by_name.get(body["metadata"]["name"], {})
+        if body["spec"].get("sharedCounters") and not spec.get("sharedCounters"):
+            dropped.add("sharedCounters")
+        kept = {d.get("name"): d for d in spec.get("devices") or []}
+        for device in body["spec"].get("devices") or []:
+            dropped.update(key for key in ("allowMultipleAllocations", "consumesCounters", "taints")
+                           if device.get(key) and not kept.get(device["name"], {}).get(key))
+            if "requestPolicy" in str(device.get("capacity")) and "requestPolicy" not in str(
+                    kept.get(device["name"], {}).get("capacity")):
+                dropped.add("capacity.requestPolicy")
+    if not dropped:
+        return None
+    return (f"the API server dropped {', '.join(sorted(dropped))} from the ResourceSlices: it lacks Kubernetes 1.36's "
+            "DRA consumable capacity and partitionable devices (gates DRAConsumableCapacity, DRAPartitionableDevices, "
+            "DRADeviceTaints), so shares would not be held apart; the driver needs Kubernetes 1.36+")

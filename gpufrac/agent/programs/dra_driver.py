@@ -32,7 +32,7 @@ from gpufrac.agent.decide.dra_prepare import (
 )
 from gpufrac.agent.decide.dra_reconcile import reconciled
 from gpufrac.agent.decide.dra_shared_claims import time_slicing_holders
-from gpufrac.agent.decide.dra_slices import DRIVER, SliceGpu, resource_slices
+from gpufrac.agent.decide.dra_slices import DRIVER, SliceGpu, dropped_fields, resource_slices
 from gpufrac.agent.decide.errors import ConfigError
 from gpufrac.agent.decide.front_door import FrontDoorChoice, choose, dra_served
 from gpufrac.agent.decide.model import Inventory, RunningContainer
@@ -99,6 +99,7 @@ class DraDriver:
         self._lock = threading.Lock()
         self._published: list[Any] | None = None
         self._node_uid = ""
+        self.api_problem: str | None = None  # what the API server dropped of the slices (decide.dra_slices)
         text = state.read()
         try:
             self.prepared: dict[str, PreparedClaim] = dra_state.load(text) if text is not None else {}
@@ -237,6 +238,9 @@ class DraDriver:
                 self._api.replace_slice(body, current["metadata"]["resourceVersion"])
         for stale in existing:
             self._api.delete_slice(stale)
+        self.api_problem = dropped_fields(wanted, self._api.list_slices(node.name)) if wanted else None
+        if self.api_problem is not None:
+            log.error("DRA: %s", self.api_problem)
         self._published = content
         log.info("DRA: published the ResourceSlices of node %s (pool generation %d, %d GPUs; front door %s: %s)",
                  node.name, generation, len(gpus), node.front_door.door, node.front_door.why)
@@ -443,7 +447,8 @@ def dra_service(args: argparse.Namespace, agent: Agent, api_client: Any) -> DraS
 
     agent.dra_gpus = dra_gpus  # what the NRI plugin refuses annotated fractions on
     # said on the node's condition, from the agent's first pass on: before any claim is placed
-    agent.front_door_problem = lambda: "; ".join(p for p in (door.choice.problem, cdi_problem) if p) or None
+    agent.front_door_problem = lambda: "; ".join(
+        p for p in (door.choice.problem, cdi_problem, driver.api_problem) if p) or None
     endpoint, registration = plugin_paths(args.kubelet_dir, DRIVER)
     plugin = DraPlugin(DRIVER, endpoint, registration, driver, on_registered=driver.republish)
     return DraService(driver, plugin, max(config.interval, 5.0), door, health)
