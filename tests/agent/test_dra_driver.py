@@ -420,6 +420,10 @@ def test_after_a_reboot_a_recorded_claim_is_answered_only_with_its_spec_written(
     nvml[0] = world.node
     answer = restarted.prepare(ref)
     assert not isinstance(answer, str) and world.specs.exists(uid)
+    # a container the kubelet restarts needs the spec too, without a Prepare: each pass writes a missing one again
+    world.specs.remove(uid)
+    restarted.reconcile()
+    assert world.specs.exists(uid)
 
 
 def test_each_pass_drops_the_records_of_claims_gone_and_takes_every_pod_a_claim_is_reserved_for(world: World) -> None:

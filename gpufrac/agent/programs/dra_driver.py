@@ -156,6 +156,12 @@ class DraDriver:
             f"{d.device} ({d.mode}, {d.request_mib} MiB, limit {d.limit_mib} MiB)" for d in result.devices))
         return _answers(result)
 
+    def _rewrite_missing(self, claim: PreparedClaim) -> None:
+        node = self._node()
+        if node is not None and any(own_cdi_id(d) for d in claim.devices) and not self._specs.exists(claim.claim.uid):
+            self._write_spec(claim, node)
+            log.info("DRA: the CDI spec of claim %s was gone (a reboot?): written again", claim.claim)
+
     def _write_spec(self, claim: PreparedClaim, node: DraNode) -> None:
         spec = cdi_spec(claim, node)
         if spec is not None:
@@ -191,14 +197,18 @@ class DraDriver:
     # ---- the records, held against the API ----
 
     def reconcile(self) -> None:
-        """Drop the records of claims gone from the API and take the pods each claim is reserved for now
-        (decide.dra_reconcile); one GET per recorded claim. Raises KubeError."""
+        """Drop the records of claims gone from the API, take the pods each claim is reserved for now
+        (decide.dra_reconcile) and write again the specs a reboot removed (a container the kubelet restarts needs
+        it, and the kubelet does not prepare the claim again for that); one GET per recorded claim. Raises
+        KubeError."""
         for record in self._saved:
             obj = self._api.get_claim(record.claim.namespace, record.claim.name)
             with self._lock:
                 if self.prepared.get(record.claim.uid) is not record:
                     continue  # unprepared or prepared again meanwhile
                 now = reconciled(record, obj)
+                if now is not None:
+                    self._rewrite_missing(now)
                 if now is record:
                     continue
                 if now is None:
