@@ -21,7 +21,7 @@ from gpufrac.agent.decide.dra_shared_claims import ClaimHolder, time_slicing_hol
 from gpufrac.agent.decide.dra_slices import DeviceName, SliceGpu, dropped_fields, parse_device_name, resource_slices
 from gpufrac.agent.decide.events import event_body
 from gpufrac.agent.decide.front_door import FrontDoorChoice
-from gpufrac.agent.decide.kubelet_allocations import CheckpointError, parse_checkpoint
+from gpufrac.agent.decide.kubelet_allocations import parse_checkpoint
 from gpufrac.agent.decide.model import GpuInfo, GpuMemory, GpuProcess, ViolationKind
 from gpufrac.agent.decide.mps_namespaces import Namespace, claim_namespace_name, wanted
 from gpufrac.agent.decide.nri_decision import ContainerInfo, NodeFacts, PodInfo, Refusal, RefusalReason
@@ -383,19 +383,20 @@ def test_a_mode_the_node_cannot_enforce_is_neither_published_nor_prepared() -> N
 
 
 def test_a_gpu_of_nvidias_device_plugin_is_not_published_nor_prepared() -> None:
-    shared = node(plugin_gpus={GPU_0: "advertised in the kubelet's device checkpoint"})
+    shared = node(plugin_gpus={GPU_0: "allocated whole by the kubelet, its device checkpoint says"})
     assert [g.gpu.uuid for g in shared.publishable()] == [GPU_1]
     with pytest.raises(ClaimError, match=r"GPU 0 \(GPU-00000000-aaaa\) is NVIDIA's device plugin's"):
         prepared(claim("gpu-0"), shared)
 
 
-def test_the_device_plugins_gpus_are_read_from_the_kubelets_checkpoint() -> None:
-    text = json.dumps({"Data": {"PodDeviceEntries": None, "RegisteredDevices": {
-        "nvidia.com/gpu": [GPU_0, f"{GPU_1}::2"], "example.com/nic": ["eth0"]}}, "Checksum": 1})
-    assert parse_checkpoint(text).registered == {GPU_0, GPU_1}
-    assert parse_checkpoint(json.dumps({"Data": {"PodDeviceEntries": []}})).registered == frozenset()
-    with pytest.raises(CheckpointError, match="RegisteredDevices"):
-        parse_checkpoint(json.dumps({"Data": {"RegisteredDevices": ["x"]}}))
+def test_the_gpus_the_kubelet_gave_out_through_a_device_plugin_are_read_from_its_checkpoint() -> None:
+    text = json.dumps({"Data": {"PodDeviceEntries": [
+        {"PodUID": "p1", "ContainerName": "a", "ResourceName": "nvidia.com/gpu", "DeviceIDs": {"-1": [GPU_0]}},
+        {"PodUID": "p2", "ContainerName": "b", "ResourceName": "nvidia.com/gpu.shared", "DeviceIDs": {"0": ["1::3"]}},
+        {"PodUID": "p3", "ContainerName": "c", "ResourceName": "example.com/nic", "DeviceIDs": {"0": ["eth0"]}}],
+        "RegisteredDevices": {"nvidia.com/gpu": [GPU_0, GPU_1]}}, "Checksum": 1})
+    assert parse_checkpoint(text).allocated() == {GPU_0, "1"}  # a replica is its GPU; an index stays an index
+    assert parse_checkpoint(json.dumps({"Data": {"PodDeviceEntries": None}})).allocated() == frozenset()
 
 
 def test_a_lost_gpus_devices_are_tainted_and_refused_and_untainted_when_it_returns() -> None:

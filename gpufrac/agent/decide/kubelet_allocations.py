@@ -40,12 +40,14 @@ class KubeletAllocations:
 
     devices: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
     problem: str | None = None  # why the allocations are not known now (None: known)
-    # The GPUs a device plugin of NVIDIA's advertises to the kubelet (`RegisteredDevices`, replicas folded): the
-    # kubelet hands them out whole (or as its replicas), so the DRA driver must not publish them too.
-    registered: frozenset[str] = frozenset()
 
     def of(self, pod_uid: str, container: str) -> frozenset[str]:
         return self.devices.get((pod_uid, container), frozenset())
+
+    def allocated(self) -> frozenset[str]:
+        """Every device ID the kubelet allocated to some container (replicas folded): GPUs NVIDIA's device plugin
+        gave out whole, which the DRA driver must not share out too."""
+        return frozenset(i for ids in self.devices.values() for i in ids)
 
 
 NO_ALLOCATIONS = KubeletAllocations()  # a node where no device plugin ever registered: the kubelet allocated nothing
@@ -69,10 +71,9 @@ def parse_checkpoint(text: str | bytes) -> KubeletAllocations:
     data = document.get("Data") if isinstance(document, dict) else None
     if not isinstance(data, dict):
         raise CheckpointError("no `Data` object: not a kubelet device manager checkpoint")
-    registered = _registered(data.get("RegisteredDevices"))
     entries = data.get("PodDeviceEntries")
     if entries is None:  # Go writes a nil slice as null: no allocation
-        return KubeletAllocations({}, registered=registered)
+        return KubeletAllocations({})
     if not isinstance(entries, list):
         raise CheckpointError("`Data.PodDeviceEntries` is not a list")
     devices: dict[tuple[str, str], set[str]] = {}
@@ -80,17 +81,7 @@ def parse_checkpoint(text: str | bytes) -> KubeletAllocations:
         key, ids = _entry(entry, number)
         if key is not None:
             devices.setdefault(key, set()).update(gpu_of(i) for i in ids)
-    return KubeletAllocations({key: frozenset(ids) for key, ids in devices.items()}, registered=registered)
-
-
-def _registered(value: Any) -> frozenset[str]:
-    """`Data.RegisteredDevices`: resource name -> the device IDs its plugin advertised (null: none)."""
-    if value is None:
-        return frozenset()
-    if not isinstance(value, dict):
-        raise CheckpointError("`Data.RegisteredDevices` is not a map of resource name to device IDs")
-    return frozenset(gpu_of(i) for resource, ids in value.items() if resource.startswith(GPU_RESOURCE_PREFIX)
-                     for i in (ids or ()) if isinstance(i, str) and i)
+    return KubeletAllocations({key: frozenset(ids) for key, ids in devices.items()})
 
 
 def _entry(entry: Any, number: int) -> tuple[tuple[str, str] | None, list[str]]:

@@ -430,7 +430,10 @@ def dra_service(args: argparse.Namespace, agent: Agent, api_client: Any) -> DraS
     def holds() -> NodeHolds:
         # before the agent's first pass has judged a mode, it is not offered
         unenforced = {str(mode): agent.not_served.get(mode, "the agent has not judged it yet") for mode in ComputeMode}
-        plugin = {uuid: "advertised in the kubelet's device checkpoint" for uuid in checkpoint.allocations().registered}
+        ids = checkpoint.allocations().allocated()
+        gpus = agent.inventory.gpus if agent.inventory is not None else ()
+        plugin = {g.uuid: "allocated whole by the kubelet, its device checkpoint says" for g in gpus
+                  if g.uuid in ids or str(g.index) in ids}
         # as the agent's MPS limits give namespaces (Agent.hold_now): a claim's spec mounts its own
         namespaces = agent.inventory is not None and capabilities.has_driver_memory_limits(agent.inventory) and \
             too_long(mps_pipe_dir(str(config.mps_root), ComputeMode.SM_SHARING)) is None
