@@ -145,15 +145,16 @@ def test_the_slices_are_accepted_and_republished_only_when_the_gpus_change(world
         "name": NODE}}))
     node_uid = json.loads(world.kubectl("get", "node", NODE, "-o", "json"))["metadata"]["uid"]
     assert driver.publish() is True  # the owner, once the Node is there
-    assert {json.dumps(s["metadata"]["ownerReferences"]) for s in slices(world).values()} == {json.dumps([
-        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid, "controller": True}])}
+    assert [s["metadata"]["ownerReferences"] for s in slices(world).values()] == 2 * [
+        [{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid, "controller": True}]]
     world.kubectl("delete", "node", NODE)
+    owned = {s["spec"]["pool"]["generation"] for s in slices(world).values()}
 
     smaller = dra_node(NODE, INVENTORY, {k: "80000" for k in USABLE}, "/run/gpufrac/mps", [], frozenset())
     restarted = world.driver(smaller)  # a new process: it does not know what the last one published
     assert restarted.publish() is True
     again = slices(world)
-    assert {s["spec"]["pool"]["generation"] for s in again.values()} == {2}
+    assert {s["spec"]["pool"]["generation"] for s in again.values()} == {max(owned) + 1}
     assert {d["capacity"]["memory"]["value"] for d in again[f"{NODE}-gpufrac-devices"]["spec"]["devices"]} == {
         "80000Mi"}
 
@@ -274,7 +275,7 @@ def test_a_claim_whose_opaque_config_the_driver_would_refuse_is_denied_at_admiss
         def denied(parameters: dict[str, Any]) -> str:
             done = world.plane.kubectl("create", "--dry-run=server", "-f", "-", user="admin",
                                        input=json.dumps(claim("c", parameters)))
-            return done.stderr if done.returncode else ""
+            return done.stderr if done.rc else ""
 
         # the policy takes a moment to be in force: a bad config is denied once it is
         wait_until(lambda: denied({**good, "kind": "Other"}), timeout=30, what="the claim policy in force",
@@ -286,7 +287,7 @@ def test_a_claim_whose_opaque_config_the_driver_would_refuse_is_denied_at_admiss
         other_driver = claim("d", {"anything": True})
         other_driver["spec"]["devices"]["config"][0]["opaque"]["driver"] = "gpu.example.com"
         assert world.plane.kubectl("create", "--dry-run=server", "-f", "-", user="admin",
-                                   input=json.dumps(other_driver)).returncode == 0
+                                   input=json.dumps(other_driver)).rc == 0
     finally:
         world.kubectl("delete", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": policy}))
 
@@ -337,7 +338,8 @@ def live_agent_with_dra(world: World, fake_node: FakeNode, tmp_path: Path, *flag
         node_agent.add_arguments(parser)
         args = parser.parse_args(["--node", fake_node.config.node, "--dra", "--kubelet-dir", str(world.sockets),
                                   "--dra-cdi-dir", str(tmp_path / "cdi"), "--dra-state-file", str(tmp_path / "s.json"),
-                                  "--cdi-spec-dir", str(tmp_path / "no-specs"), *flags])
+                                  "--cdi-spec-dir", str(tmp_path / "no-specs"),
+                                  "--dra-runtime-cdi-dir", str(tmp_path / "cdi"), *flags])
         service = dra_service(args, agent, load_api_client(str(world.plane.kubeconfigs["admin"])))
         assert service is not None
         service.start()
