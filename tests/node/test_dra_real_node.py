@@ -105,10 +105,19 @@ def test_claim_pods_of_both_modes_run_and_an_sm_sharing_claim_has_its_own_namesp
 
 def test_two_pods_of_one_claim_never_run_with_twice_its_limit(node: RealCluster, dra: Helm):
     ts, first, second = unique("dra-shared"), unique("dra-first"), unique("dra-second")
-    create(node, claim(ts, "time-slicing.gpu.gpufrac.io", "20Gi"), pod(first, ts))
+    sm, sm_pods = unique("dra-sm-shared"), [unique("dra-sm-a"), unique("dra-sm-b")]
+    create(node, claim(ts, "time-slicing.gpu.gpufrac.io", "20Gi"), pod(first, ts),
+           claim(sm, "sm-sharing.gpu.gpufrac.io", "8Gi", compute="20"), *(pod(p, sm) for p in sm_pods))
     try:
         wait_running(node, first, timeout=180)
         create(node, pod(second, ts))
+        # an sm-sharing claim's pods share its one MPS namespace: the claim's limit, held once for both
+        for name in sm_pods:
+            wait_running(node, name, timeout=180)
+        seen = [exec_in(node, p, 'cd "$CUDA_MPS_PIPE_DIRECTORY" && cat fake-server-limits').split() for p in sm_pods]
+        assert seen == [["*", "8192"], ["*", "8192"]], seen
+        namespaces = MPS_ROOT / "sm-sharing" / "gpufrac"
+        assert (namespaces / claim_namespace_name(USER_NAMESPACE, f"{sm}/gpu")).is_dir()
 
         def refused() -> str | None:
             found = [e.get("message", "") for e in events(node, second) if e.get("reason") == "GPUClaimShared"]
@@ -119,7 +128,7 @@ def test_two_pods_of_one_claim_never_run_with_twice_its_limit(node: RealCluster,
         assert get_pod(node, second)["status"].get("phase") != "Running"
         assert get_pod(node, first)["status"]["phase"] == "Running"
     finally:
-        delete(node, [first, second], [ts])
+        delete(node, [first, second, *sm_pods], [ts, sm])
 
 
 def test_the_agent_restarted_with_the_claims_specs_removed_brings_a_claims_pod_back(node: RealCluster, dra: Helm):
