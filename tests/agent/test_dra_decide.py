@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -12,12 +13,19 @@ import pytest
 from gpufrac.agent.decide import dra_state, mps_limits, reclaim
 from gpufrac.agent.decide.audit import Snapshot, decide
 from gpufrac.agent.decide.claim_tenants import claim_tenants
+from gpufrac.agent.decide.dra_cdi_dirs import cdi_dir_problem
 from gpufrac.agent.decide.dra_claims import ClaimError, ClaimPod, read_claim
 from gpufrac.agent.decide.dra_prepare import DraNode, PreparedClaim, cdi_spec, prepare, spec_file_name
-from gpufrac.agent.decide.dra_slices import DeviceName, SliceGpu, parse_device_name, resource_slices
+from gpufrac.agent.decide.dra_reconcile import reconciled
+from gpufrac.agent.decide.dra_shared_claims import ClaimHolder, time_slicing_holders
+from gpufrac.agent.decide.dra_slices import DeviceName, SliceGpu, dropped_fields, parse_device_name, resource_slices
 from gpufrac.agent.decide.events import event_body
 from gpufrac.agent.decide.front_door import FrontDoorChoice
+from gpufrac.agent.decide.kubelet_allocations import parse_checkpoint
 from gpufrac.agent.decide.model import GpuInfo, GpuMemory, GpuProcess, ViolationKind
+from gpufrac.agent.decide.mps_namespaces import Namespace, claim_namespace_name, wanted
+from gpufrac.agent.decide.nri_decision import ContainerInfo, NodeFacts, PodInfo, Refusal, RefusalReason
+from gpufrac.agent.decide.nri_decision import decide as nri_decide
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import FrontDoor
 
@@ -143,7 +151,8 @@ def test_a_time_slicing_claim_gets_the_toolkits_device_and_its_limits_in_mib() -
     assert "deviceNodes" not in spec["devices"][0]["containerEdits"]  # the toolkit's device brings them, and hooks
     assert env_of(spec) == {"NVIDIA_GPU_MEMORY_REQUEST": "40960", "NVIDIA_GPU_MEMORY_LIMIT": "49152",
                             "CUDA_MPS_PIPE_DIRECTORY": "/run/gpufrac/mps/time-slicing",
-                            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "GPU-00000000-aaaa=49152M"}
+                            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "GPU-00000000-aaaa=49152M",
+                            "GPUFRAC_DRA_CLAIM": "uid-1"}  # which claim: one pod per time-slicing claim
     assert spec_file_name("uid-1") == "gpu.gpufrac.io-claim_uid-1.json"
 
 
@@ -165,7 +174,8 @@ def test_an_sm_sharing_claim_gets_the_mps_directories_and_its_thread_percentage(
 def test_without_an_mps_daemon_time_slicing_keeps_the_driver_limits_and_sm_sharing_is_refused() -> None:
     driver_only = node(mps_modes=frozenset())
     spec = cdi_spec(prepared(claim("gpu-0-time-slicing"), driver_only), driver_only)
-    assert env_of(spec) == {"NVIDIA_GPU_MEMORY_REQUEST": "40960", "NVIDIA_GPU_MEMORY_LIMIT": "40960"}
+    assert env_of(spec) == {"NVIDIA_GPU_MEMORY_REQUEST": "40960", "NVIDIA_GPU_MEMORY_LIMIT": "40960",
+                            "GPUFRAC_DRA_CLAIM": "uid-1"}
     with pytest.raises(ClaimError, match="runs no sm-sharing MPS daemon"):
         prepared(claim("gpu-0-sm-sharing"), driver_only)
 
@@ -277,7 +287,8 @@ def test_a_claim_records_the_pods_it_is_reserved_for_and_the_env_its_device_give
     result = prepared(obj)
     assert result.pods == (ClaimPod("infer-0", POD_UID),)  # another group's "pods" are no pods
     [device] = result.devices
-    assert dict(entry.split("=", 1) for entry in device.env) == env_of(cdi_spec(result, node()))
+    assert {**dict(entry.split("=", 1) for entry in device.env), "GPUFRAC_DRA_CLAIM": "uid-1"} == env_of(
+        cdi_spec(result, node()))
     assert dra_state.load(dra_state.dump([result])) == {"uid-1": result}
     # a record written before the pods and the env were kept reads, without them
     record = json.loads(dra_state.dump([result]))
@@ -337,3 +348,190 @@ def test_a_claim_is_owed_its_request_from_prepare_on() -> None:
     [tenant] = share.tenants
     assert (tenant.container.pod, tenant.request_bytes, tenant.owed_bytes) == ("infer-0", 40 * GIB, 40 * GIB)
     assert share.shortfall_bytes == 40 * GIB - share.free_bytes > 0
+
+
+# ---- admin access, what the node cannot enforce, GPUs held elsewhere or lost ----
+
+def admin_claim(device: str, uid: str) -> dict[str, Any]:
+    obj = claim(device, uid=uid, memory=None)
+    obj["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    return obj
+
+
+def test_an_admin_access_claim_owes_nothing_and_is_no_tenant() -> None:
+    full = prepared(claim("gpu-0-time-slicing", uid="full", memory="81000Mi"))
+    admin = prepared(admin_claim("gpu-0-time-slicing", "admin"), others=(full,))  # the GPU has no MiB left
+    [device] = admin.devices
+    assert (device.admin, device.request_mib, device.limit_mib) == (True, 0, 0)
+    assert claim_tenants([admin]).tenants == ()
+    assert cdi_spec(admin, node()) is None and device.cdi_ids == ("nvidia.com/gpu=GPU-00000000-aaaa",)  # no limits
+    # and it takes nothing from a share prepared after it
+    assert prepared(claim("gpu-1-time-slicing", uid="next", memory="81000Mi"), others=(admin,)).devices
+    again = prepared(claim("gpu-0-time-slicing", uid="late", memory="1Mi"), others=(admin,))
+    assert again.devices[0].request_mib == 1
+    assert dra_state.load(dra_state.dump([admin]))["admin"] == admin
+
+
+def test_a_mode_the_node_cannot_enforce_is_neither_published_nor_prepared() -> None:
+    weak = node(unenforced={"time-slicing": "its memory limits are not enforced"})
+    _, devices = resource_slices(NODE, weak.publishable(), "615.10", generation=1, offered=weak.offered())
+    assert sorted(d["name"] for d in devices["spec"]["devices"]) == [
+        "gpu-0", "gpu-0-sm-sharing", "gpu-1", "gpu-1-sm-sharing"]
+    with pytest.raises(ClaimError, match=r"cannot hold a time-slicing claim's limits now \(its memory limits are not "
+                                         r"enforced\); it publishes no such device"):
+        prepared(claim("gpu-0-time-slicing"), weak)
+    assert prepared(claim("gpu-0-sm-sharing", compute="20"), weak).devices[0].mode == "sm-sharing"
+
+
+def test_a_gpu_of_nvidias_device_plugin_is_not_published_nor_prepared() -> None:
+    shared = node(plugin_gpus={GPU_0: "allocated whole by the kubelet, its device checkpoint says"})
+    assert [g.gpu.uuid for g in shared.publishable()] == [GPU_1]
+    with pytest.raises(ClaimError, match=r"GPU 0 \(GPU-00000000-aaaa\) is NVIDIA's device plugin's"):
+        prepared(claim("gpu-0"), shared)
+
+
+def test_the_gpus_the_kubelet_gave_out_through_a_device_plugin_are_read_from_its_checkpoint() -> None:
+    text = json.dumps({"Data": {"PodDeviceEntries": [
+        {"PodUID": "p1", "ContainerName": "a", "ResourceName": "nvidia.com/gpu", "DeviceIDs": {"-1": [GPU_0]}},
+        {"PodUID": "p2", "ContainerName": "b", "ResourceName": "nvidia.com/gpu.shared", "DeviceIDs": {"0": ["1::3"]}},
+        {"PodUID": "p3", "ContainerName": "c", "ResourceName": "example.com/nic", "DeviceIDs": {"0": ["eth0"]}}],
+        "RegisteredDevices": {"nvidia.com/gpu": [GPU_0, GPU_1]}}, "Checksum": 1})
+    assert parse_checkpoint(text).allocated() == {GPU_0, "1"}  # a replica is its GPU; an index stays an index
+    assert parse_checkpoint(json.dumps({"Data": {"PodDeviceEntries": None}})).allocated() == frozenset()
+
+
+def test_a_lost_gpus_devices_are_tainted_and_refused_and_untainted_when_it_returns() -> None:
+    sick = node(lost={GPU_0: "XID 79"})
+    lost = {g.gpu.index: sick.lost[g.gpu.uuid] for g in sick.publishable() if g.gpu.uuid in sick.lost}
+    _, devices = resource_slices(NODE, sick.publishable(), "615.10", generation=1, lost=lost)
+    taints = {d["name"]: d.get("taints") for d in devices["spec"]["devices"]}
+    assert taints["gpu-0-time-slicing"] == taints["gpu-0"] == [
+        {"key": "gpu.gpufrac.io/unhealthy", "value": "XID 79", "effect": "NoSchedule"}]
+    assert taints["gpu-1"] is None
+    with pytest.raises(ClaimError, match=r"GPU 0 \(GPU-00000000-aaaa\) is unhealthy \(XID 79\)"):
+        prepared(claim("gpu-0-time-slicing"), sick)
+    _, healed = resource_slices(NODE, node().publishable(), "615.10", generation=2)
+    assert not any("taints" in d for d in healed["spec"]["devices"])
+
+
+def test_the_slices_are_owned_by_their_node() -> None:
+    for body in resource_slices(NODE, gpus().values(), "615.10", generation=1, node_uid="node-uid-1"):
+        assert body["metadata"]["ownerReferences"] == [
+            {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "node-uid-1", "controller": True}]
+
+
+@pytest.mark.parametrize(("device", "consumed", "message"), [
+    ("gpu-0-time-slicing", {"memory": "1Gi", "compute": "50"}, r"names \['compute'\], which a time-slicing device "
+                                                               r"does not publish"),
+    ("gpu-0-sm-sharing", {"memory": "1Gi", "cores": "2"}, r"names \['cores'\]"),
+])
+def test_consumed_capacity_is_read_for_every_capacity_and_one_not_published_is_refused(
+        device: str, consumed: dict[str, str], message: str) -> None:
+    obj = claim(device)
+    obj["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] = consumed
+    with pytest.raises(ClaimError, match=message):
+        prepared(obj)
+
+
+def test_a_node_whose_runtime_does_not_read_the_dra_cdi_directory_says_so_and_refuses_claims() -> None:
+    problem = cdi_dir_problem("/var/run/cdi", ["/var/lib/gpufrac-node/containerd/cdi"])
+    assert problem is not None and "writes claims' CDI specs to /var/run/cdi, which the container runtime does not " \
+        "read (its CDI spec directories: /var/lib/gpufrac-node/containerd/cdi)" in problem
+    assert cdi_dir_problem("/var/run/cdi/", ["/etc/cdi", "/var/run/cdi"]) is None
+    with pytest.raises(ClaimError, match="which the container runtime does not read"):
+        prepared(claim("gpu-0-time-slicing"), node(cdi_problem=problem))
+
+
+# ---- the records held against the API ----
+
+def test_a_record_whose_claim_is_gone_is_dropped_and_a_shared_claim_takes_every_pod_reserved() -> None:
+    record = prepared(claim("gpu-0-time-slicing", pods=(("infer-0", POD_UID),)))
+    assert reconciled(record, None) is None
+    assert reconciled(record, claim("gpu-0-time-slicing", uid="another-uid")) is None
+    assert reconciled(record, claim("gpu-0-time-slicing", pods=(("infer-0", POD_UID),))) is record
+    later = reconciled(record, claim("gpu-0-time-slicing", pods=(("infer-0", POD_UID), ("infer-1", OTHER_UID))))
+    assert later is not None and {p.uid for p in later.pods} == {POD_UID, OTHER_UID}
+    # the audit now takes the second pod's processes on the GPU as the claim's
+    tenants = claim_tenants([later])
+    assert (OTHER_UID, GPU_0) in tenants.by_pod_gpu and (OTHER_UID, GPU_0) not in claim_tenants([record]).by_pod_gpu
+    snapshot = Snapshot([GpuProcess(GPU_0, 201, 1 << 30, 5)], {}, {201: cgroup_of(OTHER_UID)}, {},
+                        {g.gpu.uuid: g.gpu for g in gpus().values()}, tenants)
+    assert [a.container.container for a in decide(snapshot).attributed] == ["claim-uid-1/gpu"]
+    # no pod reserved any more (the kubelet unprepares it soon): its last pods stay
+    assert reconciled(record, claim("gpu-0-time-slicing")) is record
+
+
+TS_UID = "7c9e6679-7425-40de-944b-e07fc1f90ae7"  # a claim's UID is a UUID
+
+
+def test_a_time_slicing_claim_serves_one_pod_and_a_second_pods_container_is_refused() -> None:
+    record = prepared(claim("gpu-0-time-slicing", uid=TS_UID, pods=(("infer-0", POD_UID),)))
+    shared = reconciled(record, claim("gpu-0-time-slicing", uid=TS_UID,
+                                      pods=(("infer-0", POD_UID), ("a-later-pod", OTHER_UID))))
+    assert shared is not None and shared.pods[0].uid == POD_UID  # the first stays first, whatever the names
+    holders = time_slicing_holders([shared])
+    assert holders == {TS_UID: ClaimHolder(f"team/claim-{TS_UID}", POD_UID, "infer-0", (GPU_0,))}
+    env = env_of(cdi_spec(shared, node()))
+    facts = NodeFacts(claim_holders=holders)
+
+    def create(pod_uid: str, **seen: Any) -> Any:
+        pod = PodInfo("team", "p", pod_uid, {})
+        return nri_decide(pod, ContainerInfo("c" * 64, "app", seen.get("env", {}), cdi_devices=seen.get("cdi", ()),
+                                             uid=seen.get("uid")), seen.get("facts", facts))
+
+    refused = create(OTHER_UID, env=env)
+    assert isinstance(refused, Refusal) and refused.reason is RefusalReason.CLAIM_SHARED
+    assert f"uses time-slicing claim team/claim-{TS_UID}, which serves pod infer-0" in refused.message
+    assert "ResourceClaimTemplate" in refused.message
+    by_cdi = create(OTHER_UID, cdi=(f"gpu.gpufrac.io/claim={TS_UID}-gpu-0-time-slicing",))
+    assert isinstance(by_cdi, Refusal) and by_cdi.reason is RefusalReason.CLAIM_SHARED
+    runs = create(POD_UID, env=env, uid=1000)  # its own pod runs, a client of the time-slicing daemon
+    assert not isinstance(runs, Refusal) and runs.serving is not None
+    assert (runs.serving.mode, runs.serving.gpus, runs.serving.uid) == (ComputeMode.TIME_SLICING, (GPU_0,), 1000)
+    # where the time-slicing daemon serves one user at a time (no -m), another UID is refused, as annotated ones are
+    serving_root = NodeFacts(claim_holders=holders, serving=(replace(runs.serving, container_id="d" * 64, uid=0),))
+    other_user = create(POD_UID, env=env, uid=1000, facts=serving_root)
+    assert isinstance(other_user, Refusal) and other_user.reason is RefusalReason.MPS_USER_CONFLICT
+    assert "runs as UID 1000, but this node's time-slicing MPS daemon serves one user at a time and serves UID 0" \
+        in other_user.message
+    multi = replace(serving_root, multi_user_modes=frozenset({ComputeMode.TIME_SLICING}))
+    assert not isinstance(create(POD_UID, env=env, uid=1000, facts=multi), Refusal)
+    # the holder gone from reservedFor: the next pod holds it
+    after = reconciled(shared, claim("gpu-0-time-slicing", uid=TS_UID, pods=(("a-later-pod", OTHER_UID),)))
+    assert after is not None and time_slicing_holders([after])[TS_UID].pod_uid == OTHER_UID
+    # sm-sharing claims and admin access are not judged here
+    sm = prepared(claim("gpu-1-sm-sharing", uid="sm", pods=(("infer-0", POD_UID),)))
+    assert time_slicing_holders([sm]) == {}
+
+
+def test_an_sm_sharing_claim_sees_its_own_mps_namespace_only() -> None:
+    v3 = node(mps_namespaces=True)
+    result = prepared(claim("gpu-1-sm-sharing", compute="30", configs=[limit_config("48Gi")]), v3)
+    [spec_device] = (spec := cdi_spec(result, v3) or {})["devices"]
+    own = f"/run/gpufrac/mps/sm-sharing/gpufrac/{claim_namespace_name('team', 'claim-uid-1/gpu')}"
+    assert [(m["hostPath"], m["containerPath"]) for m in spec_device["containerEdits"]["mounts"]] == [
+        (own, "/run/gpufrac/mps/sm-sharing"), ("/run/gpufrac/mps/shm", "/dev/shm")]  # not the daemon's directory
+    assert env_of(spec)["CUDA_MPS_PIPE_DIRECTORY"] == "/run/gpufrac/mps/sm-sharing"
+    # the daemon side creates that namespace with the claim's limits, whichever pods use the claim
+    [tenant] = claim_tenants([result]).tenants
+    assert wanted([tenant]) == {claim_namespace_name("team", "claim-uid-1/gpu"): Namespace(
+        claim_namespace_name("team", "claim-uid-1/gpu"), 48 * 1024, 30, "team/claim-uid-1/claim-uid-1/gpu")}
+    # without namespaces (a pre-r615 driver), the daemon's directory, as before
+    plain = cdi_spec(result, node())
+    assert plain is not None and plain["devices"][0]["containerEdits"]["mounts"][0]["hostPath"] == \
+        "/run/gpufrac/mps/sm-sharing"
+
+
+def test_publishing_notices_an_api_server_that_drops_the_sharing_fields() -> None:
+    wanted = resource_slices(NODE, gpus().values(), "615.10", generation=1, lost={0: "XID 79"})
+    assert dropped_fields(wanted, json.loads(json.dumps(wanted))) is None
+    stored = json.loads(json.dumps(wanted))  # as a server without 1.36's DRA gates keeps them
+    del stored[0]["spec"]["sharedCounters"]
+    for device in stored[1]["spec"]["devices"]:
+        device.pop("allowMultipleAllocations", None)
+        device.pop("taints", None)
+        device["capacity"] = {k: {"value": v["value"]} for k, v in device["capacity"].items()}
+    problem = dropped_fields(wanted, stored)
+    assert problem is not None and problem.startswith(
+        "the API server dropped allowMultipleAllocations, capacity.requestPolicy, sharedCounters, taints from the "
+        "ResourceSlices") and "needs Kubernetes 1.36+" in problem

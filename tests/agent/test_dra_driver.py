@@ -140,12 +140,21 @@ def test_the_slices_are_accepted_and_republished_only_when_the_gpus_change(world
                                             "gpu-1-time-slicing", "gpu-1-sm-sharing", "gpu-1"]
     assert {d["capacity"]["memory"]["value"] for d in devices} == {"81000Mi"}
     assert driver.publish() is False  # nothing changed: nothing written
+    assert all("ownerReferences" not in s["metadata"] for s in published.values())  # no Node of that name yet
+    world.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": NODE}}))
+    node_uid = json.loads(world.kubectl("get", "node", NODE, "-o", "json"))["metadata"]["uid"]
+    assert driver.publish() is True  # the owner, once the Node is there
+    assert [s["metadata"]["ownerReferences"] for s in slices(world).values()] == 2 * [
+        [{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid, "controller": True}]]
+    world.kubectl("delete", "node", NODE)
+    owned = {s["spec"]["pool"]["generation"] for s in slices(world).values()}
 
     smaller = dra_node(NODE, INVENTORY, {k: "80000" for k in USABLE}, "/run/gpufrac/mps", [], frozenset())
     restarted = world.driver(smaller)  # a new process: it does not know what the last one published
     assert restarted.publish() is True
     again = slices(world)
-    assert {s["spec"]["pool"]["generation"] for s in again.values()} == {2}
+    assert {s["spec"]["pool"]["generation"] for s in again.values()} == {max(owned) + 1}
     assert {d["capacity"]["memory"]["value"] for d in again[f"{NODE}-gpufrac-devices"]["spec"]["devices"]} == {
         "80000Mi"}
 
@@ -245,6 +254,44 @@ def test_the_charts_device_classes_are_accepted_by_the_api_server(world: World) 
         world.kubectl("delete", "deviceclasses", "--all")
 
 
+@pytest.mark.skipif(not HELM.exists(), reason="helm not built (make tools)")
+def test_a_claim_whose_opaque_config_the_driver_would_refuse_is_denied_at_admission(world: World) -> None:
+    """The chart's policy on claims, claim templates and classes, in force on this API server (no webhook)."""
+    objs = render("--set", "dra.enabled=true")
+    policy = [o for o in objs if o["kind"].startswith("ValidatingAdmissionPolicy")
+              and o["metadata"]["name"].endswith("-dra-config")]
+    assert sorted(o["kind"] for o in policy) == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    world.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": policy}))
+
+    def claim(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                    "deviceClassName": "time-slicing.gpu.gpufrac.io"}}], "config": [{"opaque": {
+                        "driver": "gpu.gpufrac.io", "parameters": parameters}}]}}}
+
+    good = {"apiVersion": "gpu.gpufrac.io/v1alpha1", "kind": "GpuConfig", "memoryLimit": "48Gi"}
+    try:
+        def denied(parameters: dict[str, Any]) -> str:
+            done = world.plane.kubectl("create", "--dry-run=server", "-f", "-", user="admin",
+                                       input=json.dumps(claim("c", parameters)))
+            return done.stderr if done.rc else ""
+
+        # the policy takes a moment to be in force: a bad config is denied once it is
+        wait_until(lambda: denied({**good, "kind": "Other"}), timeout=30, what="the claim policy in force",
+                   interval=0.5)
+        assert "must be apiVersion gpu.gpufrac.io/v1alpha1, kind GpuConfig" in denied({**good, "kind": "Other"})
+        assert "has unknown fields; it takes memoryLimit" in denied({**good, "cores": 30})
+        assert "needs memoryLimit, a quantity" in denied({**good, "memoryLimit": "lots"})
+        assert denied(good) == ""
+        other_driver = claim("d", {"anything": True})
+        other_driver["spec"]["devices"]["config"][0]["opaque"]["driver"] = "gpu.example.com"
+        assert world.plane.kubectl("create", "--dry-run=server", "-f", "-", user="admin",
+                                   input=json.dumps(other_driver)).rc == 0
+    finally:
+        world.kubectl("delete", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": policy}))
+
+
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
 def test_the_examples_are_valid_objects_of_this_api_server(world: World, example: str) -> None:
     created = world.kubectl("create", "--dry-run=server", "-n", "default", "-f", str(EXAMPLES / example))
@@ -291,7 +338,8 @@ def live_agent_with_dra(world: World, fake_node: FakeNode, tmp_path: Path, *flag
         node_agent.add_arguments(parser)
         args = parser.parse_args(["--node", fake_node.config.node, "--dra", "--kubelet-dir", str(world.sockets),
                                   "--dra-cdi-dir", str(tmp_path / "cdi"), "--dra-state-file", str(tmp_path / "s.json"),
-                                  "--cdi-spec-dir", str(tmp_path / "no-specs"), *flags])
+                                  "--cdi-spec-dir", str(tmp_path / "no-specs"),
+                                  "--dra-runtime-cdi-dir", str(tmp_path / "cdi"), *flags])
         service = dra_service(args, agent, load_api_client(str(world.plane.kubeconfigs["admin"])))
         assert service is not None
         service.start()
@@ -359,3 +407,38 @@ def test_a_node_labelled_for_annotations_publishes_no_devices_and_refuses_claims
             assert fake_node.kube.last_condition()["status"] == "True"
     finally:
         world.kubectl("delete", "node", node, "--ignore-not-found")
+
+
+def test_after_a_reboot_a_recorded_claim_is_answered_only_with_its_spec_written(world: World) -> None:
+    uid = allocated_claim(world, "booted", "gpu-0-time-slicing", "10Gi")
+    ref = ClaimRef("default", "booted", uid)
+    assert not isinstance(world.driver().prepare(ref), str)
+    world.specs.remove(uid)  # the reboot cleared /var/run/cdi; the kubelet prepares the claim again
+    nvml: list[DraNode | None] = [None]
+    restarted = DraDriver(lambda: nvml[0], world.api, world.specs, world.state, lambda: "615.10")
+    waiting = restarted.prepare(ref)
+    assert isinstance(waiting, str) and "its CDI spec is gone (a reboot); the agent writes it again once it has " \
+        "read this node's GPUs" in waiting and not world.specs.exists(uid)
+    nvml[0] = world.node
+    answer = restarted.prepare(ref)
+    assert not isinstance(answer, str) and world.specs.exists(uid)
+    # a container the kubelet restarts needs the spec too, without a Prepare: each pass writes a missing one again
+    world.specs.remove(uid)
+    restarted.reconcile()
+    assert world.specs.exists(uid)
+
+
+def test_each_pass_drops_the_records_of_claims_gone_and_takes_every_pod_a_claim_is_reserved_for(world: World) -> None:
+    shared = allocated_claim(world, "shared", "gpu-0-time-slicing", "10Gi")
+    ghost = allocated_claim(world, "ghost", "gpu-1-time-slicing", "10Gi")
+    driver = world.driver()
+    for name, uid in (("shared", shared), ("ghost", ghost)):
+        assert not isinstance(driver.prepare(ClaimRef("default", name, uid)), str)
+    pods = [{"resource": "pods", "name": f"infer-{i}", "uid": f"pod-uid-{i}"} for i in range(2)]
+    world.kubectl("patch", "resourceclaim", "shared", "-n", "default", "--subresource=status", "--type=merge",
+                  "-p", json.dumps({"status": {"reservedFor": pods}}))
+    world.kubectl("delete", "resourceclaim", "ghost", "-n", "default")
+    driver.reconcile()
+    assert sorted(driver.prepared) == [shared] and not world.specs.exists(ghost)
+    assert {p.uid for p in driver.prepared[shared].pods} == {"pod-uid-0", "pod-uid-1"}
+    assert sorted(world.driver().prepared) == [shared]  # saved: a restart does not bring the ghost back

@@ -10,7 +10,7 @@ from pathlib import Path
 from e2e.toolkit.wait import wait_until
 from gpufrac.agent.decide import mps_namespaces
 from gpufrac.agent.decide.model import RunningContainer
-from gpufrac.agent.decide.mps_namespaces import Namespace, changes, namespace_name, wanted
+from gpufrac.agent.decide.mps_namespaces import Namespace, changes, claim_namespace_name, namespace_name, wanted
 from gpufrac.agent.edges.mps_control import invoke
 from gpufrac.agent.edges.supervisor import MpsSupervisor
 from gpufrac.agent.programs.mps_limits import DaemonSideLimits
@@ -39,11 +39,15 @@ def test_a_containers_namespace_is_named_from_its_pod_uid_and_name_short_enough_
         name, namespace_name("x", "y")}
 
 
-def test_only_annotated_sm_sharing_fractions_with_a_limit_get_a_namespace() -> None:
+def test_only_sm_sharing_fractions_and_claims_with_a_limit_get_a_namespace() -> None:
     time_slicing = container("t", uid="u-t", mode=ComputeMode.TIME_SLICING, devices=(UUID_A,))
     no_limit = container("n", uid="u-n", mode=SM, request_mib=100, limit_mib=None, devices=(UUID_A,))
     got = wanted([sm("a", 4096, threads=None), time_slicing, no_limit, sm("c", 2048, claim="claim-c/gpu")])
-    assert got == {namespace_name("u-a", "a"): Namespace(namespace_name("u-a", "a"), 4096, 100, "team-a/p-a/a")}
+    # a claim's is named from the claim (Prepare mounts it before any of its pods' containers exists)
+    claim = claim_namespace_name("team-a", "claim-c/gpu")
+    assert claim != namespace_name("u-c", "c")
+    assert got == {namespace_name("u-a", "a"): Namespace(namespace_name("u-a", "a"), 4096, 100, "team-a/p-a/a"),
+                   claim: Namespace(claim, 2048, 50, "team-a/p-c/c")}
 
 
 def test_the_changes_create_set_and_delete_only_what_differs() -> None:

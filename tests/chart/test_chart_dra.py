@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
+from gpufrac.agent.decide.dra_cdi_dirs import cdi_dir_problem
 from gpufrac.agent.decide.dra_slices import SliceGpu, resource_slices
 from gpufrac.agent.decide.model import GpuInfo
 from testkit.cel import evaluate
-from testkit.chart import find, needs_helm, one, render, template
+from testkit.chart import CHART, find, needs_helm, one, render, template
 
 pytestmark = needs_helm
 
@@ -80,3 +81,33 @@ def test_the_agent_gets_the_default_front_door_and_may_read_its_node_for_the_lab
     assert args[args.index("--dra-default-front-door") + 1] == door
     rules = one(objs, "ClusterRole", "gpufrac-agent")["rules"]
     assert any("nodes" in r["resources"] and "get" in r["verbs"] for r in rules)
+
+
+def agent_args(*values: str) -> list[str]:
+    [agent] = one(render(*DRA, *values), "DaemonSet", "gpufrac-agent")["spec"]["template"]["spec"]["containers"][:1]
+    return list(agent["args"])
+
+
+def values_after(args: list[str], flag: str) -> list[str]:
+    return [args[i + 1] for i, arg in enumerate(args) if arg == flag]
+
+
+@pytest.mark.parametrize("values", [[], ["-f", str(CHART / "values-local.yaml")]])
+def test_the_agent_is_told_the_runtimes_cdi_directories_and_the_claims_specs_go_to_one_of_them(
+        values: list[str]) -> None:
+    """The agent checks it (decide.dra_cdi_dirs): the local cluster's containerd reads only the node's own
+    directory, where values-local.yaml puts the claims' specs too."""
+    args = agent_args(*values)
+    [host_dir] = values_after(args, "--dra-cdi-host-dir")
+    runtime_dirs = values_after(args, "--dra-runtime-cdi-dir")
+    assert runtime_dirs and cdi_dir_problem(host_dir, runtime_dirs) is None
+    assert cdi_dir_problem(host_dir, ["/etc/cdi"] if host_dir != "/etc/cdi" else ["/var/run/cdi"]) is not None
+
+
+def test_the_whole_gpu_class_serves_an_extended_resource_and_the_shares_do_not() -> None:
+    objs = render(*DRA)
+    assert one(objs, "DeviceClass", "gpu.gpufrac.io")["spec"]["extendedResourceName"] == "gpu.gpufrac.io/gpu"
+    for name in ("time-slicing.gpu.gpufrac.io", "sm-sharing.gpu.gpufrac.io"):
+        assert "extendedResourceName" not in one(objs, "DeviceClass", name)["spec"]
+    off = render(*DRA, "--set", "dra.extendedResourceName=")
+    assert "extendedResourceName" not in one(off, "DeviceClass", "gpu.gpufrac.io")["spec"]

@@ -1,198 +1,154 @@
-"""Issue 32 on the real node: the DRA driver gpu.gpufrac.io registered with the real kubelet 1.36.3, its
-ResourceSlices read by the real kube-scheduler, claims prepared for the kubelet and their CDI specs applied by the
-real containerd. The driver runs in this test's process (the chart's agent DaemonSet does not carry the DRA flags
-yet, docs/dra.md); the GPUs are the node's fake H200s (their device nodes and the toolkit's CDI spec are real).
-No gpufrac release is needed: the pods carry no annotation."""
+"""Issue 48 on the real node: the DRA driver gpu.gpufrac.io as the chart ships it (`dra.enabled=true` on the release
+installed with values-local.yaml), the agent's DaemonSet pod registered with the real kubelet 1.36.3, its slices
+read by the real kube-scheduler, its claims' CDI specs applied by the real containerd, its sm-sharing claims held by
+the agent's MPS daemon (the fake, MPS v3) in a namespace of their own. The GPUs are the node's fake H200s.
+
+Each check fails when its feature is gone: a spec written where containerd does not read leaves the pods failing
+(issue 48's item 5), an sm-sharing claim mounted the daemon's directory lists the daemon's entries, a second pod of a
+time-slicing claim would run with the claim's limit again, and an agent that does not write a removed spec again
+leaves the restarted container failing."""
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
-from e2e.names import NODE_NAME, USER_NAMESPACE
-from e2e.node import APP_IMAGE, GPU_UUIDS, RealCluster
-from e2e.pods import exec_in, get_json, get_pod, host_pids, wait_running
+from e2e.agent_on_node import MPS_ROOT
+from e2e.install import Helm
+from e2e.names import USER_NAMESPACE
+from e2e.node import APP_IMAGE, RealCluster
+from e2e.pods import events, exec_in, get_json, get_pod, release_pods, wait_running
 from e2e.testing import unique
 from e2e.toolkit.wait import wait_until
-from gpufrac.agent.decide.attribution import attribute
-from gpufrac.agent.decide.claim_tenants import claim_tenants
-from gpufrac.agent.decide.dra_prepare import DraNode
+from gpufrac.agent.decide.dra_prepare import spec_file_name
 from gpufrac.agent.decide.dra_slices import DRIVER
-from gpufrac.agent.decide.model import GpuInfo, GpuProcess, Inventory
-from gpufrac.agent.edges.dra.files import ClaimSpecs, StateFile
-from gpufrac.agent.edges.dra.kube import DraKube
-from gpufrac.agent.edges.dra.server import DraPlugin, plugin_paths
-from gpufrac.agent.edges.nri.devices import CdiSpecs
-from gpufrac.agent.programs.dra_driver import DraDriver, dra_node
-from gpufrac.kube.client import load_api_client
-from testkit.chart import render
+from gpufrac.agent.decide.mps_namespaces import claim_namespace_name
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_node]
 
-MIB = 1 << 20
-LIST = "ls /dev | grep -E '^nvidia[0-9]+$'; echo LIMIT=$NVIDIA_GPU_MEMORY_LIMIT REQUEST=$NVIDIA_GPU_MEMORY_REQUEST"
-
-
-@dataclass
-class Dra:
-    node: RealCluster
-    driver: DraDriver
-    plugin: DraPlugin
-    inventory: Inventory
-    facts: Callable[[], DraNode | None]
-    api: DraKube
-    state: StateFile
-
-    def restarted_driver(self) -> DraDriver:
-        """A new driver process: what it knows comes from the state file."""
-        return DraDriver(self.facts, self.api, ClaimSpecs(self.node.cdi_dir), self.state)
-
-    def kubectl(self, *args: str, input: str | None = None) -> str:
-        return self.node.kubectl(*args, user="admin", input=input, check=True).stdout
-
-
-def inventory(node: RealCluster) -> Inventory:
-    state = node.gpu_state().state
-    return Inventory(state["driver_version"], state["cuda_driver_version"], tuple(
-        GpuInfo(i, g["uuid"], g["name"], g["memory_total_mib"] * MIB) for i, g in enumerate(state["gpus"])))
+ENV = "echo LIMIT=$NVIDIA_GPU_MEMORY_LIMIT THREADS=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+# PID 1 that exits on SIGTERM (a shell as PID 1 ignores it otherwise): the test restarts the container with it
+COMMAND = ["sh", "-c", "trap 'exit 1' TERM; while sleep 1; do :; done"]
 
 
 @pytest.fixture(scope="module")
-def dra(node: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dra]:
-    gpus = inventory(node)
-    cdi = CdiSpecs([node.cdi_dir])
+def dra(node: RealCluster, installed: Helm) -> Iterator[Helm]:
+    installed.upgrade("dra.enabled=true", "dra.defaultFrontDoor=dra")
 
-    def facts() -> DraNode | None:
-        return dra_node(NODE_NAME, gpus, {}, "/run/gpufrac/mps", [], cdi.names())
+    def published() -> bool:
+        found = get_json(node, "get", "resourceslices", "--field-selector", f"spec.driver={DRIVER}")["items"]
+        return any(s["spec"].get("devices") for s in found)
 
-    api = DraKube(load_api_client(str(node.kubeconfigs["admin"])))
-    state = StateFile(tmp_path_factory.mktemp("dra") / "prepared.json")
-    driver = DraDriver(facts, api, ClaimSpecs(node.cdi_dir), state, lambda: gpus.driver_version)
-    endpoint, registration = plugin_paths(node.node_root / "kubelet", DRIVER)
-    plugin = DraPlugin(DRIVER, endpoint, registration, driver)
-    plugin.start()
-    classes = [o for o in render("--set", "dra.enabled=true") if o["kind"] == "DeviceClass"]
-    node.kubectl("apply", "-f", "-", user="admin", check=True,
-                 input=json.dumps({"apiVersion": "v1", "kind": "List", "items": classes}))
     try:
-        assert plugin.registration.registered.wait(60), f"the kubelet did not register: {plugin.registration.error}"
-        driver.publish()
-        yield Dra(node, driver, plugin, gpus, facts, api, state)
+        wait_until(published, 180, "the chart's agent publishing its slices", interval=1)
+        yield installed
     finally:
-        plugin.stop()
-        node.kubectl("delete", "deviceclasses", *[c["metadata"]["name"] for c in classes], user="admin")
-        node.kubectl("delete", "resourceslices", "--field-selector", f"spec.driver={DRIVER}", user="admin")
+        installed.upgrade("dra.enabled=false")
 
 
-def claim_and_pod(dra: Dra, name: str, device_class: str, memory: str) -> None:
-    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-             "metadata": {"name": name, "namespace": USER_NAMESPACE},
-             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                 "deviceClassName": device_class, "capacity": {"requests": {"memory": memory}}}}]}}}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": USER_NAMESPACE},
-           "spec": {"terminationGracePeriodSeconds": 1,
-                    "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                    "containers": [{"name": "app", "image": APP_IMAGE, "command": ["sleep", "infinity"],
-                                    "resources": {"claims": [{"name": "gpu"}]}}]}}
-    dra.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [claim, pod]}))
+def claim(name: str, device_class: str, memory: str, compute: str | None = None) -> dict:
+    requests = {"memory": memory, **({"compute": compute} if compute else {})}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": USER_NAMESPACE},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": device_class, "capacity": {"requests": requests}}}]}}}
 
 
-def delete(dra: Dra, *names: str) -> None:
-    for name in names:
-        dra.node.kubectl("delete", "pod", name, "-n", USER_NAMESPACE, "--wait=true", "--timeout=60s", user="admin")
-        dra.node.kubectl("delete", "resourceclaim", name, "-n", USER_NAMESPACE, "--wait=true", "--timeout=60s",
-                         user="admin")
+def pod(name: str, claim_name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": USER_NAMESPACE},
+            "spec": {"terminationGracePeriodSeconds": 1,
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
+                     "containers": [{"name": "app", "image": APP_IMAGE, "command": COMMAND,
+                                     "resources": {"claims": [{"name": "gpu"}]}}]}}
 
 
-def allocated_device(dra: Dra, name: str) -> str | None:
-    status = get_json(dra.node, "get", "resourceclaim", name, "-n", USER_NAMESPACE).get("status") or {}
-    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
-    return results[0]["device"] if results else None
+def create(node: RealCluster, *objs: dict) -> None:
+    node.kubectl("create", "-f", "-", user="admin", check=True,
+                 input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objs)}))
 
 
-def test_the_slices_list_the_nodes_gpus_with_their_memory(dra: Dra) -> None:
-    found = json.loads(dra.kubectl("get", "resourceslices", "--field-selector", f"spec.driver={DRIVER}",
-                                   "-o", "json"))["items"]
-    devices = [d for s in found for d in s["spec"].get("devices", [])]
-    assert len(found) == 2 and {s["spec"]["nodeName"] for s in found} == {NODE_NAME}
-    by_uuid = {d["attributes"]["uuid"]["string"] for d in devices}
-    assert by_uuid == set(GPU_UUIDS) and len(devices) == 3 * len(GPU_UUIDS)
-    assert {d["capacity"]["memory"]["value"] for d in devices} == {
-        f"{gpu.memory_total_bytes // MIB}Mi" for gpu in dra.inventory.gpus}
+def delete(node: RealCluster, pods: list[str], claims: list[str]) -> None:
+    for kind, names in (("pod", pods), ("resourceclaim", claims)):
+        if names:
+            node.kubectl("delete", kind, *names, "-n", USER_NAMESPACE, "--wait=true", "--timeout=90s", user="admin")
 
 
-def test_two_40gi_claims_share_one_gpu_and_a_claim_that_fits_nowhere_stays_pending(dra: Dra) -> None:
-    first, second, too_big = unique("dra-a"), unique("dra-b"), unique("dra-big")
-    for name in (first, second):
-        claim_and_pod(dra, name, "time-slicing.gpu.gpufrac.io", "40Gi")
-    claim_and_pod(dra, too_big, "time-slicing.gpu.gpufrac.io", "200Gi")
+def claim_uid(node: RealCluster, name: str) -> str:
+    return str(get_json(node, "get", "resourceclaim", name, "-n", USER_NAMESPACE)["metadata"]["uid"])
+
+
+def test_claim_pods_of_both_modes_run_and_an_sm_sharing_claim_has_its_own_namespace(node: RealCluster, dra: Helm):
+    ts, sm = unique("dra-ts"), unique("dra-sm")
+    create(node, claim(ts, "time-slicing.gpu.gpufrac.io", "20Gi"), pod(ts, ts),
+           claim(sm, "sm-sharing.gpu.gpufrac.io", "10Gi", compute="30"), pod(sm, sm))
     try:
-        seen = {}
-        for name in (first, second):
-            wait_running(dra.node, name, timeout=180)
-            seen[name] = exec_in(dra.node, name, LIST).split()
-        assert allocated_device(dra, first) == allocated_device(dra, second) == "gpu-0-time-slicing"
-        # Each container sees exactly its GPU's device node, and its claim's limit in MiB.
-        assert seen[first] == seen[second] == ["nvidia0", "LIMIT=40960", "REQUEST=40960"]
-        spec = json.loads(ClaimSpecs(dra.node.cdi_dir).path(
-            get_json(dra.node, "get", "resourceclaim", first, "-n", USER_NAMESPACE)["metadata"]["uid"]).read_text())
-        assert spec["kind"] == "gpu.gpufrac.io/claim"
-        # The agent's audit and reclaim find each claim's processes by the pod UID in the kubelet's cgroup names.
-        tenants = claim_tenants(dra.driver.claims())
-        for name in (first, second):
-            pid = host_pids(dra.node, name)[0]
-            cgroups = {pid: Path(f"/proc/{pid}/cgroup").read_text()}
-            [found] = attribute([GpuProcess(GPU_UUIDS[0], pid, MIB, 0)], {}, cgroups, {}, tenants)
-            assert (found.container.pod, found.container.pod_uid, found.container.claim) == (
-                name, get_pod(dra.node, name)["metadata"]["uid"], f"{name}/gpu")
-            assert attribute([GpuProcess(GPU_UUIDS[1], pid, MIB, 0)], {}, cgroups, {}, tenants) == []
-
-        def unschedulable() -> str | None:
-            conditions = get_pod(dra.node, too_big)["status"].get("conditions") or []
-            said = [c.get("message", "") for c in conditions if c["type"] == "PodScheduled" and c["status"] == "False"]
-            return said[0] if said else None
-
-        message = wait_until(unschedulable, 60, f"pod {too_big} unschedulable", interval=1)
-        assert message is not None and re.search(r"cannot allocate all claims", message), message
-        assert get_pod(dra.node, too_big)["status"]["phase"] == "Pending" and allocated_device(dra, too_big) is None
+        for name in (ts, sm):
+            wait_running(node, name, timeout=180)
+        # one mode per GPU: the allocator put them on different GPUs (the shared `owner` counter)
+        devices = [get_json(node, "get", "resourceclaim", n, "-n", USER_NAMESPACE)["status"]["allocation"]["devices"]
+                   ["results"][0]["device"] for n in (ts, sm)]
+        assert devices[0].endswith("-time-slicing") and devices[1].endswith("-sm-sharing"), devices
+        assert devices[0].split("-")[1] != devices[1].split("-")[1], devices
+        assert exec_in(node, ts, ENV).split() == ["LIMIT=20480", "THREADS="]
+        assert exec_in(node, sm, ENV).split() == ["LIMIT=10240", "THREADS=30"]
+        # its pipe directory is its claim's MPS namespace: one socket, the namespace's limit; not the daemon's
+        namespace = MPS_ROOT / "sm-sharing" / "gpufrac" / claim_namespace_name(USER_NAMESPACE, f"{sm}/gpu")
+        out = exec_in(node, sm, 'cd "$CUDA_MPS_PIPE_DIRECTORY" && ls -a && cat fake-server-limits').split()
+        assert namespace.is_dir(), f"no namespace directory {namespace} on the host"
+        assert sorted(out[:-2]) == [".", "..", "control", "fake-context-share", "fake-server-limits"], out
+        assert out[-2:] == ["*", "10240"], out
     finally:
-        delete(dra, first, second, too_big)
-    assert dra.driver.prepared == {}  # the kubelet unprepared both claims
+        delete(node, [ts, sm], [ts, sm])
 
 
-def test_a_gpu_holding_time_slicing_shares_gets_no_sm_sharing_claim(dra: Dra) -> None:
-    holder, other = unique("dra-ts"), unique("dra-sm")
-    claim_and_pod(dra, holder, "time-slicing.gpu.gpufrac.io", "10Gi")
+def test_two_pods_of_one_claim_never_run_with_twice_its_limit(node: RealCluster, dra: Helm):
+    ts, first, second = unique("dra-shared"), unique("dra-first"), unique("dra-second")
+    sm, sm_pods = unique("dra-sm-shared"), [unique("dra-sm-a"), unique("dra-sm-b")]
+    create(node, claim(ts, "time-slicing.gpu.gpufrac.io", "20Gi"), pod(first, ts),
+           claim(sm, "sm-sharing.gpu.gpufrac.io", "8Gi", compute="20"), *(pod(p, sm) for p in sm_pods))
     try:
-        wait_running(dra.node, holder, timeout=180)
-        claim_and_pod(dra, other, "sm-sharing.gpu.gpufrac.io", "10Gi")
-        device = wait_until(lambda: allocated_device(dra, other), 60, "the sm-sharing claim allocated", interval=1)
-        assert allocated_device(dra, holder) == "gpu-0-time-slicing"
-        assert device is not None and device.endswith("-sm-sharing") and not device.startswith("gpu-0-"), device
+        wait_running(node, first, timeout=180)
+        create(node, pod(second, ts))
+        # an sm-sharing claim's pods share its one MPS namespace: the claim's limit, held once for both
+        for name in sm_pods:
+            wait_running(node, name, timeout=180)
+        seen = [exec_in(node, p, 'cd "$CUDA_MPS_PIPE_DIRECTORY" && cat fake-server-limits').split() for p in sm_pods]
+        assert seen == [["*", "8192"], ["*", "8192"]], seen
+        namespaces = MPS_ROOT / "sm-sharing" / "gpufrac"
+        assert (namespaces / claim_namespace_name(USER_NAMESPACE, f"{sm}/gpu")).is_dir()
+
+        def refused() -> str | None:
+            found = [e.get("message", "") for e in events(node, second) if e.get("reason") == "GPUClaimShared"]
+            return found[0] if found else None
+
+        message = wait_until(refused, 120, f"pod {second}'s container refused", interval=1)
+        assert message is not None and "ResourceClaimTemplate" in message, message
+        assert get_pod(node, second)["status"].get("phase") != "Running"
+        assert get_pod(node, first)["status"]["phase"] == "Running"
     finally:
-        delete(dra, holder, other)
+        delete(node, [first, second, *sm_pods], [ts, sm])
 
 
-def test_a_restarted_driver_keeps_running_pods_and_unprepares_after_the_restart(dra: Dra) -> None:
-    name = unique("dra-restart")
-    claim_and_pod(dra, name, "time-slicing.gpu.gpufrac.io", "20Gi")
+def test_the_agent_restarted_with_the_claims_specs_removed_brings_a_claims_pod_back(node: RealCluster, dra: Helm):
+    name = unique("dra-reboot")
+    create(node, claim(name, "time-slicing.gpu.gpufrac.io", "10Gi"), pod(name, name))
     try:
-        wait_running(dra.node, name, timeout=180)
-        uid = get_json(dra.node, "get", "resourceclaim", name, "-n", USER_NAMESPACE)["metadata"]["uid"]
-        dra.plugin.stop()  # the agent goes away: the kubelet deregisters the driver
-        restarted = dra.restarted_driver()
-        assert uid in restarted.prepared
-        dra.plugin = DraPlugin(DRIVER, dra.plugin.endpoint, dra.plugin.registration_socket, restarted)
-        dra.driver = restarted
-        dra.plugin.start()
-        assert dra.plugin.registration.registered.wait(60), dra.plugin.registration.error
-        assert exec_in(dra.node, name, LIST).split() == ["nvidia0", "LIMIT=20480", "REQUEST=20480"]
+        wait_running(node, name, timeout=180)
+        spec = node.cdi_dir / spec_file_name(claim_uid(node, name))
+        assert spec.is_file(), f"the claim's spec is not where containerd reads ({node.cdi_dir})"
+        [agent] = release_pods(node, "agent")
+        spec.unlink()  # as a reboot clears /var/run/cdi, and the agent with it
+        node.kubectl("delete", "pod", agent["metadata"]["name"], "-n", agent["metadata"]["namespace"],
+                     "--wait=true", user="admin", check=True)
+        exec_in(node, name, "kill -TERM 1 || true")  # its container created again: its CDI device is needed again
+
+        def back() -> bool:
+            status = get_pod(node, name)["status"]["containerStatuses"][0]
+            return status["restartCount"] >= 1 and "running" in status["state"]
+
+        wait_until(back, 240, f"pod {name}'s container running again", interval=1)
+        assert spec.is_file() and exec_in(node, name, ENV).split() == ["LIMIT=10240", "THREADS="]
     finally:
-        delete(dra, name)
-    wait_until(lambda: not ClaimSpecs(dra.node.cdi_dir).exists(uid), 60, "the claim's spec removed", interval=1)
-    assert restarted.prepared == {}
+        delete(node, [name], [name])

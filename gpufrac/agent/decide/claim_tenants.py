@@ -56,7 +56,7 @@ def claim_tenants(claims: Iterable[PreparedClaim]) -> ClaimTenants:
     by_pod_gpu: dict[tuple[str, str], RunningContainer] = {}
     for claim in claims:
         for device in claim.devices:
-            if device.mode == WHOLE:
+            if device.mode == WHOLE or device.admin:  # admin access: a view of the GPU, owing nothing
                 continue
             tenant = _tenant(claim, device)
             tenants.append(tenant)

@@ -51,6 +51,7 @@ class AllocatedDevice:
     device: str
     consumed: Mapping[str, str] = field(default_factory=dict)  # consumedCapacity: capacity name -> quantity
     share_id: str | None = None
+    admin: bool = False  # adminAccess (GA in 1.36): a monitoring view of a device others may hold, owing nothing
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def _result(result: Any) -> AllocatedDevice | None:
     return AllocatedDevice(request=str(entry.get("request", "")), pool=str(entry.get("pool", "")),
                            device=str(entry.get("device", "")),
                            consumed=_strings(entry.get("consumedCapacity"), "consumedCapacity"),
-                           share_id=str(share) if share else None)
+                           share_id=str(share) if share else None, admin=entry.get("adminAccess") is True)
 
 
 def _config_limit(parameters: Any) -> int:
@@ -135,12 +136,14 @@ def read_claim(obj: Mapping[str, Any]) -> ClaimAllocation:
     ours = tuple(d for d in map(_result, devices.get("results") or ()) if d is not None)
     if not ours:
         raise ClaimError(f"claim {claim} has no device of driver {DRIVER}")
-    return ClaimAllocation(claim, ours, _limits(devices.get("config")), _reserved_pods(obj.get("status") or {}))
+    return ClaimAllocation(claim, ours, _limits(devices.get("config")), reserved_pods(obj))
 
 
-def _reserved_pods(status: Mapping[str, Any]) -> tuple[ClaimPod, ...]:
-    """The pods the claim is reserved for; other consumers (none are defined for pods' GPUs) are left out."""
-    reserved = status.get("reservedFor")
+def reserved_pods(obj: Mapping[str, Any]) -> tuple[ClaimPod, ...]:
+    """The pods the claim is reserved for (`status.reservedFor`); other consumers (none are defined for pods' GPUs)
+    are left out."""
+    status = obj.get("status")
+    reserved = status.get("reservedFor") if isinstance(status, Mapping) else None
     if not isinstance(reserved, list):
         return ()
     pods = {ClaimPod(str(r["name"]), str(r["uid"])) for r in reserved

@@ -26,8 +26,20 @@ from gpufrac.agent.decide.dra_claims import (
     limit_for,
     quantity_mib,
 )
-from gpufrac.agent.decide.dra_slices import COMPUTE, DRIVER, MEMORY, WHOLE, SliceGpu, parse_device_name, pool_name
+from gpufrac.agent.decide.dra_slices import (
+    CAPACITIES,
+    COMPUTE,
+    DRIVER,
+    MEMORY,
+    MODES,
+    WHOLE,
+    DeviceName,
+    SliceGpu,
+    parse_device_name,
+    pool_name,
+)
 from gpufrac.agent.decide.front_door import FrontDoorChoice, refusal_for_claim
+from gpufrac.agent.decide.mps_namespaces import Namespace, claim_namespace_name
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import (
     FRONT_DOOR_LABEL,
@@ -44,6 +56,7 @@ DRA_DOOR = FrontDoorChoice(FrontDoor.DRA, "the agent's DRA driver")
 CDI_KIND = f"{DRIVER}/claim"
 TOOLKIT_KINDS = ("nvidia.com/gpu", "k8s.device-plugin.nvidia.com/gpu")  # whose device carries the toolkit's hooks
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+CLAIM_ENV = "GPUFRAC_DRA_CLAIM"  # a time-slicing claim's UID in its container (decide.dra_shared_claims)
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,19 @@ class DraNode:
     host_devices: frozenset[str]  # the control device nodes the host has
     front_door: FrontDoorChoice = DRA_DOOR
     annotated: Mapping[str, str] = field(default_factory=dict)  # GPU UUID -> an annotated fraction placed on it
+    unenforced: Mapping[str, str] = field(default_factory=dict)  # mode -> why the node cannot hold its limits now
+    plugin_gpus: Mapping[str, str] = field(default_factory=dict)  # GPU UUID -> the device plugin's hold on it
+    lost: Mapping[str, str] = field(default_factory=dict)  # GPU UUID -> why it is unhealthy (an XID)
+    cdi_problem: str | None = None  # why the runtime would not find the claims' CDI specs (None: it reads them)
+    mps_namespaces: bool = False  # the sm-sharing daemon gives each claim an MPS v3 namespace (mps_namespaces)
+
+    def offered(self) -> tuple[str, ...]:
+        """The modes the node publishes devices for: those it can hold the limits of, and the whole GPU."""
+        return tuple(mode for mode in MODES if mode not in self.unenforced)
+
+    def publishable(self) -> list[SliceGpu]:
+        """The GPUs published: not those NVIDIA's device plugin advertises (the kubelet would hand them out twice)."""
+        return [gpu for gpu in self.gpus.values() if gpu.gpu.uuid not in self.plugin_gpus]
 
 
 @dataclass(frozen=True)
@@ -76,6 +102,7 @@ class PreparedDevice:
     # The env its CDI device gives (`NAME=value`); () for a whole GPU, and for a share recorded before the agent
     # kept it (its env is then worked out again from the node when its spec is rewritten).
     env: tuple[str, ...] = ()
+    admin: bool = False  # adminAccess: the device seen, nothing owed, no tenant
 
 
 @dataclass(frozen=True)
@@ -111,6 +138,44 @@ def _compute(device: AllocatedDevice) -> int:
     return int(text)
 
 
+def _node_refusal(device: AllocatedDevice, parsed: DeviceName, gpu: SliceGpu, node: DraNode) -> str | None:
+    """Why this node will not give the device now: its GPU held elsewhere or lost, its mode not enforced."""
+    uuid = gpu.gpu.uuid
+    if uuid in node.annotated:
+        return refusal_for_claim(f"{parsed.index} ({uuid})", f"{node.annotated[uuid]} is placed on it")
+    if uuid in node.plugin_gpus:
+        return (f"GPU {parsed.index} ({uuid}) is NVIDIA's device plugin's ({node.plugin_gpus[uuid]}): the kubelet "
+                "hands it out as a whole GPU, so no claim may share it")
+    if uuid in node.lost and not device.admin:
+        return f"GPU {parsed.index} ({uuid}) is unhealthy ({node.lost[uuid]}); its devices are tainted"
+    unknown = sorted(set(device.consumed) - set(CAPACITIES[parsed.mode]))
+    if unknown:
+        return (f"consumedCapacity names {unknown}, which a {parsed.mode} device does not publish (it publishes "
+                f"{list(CAPACITIES[parsed.mode])})")
+    if device.admin:
+        return None
+    if parsed.mode in node.unenforced:
+        return (f"node {node.name} cannot hold a {parsed.mode} claim's limits now ({node.unenforced[parsed.mode]}); "
+                "it publishes no such device until it can")
+    if parsed.mode == ComputeMode.SM_SHARING and parsed.mode not in node.mps_modes:
+        return (f"node {node.name} runs no sm-sharing MPS daemon now, so the claim's compute and memory limits "
+                "would not hold")
+    return None
+
+
+def _memory(allocation: ClaimAllocation, device: AllocatedDevice, parsed: DeviceName, gpu: SliceGpu) -> tuple[int, int]:
+    """The device's request and limit in MiB; an admin-access view owes nothing and is held to nothing of ours."""
+    if device.admin:
+        return 0, 0
+    consumed = device.consumed.get(MEMORY)
+    request = gpu.usable_mib if consumed is None or parsed.mode == WHOLE else quantity_mib(consumed, "consumed memory")
+    limit = limit_for(allocation, device.request) or request
+    if limit < request or limit > gpu.usable_mib:
+        raise ClaimError(f"device {device.device}: the memory limit {limit} MiB must lie between the request "
+                         f"{request} MiB and the GPU's usable {gpu.usable_mib} MiB")
+    return request, limit
+
+
 def _one_device(allocation: ClaimAllocation, device: AllocatedDevice, node: DraNode) -> PreparedDevice:
     parsed = parse_device_name(device.device)
     if device.pool != pool_name(node.name) or parsed is None:
@@ -118,35 +183,31 @@ def _one_device(allocation: ClaimAllocation, device: AllocatedDevice, node: DraN
     gpu = node.gpus.get(parsed.index)
     if gpu is None:
         raise ClaimError(f"device {device.device}: GPU {parsed.index} is not on node {node.name} (any more)")
-    consumed = device.consumed.get(MEMORY)
-    request = gpu.usable_mib if consumed is None or parsed.mode == WHOLE else quantity_mib(consumed, "consumed memory")
-    limit = limit_for(allocation, device.request) or request
-    if limit < request or limit > gpu.usable_mib:
-        raise ClaimError(f"device {device.device}: the memory limit {limit} MiB must lie between the request "
-                         f"{request} MiB and the GPU's usable {gpu.usable_mib} MiB")
-    if gpu.gpu.uuid in node.annotated:
-        raise ClaimError(f"device {device.device}: " + refusal_for_claim(
-            f"{parsed.index} ({gpu.gpu.uuid})", f"{node.annotated[gpu.gpu.uuid]} is placed on it"))
-    if parsed.mode == ComputeMode.SM_SHARING and parsed.mode not in node.mps_modes:
-        raise ClaimError(f"device {device.device}: node {node.name} runs no sm-sharing MPS daemon now, so the "
-                         "claim's compute and memory limits would not hold")
+    refusal = _node_refusal(device, parsed, gpu, node)
+    if refusal is not None:
+        raise ClaimError(f"device {device.device}: {refusal}")
+    request, limit = _memory(allocation, device, parsed, gpu)
     toolkit = _toolkit_device(gpu, node.cdi_devices)
     # A whole GPU the toolkit names needs nothing of ours (and CDI refuses a device without edits).
-    cdi = [] if parsed.mode == WHOLE and toolkit else [cdi_device_name(allocation.claim.uid, device.device)]
+    plain = parsed.mode == WHOLE or device.admin
+    cdi = [] if plain and toolkit else [cdi_device_name(allocation.claim.uid, device.device)]
     prepared = PreparedDevice(request=device.request, pool=device.pool, device=device.device,
                               share_id=device.share_id, gpu_index=gpu.gpu.index, gpu_uuid=gpu.gpu.uuid,
                               mode=parsed.mode, request_mib=request, limit_mib=limit,
-                              compute_percent=_compute(device) if parsed.mode != WHOLE else 100,
-                              cdi_ids=((toolkit,) if toolkit else ()) + tuple(f"{CDI_KIND}={name}" for name in cdi))
+                              compute_percent=_compute(device) if not plain else 100,
+                              cdi_ids=((toolkit,) if toolkit else ()) + tuple(f"{CDI_KIND}={name}" for name in cdi),
+                              admin=device.admin)
     return replace(prepared, env=tuple(_env(prepared, node)))
 
 
 def _conflict(device: PreparedDevice, node: DraNode, others: Iterable[PreparedClaim]) -> str | None:
     """The backstop: a GPU serves one mode (or one whole-GPU claim) at a time, and its shares fit in its memory."""
+    if device.admin:
+        return None
     held = 0
     for other in others:
         for theirs in other.devices:
-            if theirs.gpu_index != device.gpu_index:
+            if theirs.gpu_index != device.gpu_index or theirs.admin:
                 continue
             if theirs.mode != device.mode or WHOLE in (theirs.mode, device.mode):
                 return (f"GPU {device.gpu_index} ({device.gpu_uuid}) serves {theirs.mode} to claim {other.claim}; "
@@ -164,6 +225,8 @@ def prepare(allocation: ClaimAllocation, node: DraNode, others: Iterable[Prepare
     if node.front_door.door is not FrontDoor.DRA:
         raise ClaimError(f"node {node.name} hands its GPUs out through annotations ({node.front_door.why}), not "
                          f"through DRA: label it {FRONT_DOOR_LABEL}={FrontDoor.DRA} to serve claims (docs/dra.md)")
+    if node.cdi_problem is not None:
+        raise ClaimError(f"node {node.name}: {node.cdi_problem}")
     devices = tuple(_one_device(allocation, device, node) for device in allocation.devices)
     shares = [d for d in devices if d.mode != WHOLE]
     if shares and len(devices) > 1:
@@ -185,7 +248,7 @@ def _own_device_nodes(device: PreparedDevice) -> bool:
 
 def _env(device: PreparedDevice, node: DraNode) -> list[str]:
     visible = {LimitEnv.VISIBLE_DEVICES: device.gpu_uuid} if _own_device_nodes(device) else {}
-    if device.mode == WHOLE:
+    if device.mode == WHOLE or device.admin:
         return [f"{key}={value}" for key, value in visible.items()]
     env = {LimitEnv.MEMORY_REQUEST: str(device.request_mib), LimitEnv.MEMORY_LIMIT: str(device.limit_mib)}
     if device.mode in node.mps_modes:
@@ -197,18 +260,31 @@ def _env(device: PreparedDevice, node: DraNode) -> list[str]:
     return [f"{key}={value}" for key, value in (env | visible).items()]
 
 
-def _edits(device: PreparedDevice, node: DraNode) -> dict[str, Any]:
+def _pipe_host_dir(device: PreparedDevice, node: DraNode, claim: ClaimRef) -> str:
+    """What the container gets as its pipe directory: an sm-sharing claim's own MPS namespace where the daemon gives
+    one (its one socket, no daemon's control socket), else the mode daemon's directory."""
+    pipe = mps_pipe_dir(node.mps_root, ComputeMode(device.mode))
+    if device.mode != ComputeMode.SM_SHARING or not node.mps_namespaces:
+        return pipe
+    name = claim_namespace_name(claim.namespace, f"{claim.name}/{device.request}")
+    return posixpath.join(pipe, str(Namespace(name, 0, 0, "").pipe_subdir))
+
+
+def _edits(device: PreparedDevice, node: DraNode, claim: ClaimRef) -> dict[str, Any]:
     edits: dict[str, Any] = {}
     env = list(device.env) or _env(device, node)
+    if device.mode == ComputeMode.TIME_SLICING and not device.admin:
+        env.append(f"{CLAIM_ENV}={claim.uid}")
     if _own_device_nodes(device):
         edits["deviceNodes"] = [{"path": path} for path in
                                 (f"/dev/nvidia{device.gpu_index}", *sorted(node.host_devices))]
     if env:
         edits["env"] = env
-    if device.mode != WHOLE and device.mode in node.mps_modes:
+    if device.mode != WHOLE and not device.admin and device.mode in node.mps_modes:
         pipe = mps_pipe_dir(node.mps_root, ComputeMode(device.mode))
         edits["mounts"] = [
-            {"hostPath": pipe, "containerPath": pipe, "options": ["rbind", "rw", "nosuid", "nodev"]},
+            {"hostPath": _pipe_host_dir(device, node, claim), "containerPath": pipe,
+             "options": ["rbind", "rw", "nosuid", "nodev"]},
             {"hostPath": mps_shm_dir(node.mps_root), "containerPath": SHM_MOUNT_PATH,
              "options": ["rbind", "rw", "nosuid", "nodev"]},
         ]
@@ -223,7 +299,7 @@ def own_cdi_id(device: PreparedDevice) -> str | None:
 def cdi_spec(prepared: PreparedClaim, node: DraNode) -> dict[str, Any] | None:
     """The claim's CDI spec: a device `<claim uid>-<device>` per allocated device that needs edits of ours; None
     when none does (whole GPUs the toolkit's spec names)."""
-    devices = [{"name": name, "containerEdits": _edits(device, node)}
+    devices = [{"name": name, "containerEdits": _edits(device, node, prepared.claim)}
                for device in prepared.devices if (name := own_cdi_id(device)) is not None]
     return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices} if devices else None
 

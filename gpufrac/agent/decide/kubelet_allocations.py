@@ -44,6 +44,11 @@ class KubeletAllocations:
     def of(self, pod_uid: str, container: str) -> frozenset[str]:
         return self.devices.get((pod_uid, container), frozenset())
 
+    def allocated(self) -> frozenset[str]:
+        """Every device ID the kubelet allocated to some container (replicas folded): GPUs NVIDIA's device plugin
+        gave out whole, which the DRA driver must not share out too."""
+        return frozenset(i for ids in self.devices.values() for i in ids)
+
 
 NO_ALLOCATIONS = KubeletAllocations()  # a node where no device plugin ever registered: the kubelet allocated nothing
 

@@ -11,8 +11,9 @@ they do to their env, there is no other daemon, server or namespace to reach, an
 to. The namespace goes when its container is no longer placed on the node.
 
 Pure: names, paths and the command words of NVIDIA's `<module> <verb>` syntax (`nvidia-cuda-mps-control namespace
-create ...`), written here once. A DRA claim's share is not routed this way (its CDI spec mounts the pipe directory
-as the claim's, for containers the driver does not know); it stays held by the server's limits.
+create ...`), written here once. A DRA claim's sm-sharing share gets one namespace for the claim, named from the
+claim's namespace, name and request (which Prepare knows before any container exists): its CDI spec mounts that
+namespace's directory, so every container of every pod that uses the claim is held to the claim's limits together.
 """
 
 from __future__ import annotations
@@ -74,17 +75,22 @@ def namespace_name(pod_uid: str, container: str) -> str:
     return NAME_PREFIX + hashlib.sha256(f"{pod_uid}/{container}".encode()).hexdigest()[:_DIGITS]
 
 
+def claim_namespace_name(namespace: str, claim: str) -> str:
+    """A DRA claim's share's namespace; `claim` is `<claim name>/<request>` (RunningContainer.claim)."""
+    return namespace_name(f"claim:{namespace}", claim)
+
+
 def is_ours(name: str) -> bool:
     return _OURS.fullmatch(name) is not None
 
 
 def wanted(containers: Iterable[RunningContainer]) -> dict[str, Namespace]:
-    """The namespaces the node's sm-sharing containers need, by name. A DRA claim's share has none (see above)."""
+    """The namespaces the node's sm-sharing containers and claims' shares need, by name."""
     out = {}
     for c in containers:
-        if c.mode is not ComputeMode.SM_SHARING or c.fraction.limit_mib is None or c.claim:
+        if c.mode is not ComputeMode.SM_SHARING or c.fraction.limit_mib is None:
             continue
-        name = namespace_name(c.pod_uid, c.container)
+        name = claim_namespace_name(c.namespace, c.claim) if c.claim else namespace_name(c.pod_uid, c.container)
         out[name] = Namespace(name, c.fraction.limit_mib, c.fraction.active_thread_percent or NO_COMPUTE_CAP,
                               f"{c.namespace}/{c.pod}/{c.container}")
     return out

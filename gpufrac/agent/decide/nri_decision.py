@@ -29,7 +29,7 @@ an `Injection` (what to add or take away) or a `Refusal` (the runtime fails the 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from gpufrac.agent.decide.audit import env_mismatches, expected_env
@@ -41,6 +41,7 @@ from gpufrac.agent.decide.creation_escapes import (
     mps_user_conflict,
     pipe_dir_problem,
 )
+from gpufrac.agent.decide.dra_shared_claims import ClaimHolder, claim_container, clients
 from gpufrac.agent.decide.front_door import refusal_for_annotated
 from gpufrac.agent.decide.kubelet_allocations import NO_ALLOCATIONS, KubeletAllocations
 from gpufrac.agent.decide.model import GpuInfo, RunningContainer
@@ -122,6 +123,7 @@ class NodeFacts:
     multi_user_modes: frozenset[ComputeMode] = frozenset()  # whose MPS daemon serves every UID at once (`-m`)
     usable_mib: Mapping[str, int] = field(default_factory=dict)  # GPU UUID -> usable memory (decide.capacity)
     owed: Mapping[str, tuple[Owed, ...]] = field(default_factory=dict)  # GPU UUID -> requests placed on it
+    claim_holders: Mapping[str, ClaimHolder] = field(default_factory=dict)  # time-slicing claim UID -> its pod
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,7 @@ class RefusalReason(StrEnum):
     SERVED_THROUGH_DRA = "GPUServedThroughDra"  # front_door: one front door per GPU
     DAEMON_LIMITS_NOT_SET = "GPUMpsLimitsNotSet"  # the sm-sharing daemon could not be told the fraction's limits
     REQUEST_DOES_NOT_FIT = "GPURequestDoesNotFit"  # request_fit: not next to the requests owed on its GPU
+    CLAIM_SHARED = "GPUClaimShared"  # dra_shared_claims: a time-slicing claim serves one pod
 
 
 @dataclass(frozen=True)
@@ -210,8 +213,17 @@ class Refusal:
 
 
 def decide(pod: PodInfo, container: ContainerInfo, node: NodeFacts, policy: Policy = Policy()) -> Injection | Refusal:
-    return _refuse_duplicated_edits(_decide(pod, container, node, policy), container, f"container {container.name} "
-                                    f"of pod {pod}")
+    where, ts = f"container {container.name} of pod {pod}", ComputeMode.TIME_SLICING
+    claim = claim_container(pod.uid, container, node.claim_holders,
+                            None if ts in node.multi_user_modes else clients(node.serving, ts, container.id))
+    if claim is not None and claim.refusal is not None:  # dra_shared_claims: one pod, one user per claim
+        return Refusal(RefusalReason.MPS_USER_CONFLICT if claim.user_conflict else RefusalReason.CLAIM_SHARED,
+                       f"{where}: {claim.refusal}")
+    result = _refuse_duplicated_edits(_decide(pod, container, node, policy), container, where)
+    if claim is None or isinstance(result, Refusal) or result.serving is not None:
+        return result
+    return replace(result, serving=ServingContainer(container.id, pod.namespace, pod.name, pod.uid, container.name,
+                                                    ts, claim.gpus, container.uid))
 
 
 def _refuse_duplicated_edits(result: Injection | Refusal, container: ContainerInfo, where: str) -> Injection | Refusal:

@@ -11,13 +11,15 @@ from __future__ import annotations
 import argparse
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gpufrac.agent.decide import dra_state
+from gpufrac.agent.decide import capabilities, dra_state
 from gpufrac.agent.decide.capacity import usable_label
 from gpufrac.agent.decide.claim_tenants import claim_tenants
+from gpufrac.agent.decide.dra_cdi_dirs import cdi_dir_problem
 from gpufrac.agent.decide.dra_claims import ClaimError, ClaimRef, read_claim
 from gpufrac.agent.decide.dra_prepare import (
     DRA_DOOR,
@@ -25,23 +27,29 @@ from gpufrac.agent.decide.dra_prepare import (
     PreparedClaim,
     cdi_spec,
     control_devices,
+    own_cdi_id,
     prepare,
 )
-from gpufrac.agent.decide.dra_slices import DRIVER, SliceGpu, resource_slices
+from gpufrac.agent.decide.dra_reconcile import reconciled
+from gpufrac.agent.decide.dra_shared_claims import time_slicing_holders
+from gpufrac.agent.decide.dra_slices import DRIVER, SliceGpu, dropped_fields, resource_slices
 from gpufrac.agent.decide.errors import ConfigError
 from gpufrac.agent.decide.front_door import FrontDoorChoice, choose, dra_served
 from gpufrac.agent.decide.model import Inventory, RunningContainer
+from gpufrac.agent.decide.mps_namespaces import too_long
 from gpufrac.agent.decide.nri_decision import gpu_identity
 from gpufrac.agent.decide.pods import placed_fractions
 from gpufrac.agent.edges.dra.files import DEFAULT_CDI_DIR, DEFAULT_STATE_FILE, ClaimSpecs, StateFile
 from gpufrac.agent.edges.dra.services import DeviceAnswer
+from gpufrac.agent.edges.kubelet_checkpoint import KubeletCheckpoint
 from gpufrac.agent.edges.nri.devices import DEFAULT_CDI_DIRS, CdiSpecs
 from gpufrac.core.annotations import ComputeMode
-from gpufrac.core.contract import FRONT_DOOR_LABEL, FrontDoor
-from gpufrac.kube.errors import ConflictError, KubeError
+from gpufrac.core.contract import FRONT_DOOR_LABEL, FrontDoor, mps_pipe_dir
+from gpufrac.kube.errors import ConflictError, KubeError, NotFoundError
 
 if TYPE_CHECKING:
     from gpufrac.agent.edges.dra.server import DraPlugin
+    from gpufrac.agent.programs.gpu_health_watch import GpuHealthWatch
     from gpufrac.agent.programs.node_loop import Agent
 
 log = logging.getLogger(__name__)
@@ -58,6 +66,8 @@ class SliceApi(Protocol):
 
     def delete_slice(self, name: str) -> None: ...
 
+    def node_uid(self, node: str) -> str: ...
+
 
 def _answers(claim: PreparedClaim) -> tuple[DeviceAnswer, ...]:
     return tuple(DeviceAnswer(d.request, d.pool, d.device, d.cdi_ids, d.share_id) for d in claim.devices)
@@ -70,7 +80,7 @@ def _claimed_gpus(claims: Iterable[PreparedClaim]) -> dict[str, str]:
 def _slice_content(body: dict[str, Any]) -> Any:
     spec = dict(body["spec"])
     spec["pool"] = {k: v for k, v in spec["pool"].items() if k != "generation"}
-    return spec
+    return spec, body["metadata"].get("ownerReferences")
 
 
 class DraDriver:
@@ -88,6 +98,8 @@ class DraDriver:
         self._driver_version = driver_version
         self._lock = threading.Lock()
         self._published: list[Any] | None = None
+        self._node_uid = ""
+        self.api_problem: str | None = None  # what the API server dropped of the slices (decide.dra_slices)
         text = state.read()
         try:
             self.prepared: dict[str, PreparedClaim] = dra_state.load(text) if text is not None else {}
@@ -122,8 +134,13 @@ class DraDriver:
         node = self._node()
         done = self.prepared.get(claim.uid)
         if done is not None:
-            if node is not None and not self._specs.exists(claim.uid):
-                self._write_spec(done, node)  # the spec went missing (a reboot cleared /var/run): write it again
+            if any(own_cdi_id(d) for d in done.devices) and not self._specs.exists(claim.uid):
+                # the spec went missing (a reboot cleared /var/run): write it again, never answer without it
+                if node is None:
+                    return (f"claim {claim} was prepared before the agent restarted and its CDI spec is gone (a "
+                            "reboot); the agent writes it again once it has read this node's GPUs (NVML); the "
+                            "kubelet retries")
+                self._write_spec(done, node)
             return _answers(done)
         if node is None:
             return "the agent has not read this node's GPUs yet (NVML); the kubelet retries"
@@ -138,6 +155,12 @@ class DraDriver:
         log.info("DRA prepared claim %s: %s", claim, ", ".join(
             f"{d.device} ({d.mode}, {d.request_mib} MiB, limit {d.limit_mib} MiB)" for d in result.devices))
         return _answers(result)
+
+    def _rewrite_missing(self, claim: PreparedClaim) -> None:
+        node = self._node()
+        if node is not None and any(own_cdi_id(d) for d in claim.devices) and not self._specs.exists(claim.claim.uid):
+            self._write_spec(claim, node)
+            log.info("DRA: the CDI spec of claim %s was gone (a reboot?): written again", claim.claim)
 
     def _write_spec(self, claim: PreparedClaim, node: DraNode) -> None:
         spec = cdi_spec(claim, node)
@@ -171,6 +194,32 @@ class DraDriver:
         self._saved = tuple(self.prepared.values())
         self._claimed = _claimed_gpus(self._saved)
 
+    # ---- the records, held against the API ----
+
+    def reconcile(self) -> None:
+        """Drop the records of claims gone from the API, take the pods each claim is reserved for now
+        (decide.dra_reconcile) and write again the specs a reboot removed (a container the kubelet restarts needs
+        it, and the kubelet does not prepare the claim again for that); one GET per recorded claim. Raises
+        KubeError."""
+        for record in self._saved:
+            obj = self._api.get_claim(record.claim.namespace, record.claim.name)
+            with self._lock:
+                if self.prepared.get(record.claim.uid) is not record:
+                    continue  # unprepared or prepared again meanwhile
+                now = reconciled(record, obj)
+                if now is not None:
+                    self._rewrite_missing(now)
+                if now is record:
+                    continue
+                if now is None:
+                    self._specs.remove(record.claim.uid)
+                    del self.prepared[record.claim.uid]
+                    log.info("DRA: claim %s is gone from the API server; its record and CDI spec are dropped",
+                             record.claim)
+                else:
+                    self.prepared[record.claim.uid] = now
+                self._save()
+
     # ---- the ResourceSlices ----
 
     def publish(self) -> bool:
@@ -179,8 +228,12 @@ class DraDriver:
         if node is None:
             return False
         # a node whose front door is annotations publishes no devices: the scheduler then allocates none here
-        gpus = list(node.gpus.values()) if node.front_door.door is FrontDoor.DRA else []
-        wanted = resource_slices(node.name, gpus, self._driver_version(), generation=0) if gpus else []
+        gpus = node.publishable() if node.front_door.door is FrontDoor.DRA else []
+        if gpus and not self._node_uid:
+            self._node_uid = self._owner_uid(node.name)
+        lost = {gpu.gpu.index: node.lost[gpu.gpu.uuid] for gpu in gpus if gpu.gpu.uuid in node.lost}
+        wanted = resource_slices(node.name, gpus, self._driver_version(), generation=0, offered=node.offered(),
+                                 lost=lost, node_uid=self._node_uid) if gpus else []
         content = [_slice_content(body) for body in wanted]
         if content == self._published:
             return False
@@ -195,10 +248,21 @@ class DraDriver:
                 self._api.replace_slice(body, current["metadata"]["resourceVersion"])
         for stale in existing:
             self._api.delete_slice(stale)
+        self.api_problem = dropped_fields(wanted, self._api.list_slices(node.name)) if wanted else None
+        if self.api_problem is not None:
+            log.error("DRA: %s", self.api_problem)
         self._published = content
         log.info("DRA: published the ResourceSlices of node %s (pool generation %d, %d GPUs; front door %s: %s)",
                  node.name, generation, len(gpus), node.front_door.door, node.front_door.why)
         return True
+
+    def _owner_uid(self, node: str) -> str:
+        """The Node's UID, to own the slices; "" while the API server has no such Node (asked again next time)."""
+        try:
+            return self._api.node_uid(node)
+        except NotFoundError as err:
+            log.warning("DRA: the slices are published without their Node owner for now: %s", err)
+            return ""
 
     def republish(self) -> None:
         """Write the slices again at the next publish, changed or not: the kubelet deletes a driver's slices when it
@@ -210,6 +274,10 @@ class DraDriver:
         front door does; `before` runs ahead of each publishing (it reads the node's labels)."""
         while not stop.is_set():
             before()
+            try:
+                self.reconcile()
+            except KubeError as err:
+                log.warning("DRA: holding the prepared claims against the API server failed: %s", err)
             try:
                 self.publish()
             except ConflictError:
@@ -234,9 +302,21 @@ def slice_gpus(inventory: Inventory, usable_labels: dict[str, str]) -> dict[int,
     return gpus
 
 
+@dataclass(frozen=True)
+class NodeHolds:
+    """What keeps a claim off the node's GPUs, beside its front door (DraNode's fields of the same names)."""
+
+    unenforced: Mapping[str, str] = field(default_factory=dict)
+    plugin_gpus: Mapping[str, str] = field(default_factory=dict)
+    lost: Mapping[str, str] = field(default_factory=dict)
+    cdi_problem: str | None = None
+    mps_namespaces: bool = False
+
+
 def dra_node(name: str, inventory: Inventory | None, usable_labels: dict[str, str], mps_root: str,
              mps_modes: Iterable[str], cdi_devices: frozenset[str], dev: Path = Path("/dev"), *,
-             front_door: FrontDoorChoice = DRA_DOOR, placed: Iterable[RunningContainer] = ()) -> DraNode | None:
+             front_door: FrontDoorChoice = DRA_DOOR, placed: Iterable[RunningContainer] = (),
+             holds: NodeHolds = NodeHolds()) -> DraNode | None:
     if inventory is None:
         return None
     annotated = {gpu_identity(entry, inventory.gpus): f"container {c.container} of pod {c.namespace}/{c.pod}"
@@ -244,7 +324,9 @@ def dra_node(name: str, inventory: Inventory | None, usable_labels: dict[str, st
     return DraNode(name=name, gpus=slice_gpus(inventory, usable_labels), mps_root=mps_root,
                    mps_modes=frozenset(mps_modes), cdi_devices=cdi_devices,
                    host_devices=control_devices(f"/dev/{path.name}" for path in dev.glob("nvidia*")),
-                   front_door=front_door, annotated=annotated)
+                   front_door=front_door, annotated=annotated, unenforced=holds.unenforced,
+                   plugin_gpus=holds.plugin_gpus, lost=holds.lost, cdi_problem=holds.cdi_problem,
+                   mps_namespaces=holds.mps_namespaces)
 
 
 class FrontDoorWatch:
@@ -273,8 +355,8 @@ class FrontDoorWatch:
 def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dra", action=argparse.BooleanOptionalAction, default=False,
                         help=f"serve the DRA driver {DRIVER}: publish this node's GPUs as ResourceSlices and prepare "
-                             "the ResourceClaims the scheduler allocates on them (Kubernetes 1.34+; 1.36 for "
-                             "consumable capacity)")
+                             "the ResourceClaims the scheduler allocates on them (Kubernetes 1.36+: consumable "
+                             "capacity)")
     parser.add_argument("--dra-state-file", type=Path, default=DEFAULT_STATE_FILE, metavar="PATH",
                         help="the claims this node prepared, read back after a restart (a host path)")
     parser.add_argument("--dra-default-front-door", choices=[door.value for door in FrontDoor],
@@ -283,13 +365,22 @@ def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
                              "ResourceClaims (dra) or annotated fractions (annotations); one front door per GPU")
     parser.add_argument("--dra-cdi-dir", type=Path, default=DEFAULT_CDI_DIR, metavar="PATH",
                         help="where each claim's CDI spec is written (one of the runtime's cdi_spec_dirs)")
+    parser.add_argument("--dra-cdi-host-dir", metavar="PATH",
+                        help="that directory's path on the host, where it is mounted elsewhere in the agent's "
+                             "container (default: --dra-cdi-dir)")
+    parser.add_argument("--dra-runtime-cdi-dir", action="append", metavar="PATH",
+                        help="a directory the container runtime reads CDI specs from (its cdi_spec_dirs; "
+                             "repeatable; default: the --cdi-spec-dir ones, else /etc/cdi and /var/run/cdi); "
+                             "the driver refuses claims while --dra-cdi-host-dir is not among them")
 
 
 class DraService:
     """The driver, its gRPC plugin and its slice publisher, started and stopped with the agent."""
 
-    def __init__(self, driver: DraDriver, plugin: DraPlugin, interval: float, front_door: FrontDoorWatch) -> None:
+    def __init__(self, driver: DraDriver, plugin: DraPlugin, interval: float, front_door: FrontDoorWatch,
+                 health: GpuHealthWatch | None = None) -> None:
         self.driver = driver
+        self.health = health
         self.plugin = plugin
         self.front_door = front_door
         self._interval = interval
@@ -300,6 +391,8 @@ class DraService:
 
     def start(self) -> None:
         self.front_door.refresh()  # before the kubelet's first Prepare
+        if self.health is not None:
+            self.health.start()
         self.plugin.start()
         self._publisher.start()
 
@@ -308,6 +401,8 @@ class DraService:
         self._stop.set()
         self.plugin.stop()
         self._publisher.join(timeout=self._interval + 5)
+        if self.health is not None:
+            self.health.stop()
 
 
 def dra_service(args: argparse.Namespace, agent: Agent, api_client: Any) -> DraService | None:
@@ -315,17 +410,41 @@ def dra_service(args: argparse.Namespace, agent: Agent, api_client: Any) -> DraS
         return None
     from gpufrac.agent.edges.dra.kube import DraKube
     from gpufrac.agent.edges.dra.server import DraPlugin, plugin_paths
+    from gpufrac.agent.programs.gpu_health_watch import GpuHealthWatch
 
     config = agent.config
     cdi = CdiSpecs(args.cdi_spec_dir or DEFAULT_CDI_DIRS)
     kube = DraKube(api_client)
     door = FrontDoorWatch(lambda: kube.node_labels(config.node), FrontDoor(args.dra_default_front_door))
 
+    runtime_dirs = [str(d) for d in (args.dra_runtime_cdi_dir or args.cdi_spec_dir or DEFAULT_CDI_DIRS)]
+    cdi_problem = cdi_dir_problem(str(args.dra_cdi_host_dir or args.dra_cdi_dir), runtime_dirs)
+    checkpoint = KubeletCheckpoint(args.nri_device_checkpoint)
+
+    def listed() -> tuple[str, ...]:
+        return tuple(sorted(gpu.uuid for gpu in agent.inventory.gpus)) if agent.inventory is not None else ()
+
+    health = GpuHealthWatch(listed)
+    agent.lost_gpus = health.lost
+
+    def holds() -> NodeHolds:
+        # before the agent's first pass has judged a mode, it is not offered
+        unenforced = {str(mode): agent.not_served.get(mode, "the agent has not judged it yet") for mode in ComputeMode}
+        ids = checkpoint.allocations().allocated()
+        gpus = agent.inventory.gpus if agent.inventory is not None else ()
+        plugin = {g.uuid: "allocated whole by the kubelet, its device checkpoint says" for g in gpus
+                  if g.uuid in ids or str(g.index) in ids}
+        # as the agent's MPS limits give namespaces (Agent.hold_now): a claim's spec mounts its own
+        namespaces = agent.inventory is not None and capabilities.has_driver_memory_limits(agent.inventory) and \
+            too_long(mps_pipe_dir(str(config.mps_root), ComputeMode.SM_SHARING)) is None
+        return NodeHolds({mode: why for mode, why in unenforced.items() if why}, plugin, agent.lost_gpus(), cdi_problem,
+                         namespaces)
+
     def node() -> DraNode | None:
         served = [str(mode) for mode, status in agent.daemon_statuses().items() if status.up]
         placed = placed_fractions(agent.pods.snapshot()) if agent.pods.synced.is_set() else ()
         return dra_node(config.node, agent.inventory, agent.audit.guarantee.labels, str(config.mps_root), served,
-                        cdi.names(), front_door=door.choice, placed=placed)
+                        cdi.names(), front_door=door.choice, placed=placed, holds=holds())
 
     def driver_version() -> str:
         return agent.inventory.driver_version if agent.inventory is not None else ""
@@ -333,13 +452,16 @@ def dra_service(args: argparse.Namespace, agent: Agent, api_client: Any) -> DraS
     driver = DraDriver(node, kube, ClaimSpecs(args.dra_cdi_dir), StateFile(args.dra_state_file), driver_version,
                        hold=agent.hold_now)
     agent.claims = lambda: claim_tenants(driver.claims())  # held like annotated fractions
+    agent.claim_holders = lambda: time_slicing_holders(driver.claims())  # a time-slicing claim serves one pod
 
     def dra_gpus() -> dict[str, str]:
         gpus = agent.inventory.gpus if agent.inventory is not None else ()
         return dra_served(door.choice, [gpu.uuid for gpu in gpus], driver.claimed_gpus())
 
     agent.dra_gpus = dra_gpus  # what the NRI plugin refuses annotated fractions on
-    agent.front_door_problem = lambda: door.choice.problem  # said on the node's condition
+    # said on the node's condition, from the agent's first pass on: before any claim is placed
+    agent.front_door_problem = lambda: "; ".join(
+        p for p in (door.choice.problem, cdi_problem, driver.api_problem) if p) or None
     endpoint, registration = plugin_paths(args.kubelet_dir, DRIVER)
     plugin = DraPlugin(DRIVER, endpoint, registration, driver, on_registered=driver.republish)
-    return DraService(driver, plugin, max(config.interval, 5.0), door)
+    return DraService(driver, plugin, max(config.interval, 5.0), door, health)

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from gpufrac.agent.decide import capabilities
 from gpufrac.agent.decide.claim_tenants import NO_CLAIMS, ClaimTenants
 from gpufrac.agent.decide.csi_publish import NodeDirs, PodRef
+from gpufrac.agent.decide.dra_shared_claims import ClaimHolder
 from gpufrac.agent.decide.errors import NvmlError
 from gpufrac.agent.decide.model import (
     DaemonStatus,
@@ -105,6 +106,10 @@ class Agent:
         self.dra_gpus: Callable[[], dict[str, str]] = dict
         # Why the node's front-door label is not followed (None: it is, or there is none); set by the driver.
         self.front_door_problem: Callable[[], str | None] = lambda: None
+        # GPU UUID -> the critical XID that lost it (edges.nvml.XidWatch); the DRA driver taints its devices.
+        self.lost_gpus: Callable[[], dict[str, str]] = dict
+        # time-slicing claim UID -> the pod it serves (decide.dra_shared_claims); set by the driver.
+        self.claim_holders: Callable[[], dict[str, ClaimHolder]] = dict
 
     @property
     def supervisors(self) -> dict[ComputeMode, Daemon]:

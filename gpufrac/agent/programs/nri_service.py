@@ -64,7 +64,8 @@ class NriService:
                          delivery=DeliveryFacts(runtime) if runtime else None, dra_gpus=self.agent.dra_gpus(),
                          multi_user_modes=multi_user_modes(inventory),
                          usable_mib=dict(self.agent.audit.guarantee.usable_mib),
-                         owed=owed_by_gpu(self.agent.placed(), gpus) if self.agent.pods.synced.is_set() else {})
+                         owed=owed_by_gpu(self.agent.placed(), gpus) if self.agent.pods.synced.is_set() else {},
+                         claim_holders=self.agent.claim_holders())
 
     def hold(self, pod: PodInfo, serving: ServingContainer, within_s: float) -> str | None:
         """An sm-sharing fraction's limits told to the MPS daemon before its creation is answered (Agent.hold_now)."""

@@ -11,6 +11,14 @@ dra.enabled false. */}}
 - {{ trimSuffix "/" .Values.csi.kubeletDir | quote }}
 - --dra-cdi-dir
 - "/run/gpufrac/dra-cdi"
+{{- /* the host directory behind it, and the runtime's CDI directories: the agent refuses claims (and says so on the
+node's condition) while the runtime does not read what it writes */}}
+- --dra-cdi-host-dir
+- {{ .Values.dra.cdiDir | quote }}
+{{- range .Values.nri.cdiSpecDirs }}
+- --dra-runtime-cdi-dir
+- {{ . | quote }}
+{{- end }}
 - --dra-state-file
 - {{ printf "%s/prepared.json" (trimSuffix "/" .Values.dra.stateDir) | quote }}
 - --dra-default-front-door

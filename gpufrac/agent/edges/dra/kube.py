@@ -38,17 +38,26 @@ class DraKube:
             return None
         return found
 
-    def node_labels(self, node: str) -> dict[str, str]:
-        """The node's labels (its front door is one of them). Every agent asks every few seconds, so from the API
-        server's watch cache (a list at resourceVersion 0), never a read of etcd."""
+    def _node_metadata(self, node: str) -> dict[str, Any]:
+        """Every agent asks every few seconds, so from the API server's watch cache (a list at resourceVersion 0),
+        never a read of etcd."""
         with translated(f"reading node {node}"):
             found = self.core.list_node(field_selector=f"metadata.name={node}", resource_version="0",
                                         _preload_content=False)
         items = json.loads(found.data).get("items") or []
         if not items:
             raise NotFoundError(f"reading node {node}: the API server has no node {node}", 404)
-        labels: dict[str, str] = (items[0].get("metadata") or {}).get("labels") or {}
+        metadata: dict[str, Any] = items[0].get("metadata") or {}
+        return metadata
+
+    def node_labels(self, node: str) -> dict[str, str]:
+        """The node's labels (its front door is one of them)."""
+        labels: dict[str, str] = self._node_metadata(node).get("labels") or {}
         return labels
+
+    def node_uid(self, node: str) -> str:
+        """The node's UID: its slices' owner."""
+        return str(self._node_metadata(node).get("uid") or "")
 
     def list_slices(self, node: str) -> list[dict[str, Any]]:
         """This driver's slices of one node."""
