@@ -595,7 +595,8 @@ def test_the_nri_plugin_follows_its_values(default: list[dict[str, Any]]) -> Non
     assert arg_value(c["args"], "--nri-socket") == ["/var/run/nri/nri.sock"]
     assert arg_value(c["args"], "--nri-index") == ["10"]
     assert arg_value(c["args"], "--nri-lock-file") == ["/run/gpufrac/nri/plugin.lock"]
-    assert arg_value(c["args"], "--nri-trusted-namespace") == ["kube-system", "gpu-operator"]
+    assert arg_value(c["args"], "--nri-trusted-namespace") == ["kube-system", "nvidia-device-plugin", "gpu-operator",
+                                                                 "nvidia-gpu-operator"]
     assert arg_value(c["args"], "--cdi-spec-dir") == ["/etc/cdi", "/var/run/cdi"]
     assert {m["mountPath"]: m.get("readOnly", False) for m in c["volumeMounts"]
             if "cdi" in m["name"]} == {"/etc/cdi": True, "/var/run/cdi": True}
