@@ -284,3 +284,33 @@ def test_before_r615_an_sm_sharing_fraction_keeps_the_daemons_pipe_directory(wor
     assert answer.status.code == 0, answer.status.message
     assert list(api_pb2.CreateContainerResponse.FromString(answer.payload).adjust.mounts) == []
     assert not (world.tmp / "mps" / "sm-sharing" / "gpufrac").exists()
+
+
+def test_a_daemonset_pod_voided_or_refused_gets_a_warning_event_and_a_metric(world: World) -> None:
+    """A node-wide component gpufrac did not recognise as the GPU stack (its namespace not trusted, no device-plugins
+    bind): its voided env, or its refusal, is counted and reported, so the operator sees it before it loses GPUs."""
+    runtime = registered(world, serve_both_modes)
+    daemonset = {"pod-template-generation": "1", "controller-revision-hash": "6d9f"}
+    exporter = pod_sandbox("dcgm-exporter-x1", "u-dcgm", {}, namespace="monitoring", labels=daemonset)
+    voided = runtime.create(exporter, nri_container("c-dcgm", "exporter", exporter, {"NVIDIA_VISIBLE_DEVICES": "all"}))
+    env = api_pb2.CreateContainerResponse.FromString(voided.payload).adjust.env
+    assert [(e.key, e.value) for e in env] == [("NVIDIA_VISIBLE_DEVICES", "void")]
+    assert wait_until(lambda: any(e["reason"] == "DaemonSetGpuEnvVoided" for e in world.kube.events.values()))
+    event = next(e for e in world.kube.events.values() if e["reason"] == "DaemonSetGpuEnvVoided")
+    assert event["type"] == "Warning" and event["involvedObject"]["name"] == "dcgm-exporter-x1"
+    assert "nri.trustedNamespaces" in event["message"] and "NVIDIA_VISIBLE_DEVICES=all" in event["message"]
+    metrics = world.agent.metrics
+    assert value(metrics, "gpufrac_nri_daemonset_pods_total", outcome="voided") == 1
+
+    # the same env written twice (image and pod): refused, counted as a DaemonSet's refusal
+    twice = pod_sandbox("gfd-x2", "u-gfd", {}, namespace="monitoring", labels=daemonset)
+    ctr = nri_container("c-gfd", "gfd", twice, {"NVIDIA_VISIBLE_DEVICES": "all"})
+    ctr.env.append("NVIDIA_VISIBLE_DEVICES=all")
+    assert runtime.create(twice, ctr).status.code != 0
+    assert wait_until(lambda: value(metrics, "gpufrac_nri_daemonset_pods_total", outcome="refused") == 1)
+
+    # a plain pod (no DaemonSet) voided: no such Event, no count
+    plain = pod_sandbox("plain", "u-plain", {}, namespace="monitoring")
+    runtime.create(plain, nri_container("c-plain", "cuda", plain, {"NVIDIA_VISIBLE_DEVICES": "all"}))
+    assert value(metrics, "gpufrac_nri_daemonset_pods_total", outcome="voided") == 1
+    assert sum(e["reason"] == "DaemonSetGpuEnvVoided" for e in world.kube.events.values()) == 1

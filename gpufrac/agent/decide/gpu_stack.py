@@ -9,7 +9,7 @@ such a pod could take a GPU anyway).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 DEVICE_PLUGINS_DIR = "/var/lib/kubelet/device-plugins"  # the kubelet's, fixed whatever its --root-dir
 
@@ -24,3 +24,21 @@ def is_gpu_stack(namespace: str, mount_sources: Iterable[str], trusted_namespace
         return True
     tops = [top.rstrip("/") for top in stack_host_dirs]
     return any(source.rstrip("/") == top or source.startswith(top + "/") for source in mount_sources for top in tops)
+
+
+VOIDED_DAEMONSET_REASON = "DaemonSetGpuEnvVoided"  # the Event on a DaemonSet's pod whose GPU env gpufrac voided
+# The DaemonSet controller labels its pods with their template's generation (no other controller does); the
+# runtime hands the plugin the pod's labels with its sandbox
+DAEMONSET_POD_LABEL = "pod-template-generation"
+
+
+def daemonset_pod(labels: Mapping[str, str]) -> bool:
+    """A node-wide component's pod (a device plugin, a monitoring agent): its voided or refused GPU env is the sign
+    of a GPU stack gpufrac did not recognise."""
+    return DAEMONSET_POD_LABEL in labels
+
+
+def voided_daemonset_message(container: str, note: str) -> str:
+    return (f"container {container} of a DaemonSet's pod: {note}. If it is the GPU stack's own (a device plugin, GPU "
+            "feature discovery, a DCGM exporter), add its namespace to the chart's nri.trustedNamespaces: at its "
+            "next restart it would otherwise lose its GPUs")

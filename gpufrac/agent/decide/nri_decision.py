@@ -141,6 +141,7 @@ class PodInfo:
     name: str
     uid: str
     annotations: Mapping[str, str]
+    labels: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"

@@ -213,6 +213,14 @@ class AgentMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.nri_daemonset_pods = Counter(
+            "gpufrac_nri_daemonset_pods",
+            "Containers of DaemonSet pods whose GPU env the NRI plugin voided or whose creation it refused, by "
+            "outcome (voided, refused): node-wide components such as a device plugin or a DCGM exporter lose their "
+            "GPUs; add their namespace to nri.trustedNamespaces",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.nri_state = Gauge(
             "gpufrac_nri_plugin_state",
             "1 for the NRI plugin's state: registered; no-socket (containerd 1.x or NRI disabled: GPUs reach "

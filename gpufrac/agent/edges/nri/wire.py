@@ -197,7 +197,7 @@ class Handler(Protocol):
 
 
 def pod_info(pod: Any) -> PodInfo:
-    return PodInfo(pod.namespace, pod.name, pod.uid, dict(pod.annotations))
+    return PodInfo(pod.namespace, pod.name, pod.uid, dict(pod.annotations), dict(pod.labels))
 
 
 def container_info(container: Any) -> ContainerInfo:
