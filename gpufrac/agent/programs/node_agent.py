@@ -25,6 +25,7 @@ from gpufrac.agent.programs.daemon_options import add_daemon_arguments, restart_
 from gpufrac.agent.programs.dra_driver import add_dra_arguments, dra_service
 from gpufrac.agent.programs.guarantee import GuaranteeConfig
 from gpufrac.agent.programs.node_loop import Agent
+from gpufrac.agent.programs.host_withdraw import DaemonSetApi, withdraw_from_host
 from gpufrac.agent.programs.stop_signal import stop_on_signals
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import MIB
@@ -143,7 +144,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image", default="", metavar="REF",
                         help="the image the agent runs in (the chart sets it): with the version, the build it "
                              "compares with the MPS pods' (gpufrac_mps_version_skew)")
+    parser.add_argument("--withdraw-daemonset", default="", metavar="NAME",
+                        help="the agents' DaemonSet (in $POD_NAMESPACE): when it is gone as the agent stops (the "
+                             "uninstall), the --withdraw-host-path paths are removed from the host")
+    parser.add_argument("--withdraw-host-path", action="append", default=[], metavar="PATH",
+                        help="a host path (file, directory or glob) the release leaves, removed at the uninstall "
+                             "through /proc/1/root of --proc-root (repeatable)")
     add_log_arguments(parser)
+
+
+def withdraw_host(args: argparse.Namespace, kube: DaemonSetApi) -> None:
+    namespace = os.environ.get("POD_NAMESPACE", "")
+    if args.withdraw_daemonset and namespace:
+        withdraw_from_host(kube, namespace, args.withdraw_daemonset, args.withdraw_host_path,
+                           Path(args.proc_root) / "1" / "root")
 
 
 def config_from_args(args: argparse.Namespace) -> AgentConfig:
@@ -269,3 +283,4 @@ def run(args: argparse.Namespace) -> int:
         if plugin is not None:
             plugin.stop()
         server.stop()
+        withdraw_host(args, kube)
