@@ -57,6 +57,9 @@ def webhook_pods(node: RealCluster) -> list[dict]:
                         "app.kubernetes.io/component=webhook")["items"]
 
 
+HOST_PATHS = ("/run/gpufrac", "/var/lib/gpufrac")  # what the release writes on the node, but its MPS logs
+
+
 def gpufrac_leftovers(node_obj: dict) -> list[str]:
     """The agent's labels and conditions still on the node (gpufrac.io/ and KAI's readiness)."""
     labels = [k for k in node_obj["metadata"]["labels"] if k.startswith("gpufrac.io/")]
@@ -340,6 +343,12 @@ def test_helm_uninstall_withdraws_the_agents_and_leaves_no_webhook_configuration
     # daemons: all of it before helm returned, with nothing to wait for afterwards.
     after = kubectl_json(node, "get", "node", NODE_NAME)
     assert gpufrac_leftovers(after) == [], gpufrac_leftovers(after)
+    annotations = [k for k in after["metadata"].get("annotations") or {} if k.startswith("gpufrac.io/")]
+    assert annotations == [], annotations
+    # The agents, stopping with their DaemonSet gone, removed the release's host paths (docs/operations.md,
+    # "Uninstall"): the NRI lock, the MPS pipe directories and shared memory, the DRA state.
+    left = [p for p in HOST_PATHS if Path(p).exists()]
+    assert left == [], left
     assert after["metadata"]["labels"]["kubernetes.io/hostname"] == before["metadata"]["labels"][
         "kubernetes.io/hostname"]
     assert "Ready" in {c["type"] for c in after["status"]["conditions"]}, "the kubelet's own conditions stay"
