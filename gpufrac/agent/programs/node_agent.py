@@ -24,8 +24,8 @@ from gpufrac.agent.programs.agent_config import AgentConfig, DaemonOwner
 from gpufrac.agent.programs.daemon_options import add_daemon_arguments, restart_policy
 from gpufrac.agent.programs.dra_driver import add_dra_arguments, dra_service
 from gpufrac.agent.programs.guarantee import GuaranteeConfig
-from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.agent.programs.host_withdraw import DaemonSetApi, withdraw_from_host
+from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.agent.programs.stop_signal import stop_on_signals
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import MIB
