@@ -131,8 +131,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nri-trusted-namespace", action="append", metavar="NAMESPACE",
                         help="a namespace whose pods keep their NVIDIA_VISIBLE_DEVICES (the GPU stack's own: device "
                              "plugin, DCGM exporter); repeatable; default kube-system, nvidia-device-plugin, "
-                             "gpu-operator, nvidia-gpu-operator; the agent's own namespace ($POD_NAMESPACE) always, and "
-                             "any container binding the kubelet's device-plugins directory")
+                             "gpu-operator, nvidia-gpu-operator; the agent's own namespace ($POD_NAMESPACE) always, "
+                             "and any container binding the kubelet's device-plugins directory")
     parser.add_argument("--nri-device-checkpoint", type=Path, default=_NRI.device_checkpoint, metavar="PATH",
                         help="the kubelet's device manager checkpoint (the kubelet's path is fixed, whatever its "
                              "--root-dir): GPUs it allocated to a container (NVIDIA's device plugin) are left to it; "
