@@ -166,23 +166,32 @@ def serve_sm_sharing_only(agent: Agent) -> None:
     agent.tick()
 
 
-def test_without_an_nri_socket_the_agent_says_so(tmp_path: Path, fake_gpus: Any, mps_binary: str) -> None:
+@pytest.mark.parametrize("env_fallback", [False, True])
+def test_without_an_nri_socket_the_agent_says_so(tmp_path: Path, fake_gpus: Any, mps_binary: str,
+                                                  env_fallback: bool) -> None:
+    """No NRI (containerd 1.7, GKE <= 1.32): by default the node is not Ready for fractions; with the operator's
+    opt-in (nri.envFallback) it is, and says that the env var alone hands the GPUs out."""
     fake_gpus.gpu(UUID_A, memory_total_mib=80000)
     _, kube, config = two_pod_node(tmp_path, mps_binary, RestartPolicy(0.01, 0.05, 3, 300.0))
     metrics = AgentMetrics(node=config.node)
     agent = Agent(replace(config), kube, NvmlSource(), metrics)
     agent.start()
-    service = NriService(NriConfig(tmp_path / "absent" / "nri.sock", lock_file=None, retry_interval=0.05), agent,
-                         kube, metrics, cdi=CdiSpecs([]))
+    service = NriService(NriConfig(tmp_path / "absent" / "nri.sock", lock_file=None, retry_interval=0.05,
+                                   env_fallback=env_fallback), agent, kube, metrics, cdi=CdiSpecs([]))
     service.start()
     try:
         serve_both_modes(agent)
         assert wait_until(lambda: value(metrics, "gpufrac_nri_plugin_state", state="no-socket") == 1)
         agent.tick()
         condition = kube.last_condition()
-        assert (condition["status"], condition["reason"]) == ("True", "NriUnavailable")
         assert "no NRI socket at" in condition["message"] and "NVIDIA_VISIBLE_DEVICES only" in condition["message"]
-        assert condition["message"].startswith("GPU memory fractions are enforced")
+        if env_fallback:
+            assert (condition["status"], condition["reason"]) == ("True", "NriUnavailable")
+            assert condition["message"].startswith("GPU memory fractions are enforced")
+        else:
+            assert (condition["status"], condition["reason"]) == ("False", "NriUnavailable")
+            assert "nri.envFallback=true" in condition["message"]
+            assert condition["message"].count("no NRI socket at") == 1
     finally:
         service.stop()
         agent.shutdown()

@@ -133,6 +133,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "plugin, DCGM exporter); repeatable; default kube-system, nvidia-device-plugin, "
                              "gpu-operator, nvidia-gpu-operator; the agent's own namespace ($POD_NAMESPACE) always, "
                              "and any container binding the kubelet's device-plugins directory")
+    parser.add_argument("--nri-env-fallback", action="store_true",
+                        help="without an NRI socket, keep the node Ready for fractions, whose GPUs then come from "
+                             "NVIDIA_VISIBLE_DEVICES alone (which any pod may set); default: not Ready (NriUnavailable)")
     parser.add_argument("--nri-device-checkpoint", type=Path, default=_NRI.device_checkpoint, metavar="PATH",
                         help="the kubelet's device manager checkpoint (the kubelet's path is fixed, whatever its "
                              "--root-dir): GPUs it allocated to a container (NVIDIA's device plugin) are left to it; "
@@ -217,7 +220,8 @@ def nri_service(args: argparse.Namespace, agent: Agent, kube: EventSink, metrics
         trusted.add(os.environ["POD_NAMESPACE"])
     config = NriConfig(args.nri_socket, index=args.nri_index, lock_file=args.nri_lock_file,
                        void_env_grants=args.nri_void_env_grants, trusted_namespaces=frozenset(trusted),
-                       device_checkpoint=args.nri_device_checkpoint, proc_root=args.proc_root)
+                       device_checkpoint=args.nri_device_checkpoint, proc_root=args.proc_root,
+                       env_fallback=args.nri_env_fallback)
     service = NriService(config, agent, kube, metrics, cdi=CdiSpecs(args.cdi_spec_dir or DEFAULT_CDI_DIRS))
 
     def no_socket() -> str | None:  # the runtime has no NRI (not: another agent holds the lock for a moment)

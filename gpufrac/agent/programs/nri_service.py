@@ -11,6 +11,7 @@ import queue
 import threading
 from pathlib import Path
 
+from gpufrac.agent.decide.capabilities import NRI_UNAVAILABLE
 from gpufrac.agent.decide.events import EventSink, refusal_event
 from gpufrac.agent.decide.gpu_stack import VOIDED_DAEMONSET_REASON, daemonset_pod, voided_daemonset_message
 from gpufrac.agent.decide.mps_config import multi_user_modes
@@ -58,6 +59,8 @@ class NriService:
             metrics.nri_daemonset_pods.labels(outcome=str(outcome))
         self.state_changed(self.plugin.state)
         agent.delivery_problem = self.problem
+        if not config.env_fallback:
+            agent.blockers.append(self.no_nri)
 
     def facts(self) -> NodeFacts:
         inventory = self.agent.inventory
@@ -139,6 +142,13 @@ class NriService:
             return (f"another gpufrac NRI plugin holds {self.plugin.config.lock_file} on this node; this agent "
                     "registers once it stops")
         return None
+
+    def no_nri(self) -> tuple[str, str] | None:
+        """The runtime has no NRI: without the env fallback the node is not Ready for fractions."""
+        if self.plugin.state is not PluginState.NO_SOCKET:
+            return None
+        return (NRI_UNAVAILABLE, f"{self.problem()}; so the node is not Ready for fractions (set the chart's "
+                                 "nri.envFallback=true to accept the env var alone)")
 
     # ---- threads ----
 
