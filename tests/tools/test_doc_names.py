@@ -16,7 +16,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gpufrac"
-DOCS = (ROOT / "README.md", CHART / "README.md", CHART / "templates" / "NOTES.txt", *sorted((ROOT / "docs").glob("*.md")))
+DOCS = (ROOT / "README.md", CHART / "README.md", CHART / "templates" / "NOTES.txt",
+        *sorted((ROOT / "docs").glob("*.md")))
 CODE_DIRS = ("gpufrac", "charts/gpufrac/templates", "testkit", "e2e")
 CODE_SUFFIXES = (".py", ".yaml", ".tpl", ".txt", ".c", ".sh", ".json")
 # Names of other projects' objects the docs mention beside conditions (KAI's node objects, not reasons).

@@ -125,6 +125,17 @@ class KubeClient:
         daemonset: dict[str, Any] = json.loads(resp.data)
         return daemonset
 
+    def deployment_version(self, namespace: str, name: str) -> str | None:
+        """The Deployment's `app.kubernetes.io/version` label (the chart's appVersion); None: no such Deployment."""
+        try:
+            with translated(f"reading deployment {namespace}/{name}"):
+                resp = self.apps.read_namespaced_deployment(name, namespace, _preload_content=False)
+        except NotFoundError:
+            return None
+        labels = (json.loads(resp.data).get("metadata") or {}).get("labels") or {}
+        version = labels.get("app.kubernetes.io/version")
+        return str(version) if version else None
+
     def daemonset_present(self, namespace: str, name: str) -> bool:
         """True while it exists and is not being deleted (the uninstall's hook deletes the agents' DaemonSet)."""
         found = self.read_daemonset(namespace, name)

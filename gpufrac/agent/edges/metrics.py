@@ -142,6 +142,12 @@ class AgentMetrics:
             ["mode"],
             registry=self.registry,
         )
+        self.webhook_skew = Gauge(
+            "gpufrac_webhook_version_skew",
+            "1 while the release's webhook runs another major.minor than this agent (the skew rule: they must "
+            "match; a helm upgrade rolls both); 0 when they match or the webhook's version is not known",
+            registry=self.registry,
+        )
         self.daemon_restarts = Counter(
             "gpufrac_mps_daemon_restarts",
             "Restarts of the mode's MPS control daemon after it exited unexpectedly",

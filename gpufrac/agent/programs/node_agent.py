@@ -27,7 +27,9 @@ from gpufrac.agent.programs.guarantee import GuaranteeConfig
 from gpufrac.agent.programs.host_withdraw import DaemonSetApi, withdraw_from_host
 from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.agent.programs.stop_signal import stop_on_signals
+from gpufrac.agent.programs.webhook_skew import DeploymentApi, WebhookSkewWatch
 from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.buildinfo import version
 from gpufrac.core.contract import MIB
 from gpufrac.core.jsonlog import add_log_arguments, setup_logging
 from gpufrac.probes.server import BindError, ProbeServer, registry_text
@@ -135,7 +137,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "and any container binding the kubelet's device-plugins directory")
     parser.add_argument("--nri-env-fallback", action="store_true",
                         help="without an NRI socket, keep the node Ready for fractions, whose GPUs then come from "
-                             "NVIDIA_VISIBLE_DEVICES alone (which any pod may set); default: not Ready (NriUnavailable)")
+                             "NVIDIA_VISIBLE_DEVICES alone (which any pod may set); default: not Ready "
+                             "(NriUnavailable)")
     parser.add_argument("--nri-device-checkpoint", type=Path, default=_NRI.device_checkpoint, metavar="PATH",
                         help="the kubelet's device manager checkpoint (the kubelet's path is fixed, whatever its "
                              "--root-dir): GPUs it allocated to a container (NVIDIA's device plugin) are left to it; "
@@ -147,6 +150,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image", default="", metavar="REF",
                         help="the image the agent runs in (the chart sets it): with the version, the build it "
                              "compares with the MPS pods' (gpufrac_mps_version_skew)")
+    parser.add_argument("--webhook-deployment", default="", metavar="NAME",
+                        help="the release's webhook Deployment (in $POD_NAMESPACE): its version is checked against "
+                             "the agent's once a minute (the skew rule: the same major.minor)")
     parser.add_argument("--withdraw-daemonset", default="", metavar="NAME",
                         help="the agents' DaemonSet (in $POD_NAMESPACE): when it is gone as the agent stops (the "
                              "uninstall), the --withdraw-host-path paths are removed from the host")
@@ -154,6 +160,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a host path (file, directory or glob) the release leaves, removed at the uninstall "
                              "through /proc/1/root of --proc-root (repeatable)")
     add_log_arguments(parser)
+
+
+def check_webhook_skew(args: argparse.Namespace, agent: Agent, kube: DeploymentApi,
+                       metrics: AgentMetrics) -> None:
+    namespace = os.environ.get("POD_NAMESPACE", "")
+    if args.webhook_deployment and namespace:
+        agent.remarks.append(WebhookSkewWatch(kube, namespace, args.webhook_deployment, version(), metrics))
 
 
 def withdraw_host(args: argparse.Namespace, kube: DaemonSetApi) -> None:
@@ -261,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
         plugin = csi_plugin(args, agent)
         if plugin is not None:
             plugin.start()
+        check_webhook_skew(args, agent, kube, metrics)
         nri = nri_service(args, agent, kube, metrics)
         log_node_check(node_check_where(args), log)
         if nri is not None:
