@@ -25,6 +25,7 @@ from gpufrac.agent.programs.daemon_options import add_daemon_arguments, restart_
 from gpufrac.agent.programs.dra_driver import add_dra_arguments, dra_service
 from gpufrac.agent.programs.guarantee import GuaranteeConfig
 from gpufrac.agent.programs.host_withdraw import DaemonSetApi, withdraw_from_host
+from gpufrac.agent.programs.kai_fractioning import KaiFractioningWatch
 from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.agent.programs.stop_signal import stop_on_signals
 from gpufrac.agent.programs.webhook_skew import DeploymentApi, WebhookSkewWatch
@@ -36,6 +37,7 @@ from gpufrac.probes.server import BindError, ProbeServer, registry_text
 
 if TYPE_CHECKING:
     from gpufrac.agent.edges.csi.server import CsiPlugin
+    from gpufrac.agent.edges.kube import KubeClient
     from gpufrac.agent.programs.nri_service import NriService
 
 DEFAULT_METRICS_BIND = ":9475"  # not 9400: DCGM exporter's port
@@ -169,6 +171,13 @@ def check_webhook_skew(args: argparse.Namespace, agent: Agent, kube: DeploymentA
         agent.remarks.append(WebhookSkewWatch(kube, namespace, args.webhook_deployment, version(), metrics))
 
 
+def watch_kai_fractioning(agent: Agent, kube: KubeClient) -> None:
+    """KAI's gpu-fractioning operator on the node: the agent stands down (decide.kai_fractioning)."""
+    watch = KaiFractioningWatch(kube, kube, agent.config.node)
+    agent.blockers.append(watch)
+    agent.publisher.own_condition_only = watch.standing_down
+
+
 def withdraw_host(args: argparse.Namespace, kube: DaemonSetApi) -> None:
     namespace = os.environ.get("POD_NAMESPACE", "")
     if args.withdraw_daemonset and namespace:
@@ -275,6 +284,7 @@ def run(args: argparse.Namespace) -> int:
         if plugin is not None:
             plugin.start()
         check_webhook_skew(args, agent, kube, metrics)
+        watch_kai_fractioning(agent, kube)
         nri = nri_service(args, agent, kube, metrics)
         log_node_check(node_check_where(args), log)
         if nri is not None:
