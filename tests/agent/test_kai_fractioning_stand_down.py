@@ -4,11 +4,11 @@ one Warning Event on the Node; once the operator is gone, the agent serves again
 
 from __future__ import annotations
 
+from e2e.toolkit.wait import wait_until
 from gpufrac.agent.decide.kai_fractioning import KAI_FRACTIONING_PRESENT, kai_fractioning
 from gpufrac.agent.programs.kai_fractioning import KaiFractioningWatch
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import FakeNode
-from e2e.toolkit.wait import wait_until
 
 KAI_LABEL = "gpu-fractioning.kai.scheduler/nvidia-driver-version.major"
 KAI_TYPES = ("gpu-sharing.nvidia.com/Ready", "gpu-fractioning.nvidia.com/Ready")
