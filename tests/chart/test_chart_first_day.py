@@ -27,7 +27,8 @@ def test_the_agent_s_identity_is_bound_to_its_own_node() -> None:
     policy = one(objs, "ValidatingAdmissionPolicy", "gpufrac-agent-own-node")["spec"]
     resources = {r for rule in policy["matchConstraints"]["resourceRules"] for r in rule["resources"]}
     assert resources == {"nodes", "nodes/status", "resourceslices"}
-    assert policy["matchConditions"] == [{"name": "the-agent", "expression": f'request.userInfo.username == "{AGENT_SA}"'}]
+    assert policy["matchConditions"] == [
+        {"name": "the-agent", "expression": f'request.userInfo.username == "{AGENT_SA}"'}]
     own = next(v for v in policy["variables"] if v["name"] == "ownNode")
     assert "authentication.kubernetes.io/node-name" in own["expression"]
     assert one(objs, "ValidatingAdmissionPolicyBinding", "gpufrac-agent-own-node")["spec"]["validationActions"] == [
