@@ -92,3 +92,9 @@ def test_notes_tell_a_gpu_operator_cluster_to_set_the_runtime_class(tmp_path: Pa
     elsewhere = notes(tmp_path / "b")
     assert "GPU Operator 25.10 or later" in elsewhere and "this cluster runs" not in elsewhere
     assert "agent.runtimeClassName=nvidia" not in notes(tmp_path / "c", "--set", "agent.runtimeClassName=nvidia")
+
+
+def test_the_default_mode_reaches_the_webhook_only_when_set() -> None:
+    webhook = container(one(render("--set", "webhook.defaultMode=sm-sharing"), "Deployment", "gpufrac-webhook"))
+    assert arg_value(webhook["args"], "--default-mode") == ["sm-sharing"]
+    assert "--default-mode" not in container(one(render(), "Deployment", "gpufrac-webhook"))["args"]

@@ -39,6 +39,8 @@ class Policy:
     require_enforcing_node: bool = False
     # Let several containers of one pod each hold a fraction; KAI's binder binds one per pod.
     allow_multiple_fraction_containers: bool = False
+    # The compute mode written on CREATE for a fraction that names none (default_mode); None: KAI's, time-slicing.
+    default_mode: ComputeMode | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mps_dirs", mps_pipe_dirs(self.mps_root))  # derived once: read per container
