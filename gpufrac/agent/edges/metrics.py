@@ -250,6 +250,8 @@ class AgentMetrics:
         )
         for reason in METRIC_REASONS:
             self.runtime_problem.labels(reason=reason)
+        for outcome in ("voided", "refused"):  # the NRI decision's outcomes (Outcome.VOIDED, Outcome.REFUSED)
+            self.nri_daemonset_pods.labels(outcome=outcome)
         for mode in ComputeMode:
             self.daemon_restarts.labels(mode=str(mode))
         for kind in ViolationKind:

@@ -55,8 +55,6 @@ class NriService:
         self.plugin = NriPlugin(config, self.facts, self, hold=self.hold, route=self.route)
         for outcome in [*Outcome, SWEPT]:
             metrics.nri_containers.labels(outcome=str(outcome))
-        for outcome in (Outcome.VOIDED, Outcome.REFUSED):
-            metrics.nri_daemonset_pods.labels(outcome=str(outcome))
         self.state_changed(self.plugin.state)
         agent.delivery_problem = self.problem
         if not config.env_fallback:
