@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufrac.agent.programs.host_withdraw import remove_host_paths, withdraw_from_host
+from gpufrac.agent.programs.host_withdraw import host_root, remove_host_paths, withdraw_from_host
 
 PATHS = ["/run/gpufrac/nri", "/run/gpufrac/mps", "/var/lib/gpufrac/dra", "/var/run/cdi/gpu.gpufrac.io-claim_*.json"]
 
@@ -56,3 +56,18 @@ def test_a_gpufrac_directory_another_file_still_holds_stays(tmp_path: Path) -> N
     (root / "run/gpufrac/other").write_text("")
     remove_host_paths(PATHS, root)
     assert sorted(p.name for p in (root / "run/gpufrac").iterdir()) == ["other"]
+
+
+def test_the_host_s_root_is_the_nearest_ancestor_in_another_mount_namespace(tmp_path: Path) -> None:
+    """A fake /proc: the agent (pid 40) and its wrapper (30) in the container's mount namespace, the runtime's shim
+    (20) in the host's; pid 1 refuses to be read (as on a sandboxed host)."""
+    proc = tmp_path / "proc"
+    for pid, parent, ns in ((40, 30, "mnt:[2]"), (30, 20, "mnt:[2]"), (20, 1, "mnt:[1]")):
+        (proc / str(pid) / "ns").mkdir(parents=True)
+        (proc / str(pid) / "status").write_text(f"Name:\tx\nPPid:\t{parent}\n")
+        (proc / str(pid) / "ns" / "mnt").symlink_to(ns)
+    (proc / "self").symlink_to(proc / "40")
+    assert host_root(proc, 40) == proc / "20" / "root"
+    (proc / "20" / "ns" / "mnt").unlink()
+    (proc / "20" / "ns" / "mnt").symlink_to("mnt:[2]")  # nothing in another namespace: pid 1's root
+    assert host_root(proc, 40) == proc / "1" / "root"

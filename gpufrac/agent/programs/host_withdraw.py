@@ -3,7 +3,7 @@
 The chart's pre-delete hook deletes the agents' DaemonSet; each agent, stopping, asks whether its DaemonSet is
 still there. Gone (or being deleted): the release is going away, and the agent removes the host paths the chart
 named (`--withdraw-host-path`: the NRI lock directory, the MPS pipe directories, the DRA state and the claims' CDI
-specs; shell globs allowed) through the host's root (`/proc/1/root`: the agent runs with hostPID), then the
+specs; shell globs allowed) through the host's root (host_root: the agent runs with hostPID), then the
 `gpufrac` directories they leave empty. A rolling update or a drain finds the DaemonSet in place and removes
 nothing: the next agent reads that state back.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import logging
+import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,6 +25,28 @@ class DaemonSetApi(Protocol):
     def daemonset_present(self, namespace: str, name: str) -> bool:
         """True while the DaemonSet exists and is not being deleted."""
         ...
+
+
+def host_root(proc_root: Path, pid: int | None = None) -> Path:
+    """The host's root as the agent (hostPID) reaches it: the root of its nearest ancestor in another mount namespace
+    (the runtime's shim, in the host's), else `/proc/1/root`. Some hosts refuse /proc/1/root (a sandboxed init)."""
+    try:
+        own = os.readlink(proc_root / "self" / "ns" / "mnt")
+        current = pid if pid is not None else os.getpid()
+        while current > 1:
+            current = _parent(proc_root, current)
+            if current > 1 and os.readlink(proc_root / str(current) / "ns" / "mnt") != own:
+                return proc_root / str(current) / "root"
+    except (OSError, ValueError):
+        pass
+    return proc_root / "1" / "root"
+
+
+def _parent(proc_root: Path, pid: int) -> int:
+    for line in (proc_root / str(pid) / "status").read_text().splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    return 0
 
 
 def remove_host_paths(paths: Iterable[str], host_root: Path) -> list[str]:

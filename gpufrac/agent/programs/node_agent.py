@@ -24,7 +24,7 @@ from gpufrac.agent.programs.agent_config import AgentConfig, DaemonOwner
 from gpufrac.agent.programs.daemon_options import add_daemon_arguments, restart_policy
 from gpufrac.agent.programs.dra_driver import add_dra_arguments, dra_service
 from gpufrac.agent.programs.guarantee import GuaranteeConfig
-from gpufrac.agent.programs.host_withdraw import DaemonSetApi, withdraw_from_host
+from gpufrac.agent.programs.host_withdraw import DaemonSetApi, host_root, withdraw_from_host
 from gpufrac.agent.programs.kai_fractioning import KaiFractioningWatch
 from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.agent.programs.stop_signal import stop_on_signals
@@ -160,7 +160,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "uninstall), the --withdraw-host-path paths are removed from the host")
     parser.add_argument("--withdraw-host-path", action="append", default=[], metavar="PATH",
                         help="a host path (file, directory or glob) the release leaves, removed at the uninstall "
-                             "through /proc/1/root of --proc-root (repeatable)")
+                             "through the host's root under --proc-root (repeatable)")
     add_log_arguments(parser)
 
 
@@ -182,7 +182,7 @@ def withdraw_host(args: argparse.Namespace, kube: DaemonSetApi) -> None:
     namespace = os.environ.get("POD_NAMESPACE", "")
     if args.withdraw_daemonset and namespace:
         withdraw_from_host(kube, namespace, args.withdraw_daemonset, args.withdraw_host_path,
-                           Path(args.proc_root) / "1" / "root")
+                           host_root(Path(args.proc_root)))
 
 
 def config_from_args(args: argparse.Namespace) -> AgentConfig:
