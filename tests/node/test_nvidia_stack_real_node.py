@@ -284,6 +284,23 @@ def test_the_leak_the_plain_pod_tests_guard_against_shows(stack: RealCluster):
     assert seen == {"nvidia1": (f"{gpu_devices.NVIDIA_MAJOR}:1", DENIED)}, seen
 
 
+def test_a_pod_in_nvidias_device_plugin_namespace_keeps_the_env_its_image_and_its_spec_both_set(stack: RealCluster):
+    """Issue 44: NVIDIA's standalone device plugin installs into `nvidia-device-plugin`, and its image and its
+    DaemonSet both set NVIDIA_VISIBLE_DEVICES=all (the runtime holds both entries). There, such a pod runs with the
+    env it asked for and, under NVIDIA's runtime, every GPU; the same pod in a tenant's namespace is refused
+    (GPUEnvDuplicated), which is what the default did to NVIDIA's plugin before."""
+    namespace = fresh_namespace(stack, "nvidia-device-plugin")
+    asked = {"NVIDIA_VISIBLE_DEVICES": "all"}
+    seen, env = run_probe(stack, probe_pod(unique("nvdp"), namespace, env=asked,
+                                           runtime_class=nvidia_toolkit.RUNTIME_HANDLER))
+    assert env == "all"
+    assert_exactly_gpus(seen, len(GPU_UUIDS))
+    tenant = fresh_namespace(stack, unique("tenant"))
+    _, refused = run_probe(stack, probe_pod(unique("nvdp"), tenant, env=asked,
+                                            runtime_class=nvidia_toolkit.RUNTIME_HANDLER), refusal_ok=True)
+    assert refused == REFUSED
+
+
 # ---- a pre-r615 driver -----------------------------------------------------------------------------------------
 
 GPUFRAC_READY = "gpufrac.io/Ready"
