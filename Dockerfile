@@ -29,7 +29,7 @@ COPY hack/grpc-stubs.sh hack/sbom.py ./hack/
 COPY gpufrac ./gpufrac
 # The stubs from the vendored protos (grpcio-tools in a virtualenv of its own: the image does not carry it), then
 # gpufrac itself, and the SBOM of what the final image holds: this venv's distributions and the base's packages.
-ARG VERSION=0.1.0
+ARG VERSION=0.2.0
 RUN --mount=type=secret,id=pip-ca \
     if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
  && PYTHON=/opt/stubs/bin/python bash hack/grpc-stubs.sh generate \
@@ -40,7 +40,7 @@ RUN --mount=type=secret,id=pip-ca \
       --site-packages "$(/opt/gpufrac/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 
 FROM ${BASE}
-ARG VERSION=0.1.0
+ARG VERSION=0.2.0
 ARG REVISION=unknown
 ARG SOURCE=https://github.com/gpufrac/gpufrac
 LABEL org.opencontainers.image.title="gpufrac" \

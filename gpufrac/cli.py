@@ -44,6 +44,7 @@ def _policy(args: argparse.Namespace) -> Policy:  # imported lazily: `gpufrac ag
         keep_off_reclaimed_nodes=args.keep_off_reclaimed_nodes,
         delivery=Delivery(args.delivery),
         csi_driver=args.csi_driver,
+        default_mode=ComputeMode(args.default_mode) if args.default_mode else None,
     )
 
 
@@ -61,6 +62,9 @@ def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
                              "the node agent; Pod Security baseline allows it) or hostPath (needs a privileged "
                              "namespace)")
     parser.add_argument("--csi-driver", default=DEFAULT_DRIVER_NAME, help="the agent's CSI driver (delivery csi)")
+    parser.add_argument("--default-mode", choices=["", *(str(m) for m in ComputeMode)], default="",
+                        help="the compute mode written on CREATE for a fraction that names none (where the nodes' "
+                             "drivers enforce sm-sharing only, before r615); '': none written, KAI's time-slicing")
     parser.add_argument("--require-enforcing-node", action=argparse.BooleanOptionalAction, default=False,
                         help="add a required node affinity on gpufrac.io/enforcement.<mode> in (driver, mps)")
     parser.add_argument("--keep-off-reclaimed-nodes", action=argparse.BooleanOptionalAction, default=False,

@@ -42,6 +42,12 @@ def find(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> list
     return [o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
 
 
+def pod_policies(objs: list[dict[str, Any]], kind: str = "ValidatingAdmissionPolicy") -> list[dict[str, Any]]:
+    """The webhook's admission policies on pods (of `kind`), not the agent's own-node ones."""
+    return [o for o in objs if o["kind"] == kind
+            and o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "webhook"]
+
+
 def one(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
     found = find(objs, kind, name)
     assert len(found) == 1, f"{len(found)} {kind} {name or ''}"

@@ -112,8 +112,10 @@ class FakeRuntime:
                 self._pending += [(c, m) for m in self._streams[c].feed(payload)]
 
 
-def pod_sandbox(name: str, uid: str, annotations: dict[str, str], namespace: str = "team-a") -> Any:
-    return api_pb2.PodSandbox(id=f"sandbox-{uid}", name=name, uid=uid, namespace=namespace, annotations=annotations)
+def pod_sandbox(name: str, uid: str, annotations: dict[str, str], namespace: str = "team-a",
+                labels: dict[str, str] | None = None) -> Any:
+    return api_pb2.PodSandbox(id=f"sandbox-{uid}", name=name, uid=uid, namespace=namespace, annotations=annotations,
+                              labels=labels or {})
 
 
 def nri_container(container_id: str, name: str, pod: Any, env: dict[str, str],

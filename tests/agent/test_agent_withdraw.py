@@ -79,6 +79,11 @@ class FakeApi:
         status = self.nodes[name]["status"]
         status["conditions"] = [c for c in status["conditions"] if c["type"] not in types]
 
+    def remove_node_annotations(self, name: str, keys: tuple[str, ...]) -> None:
+        self.calls.append(("annotations", name, *keys))
+        for key in keys:
+            self.nodes[name]["metadata"]["annotations"].pop(key)
+
     def labels(self, name: str) -> dict[str, str]:
         return self.nodes[name]["metadata"]["labels"]
 
@@ -112,7 +117,7 @@ def test_every_label_the_agent_publishes_is_withdrawn() -> None:
     assert set(published()) == set(AGENT_LABELS)
 
 
-def test_the_agents_stop_first_then_their_labels_and_conditions_go_then_the_mps_daemons() -> None:
+def test_the_mps_daemons_stop_first_then_the_agents_then_their_labels_and_conditions_go() -> None:
     api = FakeApi([
         node("gpu-1", KUBELET_LABELS | published(),
              ("Ready", CONDITION_TYPE, KAI_CONDITION_TYPE, KAI_FRACTIONING_TYPE)),
@@ -122,10 +127,10 @@ def test_the_agents_stop_first_then_their_labels_and_conditions_go_then_the_mps_
     outcome, clock = run(api, WithdrawalPlan("gpufrac-system", AGENTS, MPS, types, 60, 1))
     assert outcome.nodes == ["gpu-1"]
     assert api.calls == [
+        ("delete", "gpufrac-system", "gpufrac-mps"),
         ("delete", "gpufrac-system", "gpufrac-agent"),
         ("labels", "gpu-1", *AGENT_LABELS),
         ("conditions", "gpu-1", CONDITION_TYPE, KAI_CONDITION_TYPE, KAI_FRACTIONING_TYPE),
-        ("delete", "gpufrac-system", "gpufrac-mps"),
     ]
     assert api.labels("gpu-1") == KUBELET_LABELS and api.condition_types("gpu-1") == {"Ready"}
     assert api.labels("cpu-1") == {"kubernetes.io/hostname": "cpu-1"} and api.condition_types("cpu-1") == {"Ready"}
@@ -196,7 +201,19 @@ def test_the_usable_memory_labels_of_every_gpu_model_are_withdrawn() -> None:
 def test_leftover_reads_a_node_without_labels_or_status() -> None:
     assert leftover({"metadata": {"name": "bare"}}, (CONDITION_TYPE,)) is None
     found = leftover(node("n", {"gpufrac.io/gpu-count": "1", "gpufrac.io/fractional": "x"}, ()), (CONDITION_TYPE,))
-    assert found is not None and found.labels == ("gpufrac.io/gpu-count",) and found.condition_types == ()
+    assert found is not None and found.labels == ("gpufrac.io/gpu-count", "gpufrac.io/fractional")
+    assert found.condition_types == ()
+
+
+def test_every_gpufrac_label_annotation_and_condition_goes_reclaim_s_back_offs_and_the_front_door_too() -> None:
+    extra = {"gpufrac.io/reclaimed.0123456789abcdef": "1765000000", "gpufrac.io/front-door": "dra"}
+    gpu = node("gpu-1", KUBELET_LABELS | published() | extra, ("Ready", CONDITION_TYPE, "gpufrac.io/Other"))
+    gpu["metadata"]["annotations"] = {"gpufrac.io/note": "x", "other.io/keep": "y"}
+    api = FakeApi([gpu])
+    run(api, WithdrawalPlan("ns", AGENTS, MPS))
+    assert api.labels("gpu-1") == KUBELET_LABELS
+    assert api.nodes["gpu-1"]["metadata"]["annotations"] == {"other.io/keep": "y"}
+    assert api.condition_types("gpu-1") == {"Ready"}
 
 
 def test_condition_types_keep_gpufrac_ready_first_and_once() -> None:

@@ -166,23 +166,32 @@ def serve_sm_sharing_only(agent: Agent) -> None:
     agent.tick()
 
 
-def test_without_an_nri_socket_the_agent_says_so(tmp_path: Path, fake_gpus: Any, mps_binary: str) -> None:
+@pytest.mark.parametrize("env_fallback", [False, True])
+def test_without_an_nri_socket_the_agent_says_so(tmp_path: Path, fake_gpus: Any, mps_binary: str,
+                                                  env_fallback: bool) -> None:
+    """No NRI (containerd 1.7, GKE <= 1.32): by default the node is not Ready for fractions; with the operator's
+    opt-in (nri.envFallback) it is, and says that the env var alone hands the GPUs out."""
     fake_gpus.gpu(UUID_A, memory_total_mib=80000)
     _, kube, config = two_pod_node(tmp_path, mps_binary, RestartPolicy(0.01, 0.05, 3, 300.0))
     metrics = AgentMetrics(node=config.node)
     agent = Agent(replace(config), kube, NvmlSource(), metrics)
     agent.start()
-    service = NriService(NriConfig(tmp_path / "absent" / "nri.sock", lock_file=None, retry_interval=0.05), agent,
-                         kube, metrics, cdi=CdiSpecs([]))
+    service = NriService(NriConfig(tmp_path / "absent" / "nri.sock", lock_file=None, retry_interval=0.05,
+                                   env_fallback=env_fallback), agent, kube, metrics, cdi=CdiSpecs([]))
     service.start()
     try:
         serve_both_modes(agent)
         assert wait_until(lambda: value(metrics, "gpufrac_nri_plugin_state", state="no-socket") == 1)
         agent.tick()
         condition = kube.last_condition()
-        assert (condition["status"], condition["reason"]) == ("True", "NriUnavailable")
         assert "no NRI socket at" in condition["message"] and "NVIDIA_VISIBLE_DEVICES only" in condition["message"]
-        assert condition["message"].startswith("GPU memory fractions are enforced")
+        if env_fallback:
+            assert (condition["status"], condition["reason"]) == ("True", "NriUnavailable")
+            assert condition["message"].startswith("GPU memory fractions are enforced")
+        else:
+            assert (condition["status"], condition["reason"]) == ("False", "NriUnavailable")
+            assert "nri.envFallback=true" in condition["message"]
+            assert condition["message"].count("no NRI socket at") == 1
     finally:
         service.stop()
         agent.shutdown()
@@ -284,3 +293,33 @@ def test_before_r615_an_sm_sharing_fraction_keeps_the_daemons_pipe_directory(wor
     assert answer.status.code == 0, answer.status.message
     assert list(api_pb2.CreateContainerResponse.FromString(answer.payload).adjust.mounts) == []
     assert not (world.tmp / "mps" / "sm-sharing" / "gpufrac").exists()
+
+
+def test_a_daemonset_pod_voided_or_refused_gets_a_warning_event_and_a_metric(world: World) -> None:
+    """A node-wide component gpufrac did not recognise as the GPU stack (its namespace not trusted, no device-plugins
+    bind): its voided env, or its refusal, is counted and reported, so the operator sees it before it loses GPUs."""
+    runtime = registered(world, serve_both_modes)
+    daemonset = {"pod-template-generation": "1", "controller-revision-hash": "6d9f"}
+    exporter = pod_sandbox("dcgm-exporter-x1", "u-dcgm", {}, namespace="monitoring", labels=daemonset)
+    voided = runtime.create(exporter, nri_container("c-dcgm", "exporter", exporter, {"NVIDIA_VISIBLE_DEVICES": "all"}))
+    env = api_pb2.CreateContainerResponse.FromString(voided.payload).adjust.env
+    assert [(e.key, e.value) for e in env] == [("NVIDIA_VISIBLE_DEVICES", "void")]
+    assert wait_until(lambda: any(e["reason"] == "DaemonSetGpuEnvVoided" for e in world.kube.events.values()))
+    event = next(e for e in world.kube.events.values() if e["reason"] == "DaemonSetGpuEnvVoided")
+    assert event["type"] == "Warning" and event["involvedObject"]["name"] == "dcgm-exporter-x1"
+    assert "nri.trustedNamespaces" in event["message"] and "NVIDIA_VISIBLE_DEVICES=all" in event["message"]
+    metrics = world.agent.metrics
+    assert value(metrics, "gpufrac_nri_daemonset_pods_total", outcome="voided") == 1
+
+    # the same env written twice (image and pod): refused, counted as a DaemonSet's refusal
+    twice = pod_sandbox("gfd-x2", "u-gfd", {}, namespace="monitoring", labels=daemonset)
+    ctr = nri_container("c-gfd", "gfd", twice, {"NVIDIA_VISIBLE_DEVICES": "all"})
+    ctr.env.append("NVIDIA_VISIBLE_DEVICES=all")
+    assert runtime.create(twice, ctr).status.code != 0
+    assert wait_until(lambda: value(metrics, "gpufrac_nri_daemonset_pods_total", outcome="refused") == 1)
+
+    # a plain pod (no DaemonSet) voided: no such Event, no count
+    plain = pod_sandbox("plain", "u-plain", {}, namespace="monitoring")
+    runtime.create(plain, nri_container("c-plain", "cuda", plain, {"NVIDIA_VISIBLE_DEVICES": "all"}))
+    assert value(metrics, "gpufrac_nri_daemonset_pods_total", outcome="voided") == 1
+    assert sum(e["reason"] == "DaemonSetGpuEnvVoided" for e in world.kube.events.values()) == 1

@@ -23,6 +23,7 @@ from gpufrac.agent.decide.nri_decision import (
     serving_container,
 )
 from gpufrac.agent.decide.nri_sweep import unserved
+from gpufrac.agent.edges.nri.config import NriConfig
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import UUID_A, UUID_B, canonical_annotations, container, gpu_info, injected_env
 
@@ -299,3 +300,33 @@ def test_a_single_user_mps_daemon_refuses_a_fraction_of_another_uid(
         f"container app of pod team-a/infer runs as UID 1000, but this node's {mode} MPS daemon serves one user at a "
         "time and serves UID 0 (container app of pod team-a/other): MPS would hold its CUDA calls until every client "
         "of that UID has exited; run it as that UID (securityContext.runAsUser), or on another node")
+
+
+def nvidia_device_plugin(namespace: str, sources: tuple[str, ...] = ()) -> tuple[PodInfo, ContainerInfo]:
+    """NVIDIA's device plugin as its README installs it: `NVIDIA_VISIBLE_DEVICES=all` in its image's ENV and in its
+    DaemonSet's env (the runtime holds both entries), no GPU requested."""
+    entries = ("NVIDIA_VISIBLE_DEVICES=all", "PATH=/usr/bin", "NVIDIA_VISIBLE_DEVICES=all")
+    ctr = ContainerInfo("c1", "nvidia-device-plugin-ctr", {"NVIDIA_VISIBLE_DEVICES": "all"},
+                        mounts=("/var/lib/kubelet/device-plugins",) if sources else (), env_entries=entries,
+                        mount_sources=sources)
+    return PodInfo(namespace, "nvidia-device-plugin-daemonset-x7k2p", "u2", {}), ctr
+
+
+def test_nvidia_s_device_plugin_keeps_its_env_in_its_own_namespace_under_the_default_policy() -> None:
+    default = Policy(trusted_namespaces=NriConfig().trusted_namespaces)
+    for namespace in ("nvidia-device-plugin", "gpu-operator", "nvidia-gpu-operator", "kube-system"):
+        assert decide(*nvidia_device_plugin(namespace), CDI_NODE, default) == Injection(Outcome.UNTOUCHED), namespace
+    # elsewhere, the same container without the kubelet's directory is no stack: its env would be voided, and
+    # written twice it is refused (what the default did to NVIDIA's plugin before)
+    refused = decide(*nvidia_device_plugin("team-a"), CDI_NODE, default)
+    assert isinstance(refused, Refusal) and refused.reason is RefusalReason.ENV_DUPLICATED
+
+
+def test_a_container_binding_the_kubelet_s_device_plugins_directory_is_the_gpu_stack_anywhere() -> None:
+    default = Policy(trusted_namespaces=NriConfig().trusted_namespaces)
+    for source in ("/var/lib/kubelet/device-plugins", "/var/lib/kubelet/device-plugins/",
+                   "/var/lib/kubelet/device-plugins/kubelet.sock"):
+        assert decide(*nvidia_device_plugin("dcgm", (source,)), CDI_NODE, default) == Injection(Outcome.UNTOUCHED)
+    # a look-alike path is not the kubelet's directory
+    lookalike = decide(*nvidia_device_plugin("dcgm", ("/var/lib/kubelet/device-plugins-not",)), CDI_NODE, default)
+    assert isinstance(lookalike, Refusal)

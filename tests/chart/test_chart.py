@@ -35,6 +35,7 @@ from testkit.chart import (
     mutating,
     needs_helm,
     one,
+    pod_policies,
     render,
     validating,
     workloads,
@@ -175,7 +176,7 @@ def test_a_pods_create_is_judged_again_only_where_the_mutating_webhook_may_not_h
     objs = render(*(arg for value in values for arg in ("--set", value)))
     creates = validating_rules(validating(objs))["CREATE"]
     assert ("pods" in creates) is webhook_creates and "pods/binding" in creates
-    policies = {p["metadata"]["name"]: p for p in find(objs, "ValidatingAdmissionPolicy")}
+    policies = {p["metadata"]["name"]: p for p in pod_policies(objs)}
     if policy_creates is None:
         assert not policies
         return
@@ -372,7 +373,7 @@ def test_an_update_is_judged_only_when_it_changes_a_fraction_key_or_the_label(
         default: list[dict[str, Any]], operation: str, sub: str | None, obj: dict[str, Any],
         old: dict[str, Any] | None, judged: bool) -> None:
     request = {"operation": operation, **({"subResource": sub} if sub else {})}
-    gated = [mutating(default), validating(default), *(p["spec"] for p in find(default, "ValidatingAdmissionPolicy"))]
+    gated = [mutating(default), validating(default), *(p["spec"] for p in pod_policies(default))]
     for gate in gated:
         [condition] = [c for c in gate["matchConditions"] if c["name"] == "changes-fraction-keys"]
         assert bool(cel.evaluate(condition["expression"], object=obj, oldObject=old, request=request)) is judged
@@ -595,7 +596,8 @@ def test_the_nri_plugin_follows_its_values(default: list[dict[str, Any]]) -> Non
     assert arg_value(c["args"], "--nri-socket") == ["/var/run/nri/nri.sock"]
     assert arg_value(c["args"], "--nri-index") == ["10"]
     assert arg_value(c["args"], "--nri-lock-file") == ["/run/gpufrac/nri/plugin.lock"]
-    assert arg_value(c["args"], "--nri-trusted-namespace") == ["kube-system", "gpu-operator"]
+    assert arg_value(c["args"], "--nri-trusted-namespace") == ["kube-system", "nvidia-device-plugin", "gpu-operator",
+                                                                 "nvidia-gpu-operator"]
     assert arg_value(c["args"], "--cdi-spec-dir") == ["/etc/cdi", "/var/run/cdi"]
     assert {m["mountPath"]: m.get("readOnly", False) for m in c["volumeMounts"]
             if "cdi" in m["name"]} == {"/etc/cdi": True, "/var/run/cdi": True}

@@ -266,7 +266,10 @@ def test_prometheus_rule_covers_the_failures_operators_page_on():
         "GpufracCertificateExpiringSoon", "GpufracCertificateNotRenewed", "GpufracCertificateRotationFailed",
         "GpufracCertificateRotationStale", "GpufracAgentNotScheduled",
         "GpufracMpsDaemonDown", "GpufracNvmlDown", "GpufracViolations", "GpufracContainersOverLimit",
-        "GpufracGpuMemoryGuaranteeShort", "GpufracNodeRuntimeProblem", "GpufracNriUnavailable"}
+        "GpufracGpuMemoryGuaranteeShort", "GpufracNodeRuntimeProblem", "GpufracNriUnavailable",
+        "GpufracStackPodVoided", "GpufracMpsVersionSkew"}
+    assert "gpufrac_nri_daemonset_pods_total" in rules["GpufracStackPodVoided"]["expr"]
+    assert "gpufrac_mps_version_skew" in rules["GpufracMpsVersionSkew"]["expr"]
     assert "< 1209600" in rules["GpufracCertificateExpiringSoon"]["expr"]  # 14 days
     assert 'daemonset="gpufrac-agent"' in rules["GpufracAgentNotScheduled"]["expr"]
     assert 'deployment="gpufrac-webhook"' in rules["GpufracWebhookUnavailable"]["expr"]
@@ -287,6 +290,19 @@ def test_prometheus_rule_covers_the_failures_operators_page_on():
     assert "GpufracCertificateRotationFailed" not in rules and "GpufracMpsDaemonDown" not in rules
     assert "GpufracCertificateRotationStale" not in rules and "GpufracCertificateNotRenewed" not in rules
     assert "< 2592000" in rules["GpufracCertificateExpiringSoon"]["expr"]
+
+
+def test_every_alert_has_a_runbook_url_pointing_at_an_anchor_of_the_runbook():
+    """The runbook (docs/monitoring.md, "Runbook") has a heading per alert; GitHub's anchor of `### Name` is
+    `#name`."""
+    runbook = (CHART.parent.parent / "docs" / "monitoring.md").read_text()
+    anchors = {line[4:].strip().lower() for line in runbook.splitlines() if line.startswith("### ")}
+    objs = render(*MONITORING_ON, *WITH_MONITORING_CRDS)
+    rules = [r for g in one(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
+    for rule in rules:
+        page, _, anchor = rule["annotations"]["runbook_url"].partition("#")
+        assert page == "https://github.com/gpufrac/gpufrac/blob/main/docs/monitoring.md", rule["alert"]
+        assert anchor == rule["alert"].lower() and anchor in anchors, rule["alert"]
 
 
 def test_dashboard_configmap_carries_the_dashboard_file():

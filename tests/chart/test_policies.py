@@ -13,7 +13,7 @@ from gpufrac.cli import main
 from gpufrac.webhook.decide.policy import Policy
 from gpufrac.webhook.decide.rules import RULES, Phase
 from gpufrac.webhook.render import policies
-from testkit.chart import CHART, NS, needs_helm, render, template
+from testkit.chart import CHART, NS, needs_helm, pod_policies, render, template
 
 
 def test_the_charts_policies_are_the_generators_output() -> None:
@@ -80,8 +80,8 @@ def _validating_resources(objs: list[dict[str, Any]]) -> list[str]:
 @needs_helm
 def test_policies_on_by_default_and_the_webhook_leaves_pods_status_to_them() -> None:
     objs = render("--kube-version", "1.36.0", "--set", "webhook.schedulerUsers={b-user,a-user}")
-    vaps = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"]
-    bindings = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    vaps = pod_policies(objs)
+    bindings = pod_policies(objs, "ValidatingAdmissionPolicyBinding")
     assert [o["metadata"]["name"] for o in vaps] == ["gpufrac-pods", "gpufrac-pods-status", "gpufrac-pods-binding"]
     assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
     pods = vaps[0]["spec"]
@@ -95,14 +95,14 @@ def test_policies_on_by_default_and_the_webhook_leaves_pods_status_to_them() -> 
 @needs_helm
 def test_policies_off_and_the_webhook_reviews_pods_status_again() -> None:
     objs = render("--set", "policies.enabled=false")
-    assert not [o for o in objs if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert not pod_policies(objs) and not pod_policies(objs, "ValidatingAdmissionPolicyBinding")
     assert _validating_resources(objs) == ["pods", "pods/binding", "pods/ephemeralcontainers", "pods/status"]
 
 
 @needs_helm
 def test_validation_actions_dry_run_and_a_refused_mix() -> None:
     objs = render("--set", "policies.validationActions={Warn,Audit}")
-    bindings = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    bindings = pod_policies(objs, "ValidatingAdmissionPolicyBinding")
     assert bindings and all(b["spec"]["validationActions"] == ["Warn", "Audit"] for b in bindings)
     bad = template("--set", "policies.validationActions={Deny,Warn}", check=False)
     assert bad.returncode != 0 and "Deny and Warn cannot be used together" in bad.stderr

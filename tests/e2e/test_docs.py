@@ -125,7 +125,7 @@ def test_doc_commands_run(docs_env, doc):
         # The image the README builds and pushes is the one the chart runs; then the README's uninstall.
         image = cp.kubectl("get", "deployment", "-n", "gpufrac-system", "gpufrac-webhook", "-o",
                            "jsonpath={.spec.template.spec.containers[0].image}", user="admin", check=True).stdout
-        assert image == "registry.example.com/gpufrac:0.1.0"
+        assert image == "registry.example.com/gpufrac:0.2.0"
         run_block(Block(doc, 0, README_UNINSTALL, "test", "", ()), standins, shell, env)
         assert cp.kubectl("get", "mutatingwebhookconfiguration", "gpufrac", user="admin").rc != 0
     if doc == "docs/install.md":

@@ -145,14 +145,14 @@ def test_the_gpu_check_runs_from_its_one_file_and_from_make(tmp_path):
 
 
 def test_the_image_is_pushed_under_the_name_the_readme_installs(tmp_path):
-    """The README builds ./Dockerfile as registry.example.com/gpufrac:0.1.0 and pushes it. `make image` builds that
+    """The README builds ./Dockerfile as registry.example.com/gpufrac:0.2.0 and pushes it. `make image` builds that
     same Dockerfile with buildah (the README's other way) before the tests; building it again costs minutes on
     buildah's vfs store, so this takes that image, tags it with the README's name and runs the push: no registry
     is reachable here, so its destination is an OCI archive. The README's `helm install` (tests/e2e/test_docs.py)
     then runs that image name."""
     block = step("image")
     build, push = block.commands()
-    name = "registry.example.com/gpufrac:0.1.0"
+    name = "registry.example.com/gpufrac:0.2.0"
     assert build == f"docker build -t {name} ." and "buildah bud -t ... ." in block.body
     assert push == f"docker push {name}"
     helm_install = " ".join(blocks("README.md", "test")[0].body.split())

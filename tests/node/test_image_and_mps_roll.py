@@ -97,7 +97,7 @@ def test_a_clean_clone_built_with_plain_buildah_bud_runs_the_agent_ready_with_cs
     config = image_config(tmp_path, "clean")
     labels = config["config"]["Labels"]
     assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
-    assert labels["org.opencontainers.image.version"] == "0.1.0"
+    assert labels["org.opencontainers.image.version"] == "0.2.0"
     set_image(Helm(node), "clean")
     ready = wait_until(lambda: agent_ready(node), 300, "the agent of the clean clone's image Ready", interval=2)
     assert ready["spec"]["containers"][0]["image"] == f"{REPOSITORY}:clean"

@@ -284,6 +284,26 @@ def test_the_leak_the_plain_pod_tests_guard_against_shows(stack: RealCluster):
     assert seen == {"nvidia1": (f"{gpu_devices.NVIDIA_MAJOR}:1", DENIED)}, seen
 
 
+def test_a_pod_in_nvidias_device_plugin_namespace_keeps_the_env_its_image_and_its_spec_both_set(stack: RealCluster):
+    """Issue 44: NVIDIA's standalone device plugin installs into `nvidia-device-plugin`, and its image and its
+    DaemonSet both set NVIDIA_VISIBLE_DEVICES=all (the runtime holds both entries). There, such a pod runs with the
+    env it asked for (read under runc) and, under NVIDIA's runtime, every GPU; the same pod in a tenant's namespace
+    is refused (GPUEnvDuplicated), which is what the default did to NVIDIA's plugin before."""
+    namespace = fresh_namespace(stack, "nvidia-device-plugin")
+    asked = {"NVIDIA_VISIBLE_DEVICES": "all"}
+    # under runc the env is what the kubelet and gpufrac's plugin left (NVIDIA's runtime appends its own `void`
+    # after injecting the devices): untouched
+    _, env = run_probe(stack, probe_pod(unique("nvdp"), namespace, env=asked))
+    assert env == "all"
+    seen, _ = run_probe(stack, probe_pod(unique("nvdp"), namespace, env=asked,
+                                         runtime_class=nvidia_toolkit.RUNTIME_HANDLER))
+    assert_exactly_gpus(seen, len(GPU_UUIDS))
+    tenant = fresh_namespace(stack, unique("tenant"))
+    _, refused = run_probe(stack, probe_pod(unique("nvdp"), tenant, env=asked,
+                                            runtime_class=nvidia_toolkit.RUNTIME_HANDLER), refusal_ok=True)
+    assert refused == REFUSED
+
+
 # ---- a pre-r615 driver -----------------------------------------------------------------------------------------
 
 GPUFRAC_READY = "gpufrac.io/Ready"

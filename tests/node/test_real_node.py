@@ -57,6 +57,10 @@ def webhook_pods(node: RealCluster) -> list[dict]:
                         "app.kubernetes.io/component=webhook")["items"]
 
 
+# What the release writes on the node but its MPS logs (DRA's /var/lib/gpufrac is off in this install).
+HOST_PATHS = ("/run/gpufrac",)
+
+
 def gpufrac_leftovers(node_obj: dict) -> list[str]:
     """The agent's labels and conditions still on the node (gpufrac.io/ and KAI's readiness)."""
     labels = [k for k in node_obj["metadata"]["labels"] if k.startswith("gpufrac.io/")]
@@ -327,6 +331,14 @@ def test_helm_uninstall_withdraws_the_agents_and_leaves_no_webhook_configuration
     before = kubectl_json(node, "get", "node", NODE_NAME)
     assert {"gpufrac.io/enforcement.time-slicing", "gpufrac.io/gpu-count", "gpufrac.io/Ready",
             *KAI_CONDITIONS} <= set(gpufrac_leftovers(before)), "the agent published nothing"
+    assert Path("/run/gpufrac/nri").is_dir(), "the agent's NRI lock directory, which the uninstall must remove"
+    agent_pod = kubectl_json(node, "get", "pods", "-n", RELEASE_NAMESPACE, "-l",
+                             "app.kubernetes.io/component=agent")["items"][0]["metadata"]["name"]
+    agent_log: list[str] = []
+    follow = threading.Thread(target=lambda: agent_log.append(node.kubectl(
+        "logs", "-f", agent_pod, "-n", RELEASE_NAMESPACE, "--since=5s", user="admin", timeout=300).stdout),
+        daemon=True)
+    follow.start()
     hook_log = HookLog(node)
     hook_log.start()
     started = time.monotonic()
@@ -340,6 +352,14 @@ def test_helm_uninstall_withdraws_the_agents_and_leaves_no_webhook_configuration
     # daemons: all of it before helm returned, with nothing to wait for afterwards.
     after = kubectl_json(node, "get", "node", NODE_NAME)
     assert gpufrac_leftovers(after) == [], gpufrac_leftovers(after)
+    annotations = [k for k in after["metadata"].get("annotations") or {} if k.startswith("gpufrac.io/")]
+    assert annotations == [], annotations
+    # The agents, stopping with their DaemonSet gone, removed the release's host paths (docs/operations.md,
+    # "Uninstall"): the NRI lock, the MPS pipe directories and shared memory, the DRA state.
+    follow.join(30)
+    withdrawn = [line for line in "".join(agent_log).splitlines() if "uninstalled" in line or "host paths" in line]
+    left = [str(p) for top in HOST_PATHS for p in [Path(top), *Path(top).rglob("*")] if p.exists()]
+    assert left == [], (left, withdrawn or "".join(agent_log)[-3000:])
     assert after["metadata"]["labels"]["kubernetes.io/hostname"] == before["metadata"]["labels"][
         "kubernetes.io/hostname"]
     assert "Ready" in {c["type"] for c in after["status"]["conditions"]}, "the kubelet's own conditions stay"

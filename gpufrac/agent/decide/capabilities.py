@@ -125,6 +125,8 @@ def node_condition(
     daemon_side: str | None = None,
     front_door: str | None = None,
     reclaim: str | None = None,
+    blocking: Sequence[tuple[str, str]] = (),
+    remarks: Sequence[tuple[str, str]] = (),
 ) -> NodeCondition:
     """The gpufrac.io/Ready condition: True when every enabled mode is enforced, or every one this driver can
     enforce (a pre-r615 driver: sm-sharing, not time-slicing, whose fractions the NRI plugin then refuses).
@@ -138,7 +140,10 @@ def node_condition(
     `daemon_side` (mps_limits.holds: what the sm-sharing daemon's own limits do not hold) is said on a True condition:
     each container's limits still hold through its client env and the agent's container total. So is `front_door`
     (front_door.choose's problem: the node's front-door label cannot be followed, the default is), and `reclaim`
-    (soft_limits.reclaim_note: whether the driver or the agent takes back memory above a request).
+    (soft_limits.reclaim_note: whether the driver or the agent takes back memory above a request). `blocking`
+    (reason, message) make it False before anything else (the agent stands down: KAI's gpu-fractioning operator on
+    the node; no NRI without the env fallback); `remarks` (reason, message) are said on a True condition, the first
+    one's reason where nothing above names one (a webhook of another minor version).
     """
     if inventory is None:
         return _condition([(
@@ -152,6 +157,7 @@ def node_condition(
     # the driver blocks the node only where it leaves no enabled mode to enforce
     driver = [(DRIVER_WITHOUT_LIMITS, gap)] if gap and not modes_to_serve(inventory, enabled) else []
     problems = [
+        *blocking,
         *_failed_daemons(daemons),
         *runtime_problems,  # the delivery path's (runtime_support.runtime_problems): no working GPU for fractions
         *([("MpsMemoryBudgetTooSmall", memory_problem)] if memory_problem else []),
@@ -160,7 +166,9 @@ def node_condition(
     ]
     if problems:
         also = [(DRIVER_WITHOUT_LIMITS, gap)] if gap and not driver else []  # said, though it blocks nothing
-        return _condition(problems + also + ([(NRI_UNAVAILABLE, delivery_problem)] if delivery_problem else []))
+        told = any(reason == NRI_UNAVAILABLE for reason, _ in blocking)
+        delivery = [(NRI_UNAVAILABLE, delivery_problem)] if delivery_problem and not told else []
+        return _condition(problems + also + delivery)
     summary = ", ".join(f"{mode}: {enforced.get(mode, Enforcement.NONE)}" for mode in ComputeMode
                         if mode in enabled and enforced.get(mode, Enforcement.NONE) is not Enforcement.NONE)
     enforced_text = f"GPU memory fractions are enforced ({summary}) on {len(inventory.gpus)} GPU(s)"
@@ -170,8 +178,9 @@ def node_condition(
     notes += [daemon_side] if daemon_side else []
     notes += [front_door] if front_door else []
     notes += [reclaim] if reclaim else []
+    notes += [message for _, message in remarks]
     reason = (NRI_UNAVAILABLE if delivery_problem else DRIVER_WITHOUT_LIMITS if gap else
-              "MpsVersionSkew" if skew else "FractionsEnforced")
+              "MpsVersionSkew" if skew else remarks[0][0] if remarks else "FractionsEnforced")
     return NodeCondition(ConditionStatus.TRUE, reason, "; ".join([enforced_text, *notes]))
 
 

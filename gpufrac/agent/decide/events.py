@@ -135,7 +135,7 @@ def daemon_restart_event(node: str, status: DaemonStatus, now: dt.datetime | Non
 
 
 def refusal_event(node: str, namespace: str, pod: str, pod_uid: str, container: str, reason: str, message: str,
-                  now: dt.datetime | None = None) -> dict[str, Any]:
+                  now: dt.datetime | None = None, label: str = "gpufrac.io/refused") -> dict[str, Any]:
     """A Warning Event on the pod for a container the NRI plugin refused at creation, beside the runtime's error.
 
     Named by pod, container and reason: the kubelet retries the creation with backoff, and each retry's refusal
@@ -144,7 +144,7 @@ def refusal_event(node: str, namespace: str, pod: str, pod_uid: str, container: 
     return _warning_event(
         node,
         {"name": f"{pod[:200]}.gpufrac-nri-{digest}", "namespace": namespace,
-         "labels": {"gpufrac.io/refused": reason}},
+         "labels": {label: reason}},
         {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": pod, "uid": pod_uid,
          "fieldPath": f"spec.containers{{{container}}}"},
         reason,

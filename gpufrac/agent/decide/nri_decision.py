@@ -16,8 +16,8 @@ an `Injection` (what to add or take away) or a `Refusal` (the runtime fails the 
   put into the container are left to it. Except what the kubelet allocated: GPUs the kubelet's device checkpoint
   says it allocated to this pod's container (NVIDIA's device plugin, under any of its strategies; KAI's reservation
   pods) are left to it, and a container naming more than its allocation is refused, or only its env voided where
-  CDI devices carry the allocation (whole_gpus.judge). Pods in trusted namespaces (the GPU stack's own: the device
-  plugin, DCGM, gpufrac's agent and MPS daemons, which hold every GPU through that env) keep their env, and the
+  CDI devices carry the allocation (whole_gpus.judge). The GPU stack's own containers (gpu_stack: a trusted
+  namespace, or a bind of the kubelet's device-plugins directory) keep their env, and the
   policy can leave env grants alone everywhere (`Policy.void_env_grants`).
 - Refused: a fraction without the canonical annotations (the webhook was bypassed), one whose canonical values do
   not parse, one with no bound GPU or no memory limit, a mode the node does not enforce now, a device the node does
@@ -43,6 +43,7 @@ from gpufrac.agent.decide.creation_escapes import (
 )
 from gpufrac.agent.decide.dra_shared_claims import ClaimHolder, claim_container, clients
 from gpufrac.agent.decide.front_door import refusal_for_annotated
+from gpufrac.agent.decide.gpu_stack import DEVICE_PLUGINS_DIR, is_gpu_stack
 from gpufrac.agent.decide.kubelet_allocations import NO_ALLOCATIONS, KubeletAllocations
 from gpufrac.agent.decide.model import GpuInfo, RunningContainer
 from gpufrac.agent.decide.pinned_env import uuid_keyed_pinned_env
@@ -132,6 +133,8 @@ class Policy:
 
     void_env_grants: bool = True  # void NVIDIA_VISIBLE_DEVICES-style grants of containers that are no fraction
     trusted_namespaces: frozenset[str] = frozenset()  # whose pods keep their env grants (the GPU stack's own)
+    # a container that binds one of these host directories in is the GPU stack's own wherever it runs (gpu_stack)
+    stack_host_dirs: tuple[str, ...] = (DEVICE_PLUGINS_DIR,)
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,7 @@ class PodInfo:
     name: str
     uid: str
     annotations: Mapping[str, str]
+    labels: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
@@ -158,6 +162,7 @@ class ContainerInfo:
     created_at: float = 0.0  # seconds since the epoch, as the runtime tells it (0: not told)
     pid: int = 0  # its first process, in the host's PID namespace (0: not running, or not told)
     uid: int | None = None  # the user its process runs as (None: the runtime did not tell)
+    mount_sources: tuple[str, ...] = field(default=(), compare=False)  # the host paths bound in (hostPath volumes)
 
 
 @dataclass(frozen=True)
@@ -254,7 +259,8 @@ def _decide(pod: PodInfo, container: ContainerInfo, node: NodeFacts, policy: Pol
                            f"{CANONICAL_PREFIX}{container.name}.* annotations the gpufrac webhook writes: the "
                            "webhook did not admit it (bypassed, or down with failurePolicy Ignore); recreate the pod "
                            "while the webhook is up")
-        if not policy.void_env_grants or pod.namespace in policy.trusted_namespaces:
+        stack = is_gpu_stack(pod.namespace, container.mount_sources, policy.trusted_namespaces, policy.stack_host_dirs)
+        if not policy.void_env_grants or stack:
             return Injection(Outcome.UNTOUCHED)
         return _not_a_fraction(pod, container, node, where)
     return _fraction(pod, container, fraction, node, where)

@@ -85,6 +85,11 @@ class KubeClient:
         with translated(f"removing conditions {', '.join(condition_types)} from node {node}"):
             self.core.patch_node_status(node, body, field_manager=FIELD_MANAGER, _content_type=STRATEGIC)
 
+    def remove_node_annotations(self, node: str, keys: tuple[str, ...]) -> None:
+        with translated(f"removing annotations {', '.join(keys)} from node {node}"):
+            self.core.patch_node(node, {"metadata": {"annotations": dict.fromkeys(keys)}},
+                                 field_manager=FIELD_MANAGER, _content_type=STRATEGIC)
+
     def delete_daemonset(self, namespace: str, name: str) -> bool:
         """False when it is gone already. Its pods are deleted in the background (each gets its grace period)."""
         try:
@@ -119,6 +124,22 @@ class KubeClient:
             return None
         daemonset: dict[str, Any] = json.loads(resp.data)
         return daemonset
+
+    def deployment_version(self, namespace: str, name: str) -> str | None:
+        """The Deployment's `app.kubernetes.io/version` label (the chart's appVersion); None: no such Deployment."""
+        try:
+            with translated(f"reading deployment {namespace}/{name}"):
+                resp = self.apps.read_namespaced_deployment(name, namespace, _preload_content=False)
+        except NotFoundError:
+            return None
+        labels = (json.loads(resp.data).get("metadata") or {}).get("labels") or {}
+        version = labels.get("app.kubernetes.io/version")
+        return str(version) if version else None
+
+    def daemonset_present(self, namespace: str, name: str) -> bool:
+        """True while it exists and is not being deleted (the uninstall's hook deletes the agents' DaemonSet)."""
+        found = self.read_daemonset(namespace, name)
+        return found is not None and not (found.get("metadata") or {}).get("deletionTimestamp")
 
     def current_revision(self, namespace: str, daemonset: Mapping[str, Any]) -> str:
         """The controller-revision-hash of the DaemonSet's newest ControllerRevision: what its pods made from the

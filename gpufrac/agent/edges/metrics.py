@@ -143,6 +143,12 @@ class AgentMetrics:
             ["mode"],
             registry=self.registry,
         )
+        self.webhook_skew = Gauge(
+            "gpufrac_webhook_version_skew",
+            "1 while the release's webhook runs another major.minor than this agent (the skew rule: they must "
+            "match; a helm upgrade rolls both); 0 when they match or the webhook's version is not known",
+            registry=self.registry,
+        )
         self.daemon_restarts = Counter(
             "gpufrac_mps_daemon_restarts",
             "Restarts of the mode's MPS control daemon after it exited unexpectedly",
@@ -216,6 +222,14 @@ class AgentMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.nri_daemonset_pods = Counter(
+            "gpufrac_nri_daemonset_pods",
+            "Containers of DaemonSet pods whose GPU env the NRI plugin voided or whose creation it refused, by "
+            "outcome (voided, refused): node-wide components such as a device plugin or a DCGM exporter lose their "
+            "GPUs; add their namespace to nri.trustedNamespaces",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.nri_state = Gauge(
             "gpufrac_nri_plugin_state",
             "1 for the NRI plugin's state: registered; no-socket (containerd 1.x or NRI disabled: GPUs reach "
@@ -239,6 +253,8 @@ class AgentMetrics:
         )
         for reason in METRIC_REASONS:
             self.runtime_problem.labels(reason=reason)
+        for outcome in ("voided", "refused"):  # the NRI decision's outcomes (Outcome.VOIDED, Outcome.REFUSED)
+            self.nri_daemonset_pods.labels(outcome=outcome)
         for mode in ComputeMode:
             self.daemon_restarts.labels(mode=str(mode))
         for kind in ViolationKind:

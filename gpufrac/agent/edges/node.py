@@ -62,6 +62,8 @@ class NodePublisher:
         self._labels: dict[str, str] | None = None
         self._condition: NodeCondition | None = None
         self._condition_at: dt.datetime | None = None
+        # True while gpufrac stands down on the node (KAI's gpu-fractioning operator there): only gpufrac.io/Ready
+        self.own_condition_only: Callable[[], bool] = lambda: False
 
     def adopt(self, labels: Mapping[str, str]) -> None:
         """Labels an earlier agent published on the node (read from it): removed unless published again."""
@@ -74,7 +76,7 @@ class NodePublisher:
         due = self._condition_at is None or (now - self._condition_at).total_seconds() >= self._heartbeat
         if condition != self._condition or due:
             transitioned = self._condition is None or condition.status != self._condition.status
-            for condition_type in self.condition_types:
+            for condition_type in (CONDITION_TYPE,) if self.own_condition_only() else self.condition_types:
                 self._sink.patch_node_condition(
                     self._node, condition_body(condition, now, transitioned, condition_type)
                 )

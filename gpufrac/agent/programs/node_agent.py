@@ -24,15 +24,20 @@ from gpufrac.agent.programs.agent_config import AgentConfig, DaemonOwner
 from gpufrac.agent.programs.daemon_options import add_daemon_arguments, restart_policy
 from gpufrac.agent.programs.dra_driver import add_dra_arguments, dra_service
 from gpufrac.agent.programs.guarantee import GuaranteeConfig
+from gpufrac.agent.programs.host_withdraw import DaemonSetApi, host_root, withdraw_from_host
+from gpufrac.agent.programs.kai_fractioning import KaiFractioningWatch
 from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.agent.programs.stop_signal import stop_on_signals
+from gpufrac.agent.programs.webhook_skew import DeploymentApi, WebhookSkewWatch
 from gpufrac.core.annotations import ComputeMode
+from gpufrac.core.buildinfo import version
 from gpufrac.core.contract import MIB
 from gpufrac.core.jsonlog import add_log_arguments, setup_logging
 from gpufrac.probes.server import BindError, ProbeServer, registry_text
 
 if TYPE_CHECKING:
     from gpufrac.agent.edges.csi.server import CsiPlugin
+    from gpufrac.agent.edges.kube import KubeClient
     from gpufrac.agent.programs.nri_service import NriService
 
 DEFAULT_METRICS_BIND = ":9475"  # not 9400: DCGM exporter's port
@@ -132,8 +137,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "IMEX grant), so their env cannot take a GPU; --no-nri-void-env-grants leaves it alone")
     parser.add_argument("--nri-trusted-namespace", action="append", metavar="NAMESPACE",
                         help="a namespace whose pods keep their NVIDIA_VISIBLE_DEVICES (the GPU stack's own: device "
-                             "plugin, DCGM exporter); repeatable; default kube-system; the agent's own namespace "
-                             "($POD_NAMESPACE) always")
+                             "plugin, DCGM exporter); repeatable; default kube-system, nvidia-device-plugin, "
+                             "gpu-operator, nvidia-gpu-operator; the agent's own namespace ($POD_NAMESPACE) always, "
+                             "and any container binding the kubelet's device-plugins directory")
+    parser.add_argument("--nri-env-fallback", action="store_true",
+                        help="without an NRI socket, keep the node Ready for fractions, whose GPUs then come from "
+                             "NVIDIA_VISIBLE_DEVICES alone (which any pod may set); default: not Ready "
+                             "(NriUnavailable)")
     parser.add_argument("--nri-device-checkpoint", type=Path, default=_NRI.device_checkpoint, metavar="PATH",
                         help="the kubelet's device manager checkpoint (the kubelet's path is fixed, whatever its "
                              "--root-dir): GPUs it allocated to a container (NVIDIA's device plugin) are left to it; "
@@ -145,7 +155,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image", default="", metavar="REF",
                         help="the image the agent runs in (the chart sets it): with the version, the build it "
                              "compares with the MPS pods' (gpufrac_mps_version_skew)")
+    parser.add_argument("--webhook-deployment", default="", metavar="NAME",
+                        help="the release's webhook Deployment (in $POD_NAMESPACE): its version is checked against "
+                             "the agent's once a minute (the skew rule: the same major.minor)")
+    parser.add_argument("--withdraw-daemonset", default="", metavar="NAME",
+                        help="the agents' DaemonSet (in $POD_NAMESPACE): when it is gone as the agent stops (the "
+                             "uninstall), the --withdraw-host-path paths are removed from the host")
+    parser.add_argument("--withdraw-host-path", action="append", default=[], metavar="PATH",
+                        help="a host path (file, directory or glob) the release leaves, removed at the uninstall "
+                             "through the host's root under --proc-root (repeatable)")
     add_log_arguments(parser)
+
+
+def check_webhook_skew(args: argparse.Namespace, agent: Agent, kube: DeploymentApi,
+                       metrics: AgentMetrics) -> None:
+    namespace = os.environ.get("POD_NAMESPACE", "")
+    if args.webhook_deployment and namespace:
+        agent.remarks.append(WebhookSkewWatch(kube, namespace, args.webhook_deployment, version(), metrics))
+
+
+def watch_kai_fractioning(agent: Agent, kube: KubeClient) -> None:
+    """KAI's gpu-fractioning operator on the node: the agent stands down (decide.kai_fractioning)."""
+    watch = KaiFractioningWatch(kube, kube, agent.config.node)
+    agent.blockers.append(watch)
+    agent.publisher.own_condition_only = watch.standing_down
+
+
+def withdraw_host(args: argparse.Namespace, kube: DaemonSetApi) -> None:
+    namespace = os.environ.get("POD_NAMESPACE", "")
+    if args.withdraw_daemonset and namespace:
+        withdraw_from_host(kube, namespace, args.withdraw_daemonset, args.withdraw_host_path,
+                           host_root(Path(args.proc_root)))
 
 
 def config_from_args(args: argparse.Namespace) -> AgentConfig:
@@ -206,7 +246,8 @@ def nri_service(args: argparse.Namespace, agent: Agent, kube: EventSink, metrics
         trusted.add(os.environ["POD_NAMESPACE"])
     config = NriConfig(args.nri_socket, index=args.nri_index, lock_file=args.nri_lock_file,
                        void_env_grants=args.nri_void_env_grants, trusted_namespaces=frozenset(trusted),
-                       device_checkpoint=args.nri_device_checkpoint, proc_root=args.proc_root)
+                       device_checkpoint=args.nri_device_checkpoint, proc_root=args.proc_root,
+                       env_fallback=args.nri_env_fallback)
     service = NriService(config, agent, kube, metrics, cdi=CdiSpecs(args.cdi_spec_dir or DEFAULT_CDI_DIRS))
 
     def no_socket() -> str | None:  # the runtime has no NRI (not: another agent holds the lock for a moment)
@@ -246,6 +287,8 @@ def run(args: argparse.Namespace) -> int:
         plugin = csi_plugin(args, agent)
         if plugin is not None:
             plugin.start()
+        check_webhook_skew(args, agent, kube, metrics)
+        watch_kai_fractioning(agent, kube)
         nri = nri_service(args, agent, kube, metrics)
         log_node_check(node_check_where(args), log)
         if nri is not None:
@@ -272,3 +315,4 @@ def run(args: argparse.Namespace) -> int:
         if plugin is not None:
             plugin.stop()
         server.stop()
+        withdraw_host(args, kube)

@@ -110,6 +110,10 @@ class Agent:
         self.lost_gpus: Callable[[], dict[str, str]] = dict
         # time-slicing claim UID -> the pod it serves (decide.dra_shared_claims); set by the driver.
         self.claim_holders: Callable[[], dict[str, ClaimHolder]] = dict
+        # (reason, message) that make the node not Ready (the agent stands down: KAI's gpu-fractioning operator here,
+        # no NRI without the env fallback), and remarks said on a Ready one (a webhook of another minor version).
+        self.blockers: list[Callable[[], tuple[str, str] | None]] = []
+        self.remarks: list[Callable[[], tuple[str, str] | None]] = []
 
     @property
     def supervisors(self) -> dict[ComputeMode, Daemon]:
@@ -226,6 +230,8 @@ class Agent:
             daemon_side=daemon_side,
             front_door=self.front_door_problem(),
             reclaim=reclaim_note(self.reclaim_by, self.config.guarantee.reclaim.policy),
+            blocking=[found for check in self.blockers if (found := check()) is not None],
+            remarks=[found for check in self.remarks if (found := check()) is not None],
         )
 
     def _labels(self, enforced: dict[ComputeMode, Enforcement]) -> dict[str, str]:

@@ -11,7 +11,9 @@ import queue
 import threading
 from pathlib import Path
 
+from gpufrac.agent.decide.capabilities import NRI_UNAVAILABLE
 from gpufrac.agent.decide.events import EventSink, refusal_event
+from gpufrac.agent.decide.gpu_stack import VOIDED_DAEMONSET_REASON, daemonset_pod, voided_daemonset_message
 from gpufrac.agent.decide.mps_config import multi_user_modes
 from gpufrac.agent.decide.nri_decision import (
     ContainerInfo,
@@ -55,6 +57,8 @@ class NriService:
             metrics.nri_containers.labels(outcome=str(outcome))
         self.state_changed(self.plugin.state)
         agent.delivery_problem = self.problem
+        if not config.env_fallback:
+            agent.blockers.append(self.no_nri)
 
     def facts(self) -> NodeFacts:
         inventory = self.agent.inventory
@@ -85,6 +89,8 @@ class NriService:
 
     def decided(self, pod: PodInfo, container: ContainerInfo, result: Injection | Refusal) -> None:
         self._metrics.nri_containers.labels(outcome=str(result.outcome)).inc()
+        if result.outcome in (Outcome.VOIDED, Outcome.REFUSED):
+            self._daemonset_pod(pod, container, result)
         if isinstance(result, Injection):
             if result.outcome is not Outcome.UNTOUCHED:
                 log.info("NRI: %s/%s container %s: %s", pod.namespace, pod.name, container.name, result.note)
@@ -92,6 +98,19 @@ class NriService:
         log.warning("NRI refused %s/%s container %s: %s", pod.namespace, pod.name, container.name, result.message)
         self._queue_event(refusal_event(self.agent.config.node, pod.namespace, pod.name, pod.uid, container.name,
                                         str(result.reason), result.message))
+
+    def _daemonset_pod(self, pod: PodInfo, container: ContainerInfo, result: Injection | Refusal) -> None:
+        """A DaemonSet's pod voided or refused: likely a GPU stack gpufrac did not recognise (metric, Event, alert)."""
+        if not daemonset_pod(pod.labels):
+            return
+        self._metrics.nri_daemonset_pods.labels(outcome=str(result.outcome)).inc()
+        if isinstance(result, Injection):  # a refusal has its own Event
+            log.warning("NRI voided the GPU env of %s/%s container %s, a DaemonSet's pod", pod.namespace, pod.name,
+                        container.name)
+            self._queue_event(refusal_event(self.agent.config.node, pod.namespace, pod.name, pod.uid, container.name,
+                                            VOIDED_DAEMONSET_REASON,
+                                            voided_daemonset_message(container.name, result.note),
+                                            label="gpufrac.io/voided"))
 
     def _queue_event(self, event: dict[str, object]) -> None:
         try:
@@ -122,6 +141,13 @@ class NriService:
             return (f"another gpufrac NRI plugin holds {self.plugin.config.lock_file} on this node; this agent "
                     "registers once it stops")
         return None
+
+    def no_nri(self) -> tuple[str, str] | None:
+        """The runtime has no NRI: without the env fallback the node is not Ready for fractions."""
+        if self.plugin.state is not PluginState.NO_SOCKET:
+            return None
+        return (NRI_UNAVAILABLE, f"{self.problem()}; so the node is not Ready for fractions (set the chart's "
+                                 "nri.envFallback=true to accept the env var alone)")
 
     # ---- threads ----
 

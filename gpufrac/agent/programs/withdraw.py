@@ -1,16 +1,17 @@
-"""`gpufrac agent-withdraw`, the chart's pre-delete hook: before `helm uninstall` deletes the release, stop the node
-agents, take what they published off the nodes (their labels, gpufrac.io/Ready and the readiness types published
-beside it, such as KAI's gpu-sharing.nvidia.com/Ready and gpu-fractioning.nvidia.com/Ready), then stop the MPS
-daemons' DaemonSet.
+"""`gpufrac agent-withdraw`, the chart's pre-delete hook: before `helm uninstall` deletes the release, stop the MPS
+daemons' DaemonSet and the node agents (which remove the release's host paths as they stop, host_withdraw), then
+take what gpufrac wrote off the nodes (every gpufrac.io/ label and annotation, gpufrac.io/Ready and the readiness
+types published beside it, such as KAI's gpu-sharing.nvidia.com/Ready and gpu-fractioning.nvidia.com/Ready).
 
 Why a hook and not the agent itself: the uninstall deletes the agents' RBAC together with their DaemonSet, so a
 stopping agent could not patch its node reliably; and a stopping agent must not withdraw anything, since during a
 rolling update its successor starts a moment later and the node's labels and readiness must not flap. Only the
 hook knows that the release is going away.
 
-The agents go first and are waited for (a terminating agent still publishes its "stopped" condition), so nothing
-re-adds what was removed. The MPS daemons go last: their containers `quit` them on SIGTERM, and once this returns
-no daemon of the release is left running. `withdraw()` depends only on the small `WithdrawApi`.
+The MPS daemons go first: their containers `quit` them on SIGTERM, and their pipe directories are free to go once
+they have. The agents go next and are waited for (a terminating agent still publishes its "stopped" condition, and
+removes the host paths), so nothing re-adds what was removed. Once this returns no daemon of the release is left
+running. `withdraw()` depends only on the small `WithdrawApi`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from gpufrac.agent.decide.capabilities import (
     KAI_CONDITION_TYPES,
     ready_condition_types,
 )
-from gpufrac.agent.decide.capacity import USABLE_LABEL_PREFIX
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import enforcement_label
 from gpufrac.core.jsonlog import add_log_arguments, setup_logging
@@ -39,6 +39,7 @@ log = logging.getLogger("gpufrac.agent.programs.withdraw")
 
 # Every label `capabilities.node_labels` can publish; and the usable-memory labels, one per GPU model (`capacity`).
 AGENT_LABELS = (*(enforcement_label(mode) for mode in ComputeMode), DRIVER_MAJOR_LABEL, GPU_COUNT_LABEL)
+GPUFRAC_PREFIX = "gpufrac.io/"
 DEFAULT_TIMEOUT = 90.0  # the chart's agent terminationGracePeriodSeconds (75) and some
 
 
@@ -52,6 +53,8 @@ class WithdrawApi(Protocol):
     def remove_node_labels(self, node: str, keys: tuple[str, ...]) -> None: ...
 
     def remove_node_conditions(self, node: str, condition_types: tuple[str, ...]) -> None: ...
+
+    def remove_node_annotations(self, node: str, keys: tuple[str, ...]) -> None: ...
 
     def delete_secret(self, namespace: str, name: str) -> bool: ...
 
@@ -88,20 +91,26 @@ class Leftover:
     node: str
     labels: tuple[str, ...]
     condition_types: tuple[str, ...]
+    annotations: tuple[str, ...] = ()
 
 
 def leftover(node: Mapping[str, Any], condition_types: tuple[str, ...]) -> Leftover | None:
-    """Which of the agent's labels and conditions this node (a Node as JSON) carries; None: none of them."""
+    """Which of gpufrac's labels, annotations and conditions this node (a Node as JSON) carries; None: none.
+
+    Every key under gpufrac.io/ goes: the agent's own (AGENT_LABELS, the usable memory per GPU model), reclaim's
+    back-offs (gpufrac.io/reclaimed.*) and the operator's gpufrac.io/front-door, which means nothing without the
+    release."""
     metadata = node.get("metadata") or {}
     present = metadata.get("labels") or {}
     labels = tuple(key for key in AGENT_LABELS if key in present) + tuple(
-        sorted(key for key in present if key.startswith(USABLE_LABEL_PREFIX))  # one per GPU model
-    )
+        sorted(key for key in present if key.startswith(GPUFRAC_PREFIX) and key not in AGENT_LABELS))
+    annotations = tuple(sorted(key for key in metadata.get("annotations") or {} if key.startswith(GPUFRAC_PREFIX)))
     found = {c.get("type") for c in (node.get("status") or {}).get("conditions") or []}
-    conditions = tuple(t for t in condition_types if t in found)
-    if not labels and not conditions:
+    conditions = tuple(t for t in condition_types if t in found) + tuple(
+        sorted(t for t in found if isinstance(t, str) and t.startswith(GPUFRAC_PREFIX) and t not in condition_types))
+    if not labels and not conditions and not annotations:
         return None
-    return Leftover(str(metadata.get("name", "")), labels, conditions)
+    return Leftover(str(metadata.get("name", "")), labels, conditions, annotations)
 
 
 def condition_types(extra: tuple[str, ...]) -> tuple[str, ...]:
@@ -111,24 +120,27 @@ def condition_types(extra: tuple[str, ...]) -> tuple[str, ...]:
 
 def withdraw(kube: WithdrawApi, plan: WithdrawalPlan, *, clock: Callable[[], float] = time.monotonic,
              sleep: Callable[[float], None] = time.sleep) -> WithdrawalOutcome:
-    """Stop the agents, remove their labels and conditions from every node, stop the MPS daemons. Raises KubeError.
+    """Stop the MPS daemons, then the agents (each removes the release's host paths as it stops:
+    host_withdraw), then remove gpufrac's labels, annotations and conditions from every node. Raises KubeError.
 
     A DaemonSet whose pods outlive the timeout (a node that is down keeps its pods Terminating) is logged and the
     rest is done anyway: an agent that cannot reach the API server cannot publish again either.
     """
     started = clock()
     outcome = WithdrawalOutcome()
+    if plan.mps is not None:  # first: the agents, stopping, then remove the MPS directories from their hosts
+        outcome.mps_stopped_s = _stop(kube, plan, plan.mps, clock, sleep)
     outcome.agents_stopped_s = _stop(kube, plan, plan.agents, clock, sleep)
     for item in filter(None, (leftover(n, plan.condition_types) for n in kube.list_nodes())):
         if item.labels:
             kube.remove_node_labels(item.node, item.labels)
         if item.condition_types:
             kube.remove_node_conditions(item.node, item.condition_types)
+        if item.annotations:
+            kube.remove_node_annotations(item.node, item.annotations)
         log.info("removed the agent's labels and conditions from node %s", item.node,
                  extra={"node": item.node, "labels": list(item.labels), "conditions": list(item.condition_types)})
         outcome.nodes.append(item.node)
-    if plan.mps is not None:
-        outcome.mps_stopped_s = _stop(kube, plan, plan.mps, clock, sleep)
     if plan.secret:
         deleted = kube.delete_secret(plan.namespace, plan.secret)
         log.info("%s Secret %s/%s (the CA's private key)", "deleted the" if deleted else "no", plan.namespace,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufrac.webhook.decide import workloads
+from gpufrac.webhook.decide.default_mode import with_default_mode
 from gpufrac.webhook.decide.errors import Violation
 from gpufrac.webhook.decide.fractions import resolve
 from gpufrac.webhook.decide.mutation import Mutation, mutate_bind, mutate_create, mutate_ephemeral
@@ -45,10 +46,12 @@ def mutate(request: ReviewRequest, policy: Policy) -> Outcome:
     if request.sub_resource:
         return Outcome()
     if request.operation == "CREATE":
-        fractions, violations = resolve(obj, bound=False, allow_multiple=policy.allow_multiple_fraction_containers)
+        defaulted = with_default_mode(obj, policy.default_mode)  # as if the user wrote it; the patch carries it
+        fractions, violations = resolve(defaulted, bound=False,
+                                        allow_multiple=policy.allow_multiple_fraction_containers)
         if violations:
             return Outcome(violations=violations)
-        mutation = mutate_create(obj, fractions, policy)
+        mutation = mutate_create(defaulted, fractions, policy)
         # Every validating rule, on the pod as it will be stored: where this webhook fails closed (and is called
         # again after a later webhook changes the pod), neither the validating webhook nor the policies need to
         # look at a pod's CREATE (docs/admission-policies.md, "What runs on each request").

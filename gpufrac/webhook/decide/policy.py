@@ -42,6 +42,8 @@ class Policy:
     # Give a controller's fractional pods the node affinity the reclaim back-off label fails (agent: reclaim.policy
     # evict with reclaim.backoffSeconds > 0); otherwise no agent writes that label, and no affinity is added for it.
     keep_off_reclaimed_nodes: bool = False
+    # The compute mode written on CREATE for a fraction that names none (default_mode); None: KAI's, time-slicing.
+    default_mode: ComputeMode | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mps_dirs", mps_pipe_dirs(self.mps_root))  # derived once: read per container

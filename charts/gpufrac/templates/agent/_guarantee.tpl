@@ -31,3 +31,15 @@ evict. `policy: off` written unquoted is YAML's false: it means off too. */}}
 {{- define "gpufrac.agent.mayEvict" -}}
 {{- if or (eq .Values.enforcement.overLimitAction "evict") (eq (include "gpufrac.reclaimPolicy" .) "evict") (has "--evict-on-violation" .Values.agent.extraArgs) -}}true{{- end -}}
 {{- end }}
+
+{{/* The host paths the release writes on each node, removed at the uninstall (the agent's --withdraw-host-path):
+the NRI plugin's lock directory, the MPS pipe directories and shared memory, the DRA state and the claims' CDI
+specs. The MPS logs (mps.logRoot) stay for a post-mortem: docs/operations.md, "Uninstall". */}}
+{{- define "gpufrac.agent.hostPaths" -}}
+- /run/gpufrac/nri
+- {{ .Values.mps.root }}
+{{- if .Values.dra.enabled }}
+- {{ .Values.dra.stateDir }}
+- {{ printf "%s/gpu.gpufrac.io-claim_*.json" (trimSuffix "/" .Values.dra.cdiDir) }}
+{{- end }}
+{{- end }}

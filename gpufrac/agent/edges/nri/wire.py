@@ -197,7 +197,7 @@ class Handler(Protocol):
 
 
 def pod_info(pod: Any) -> PodInfo:
-    return PodInfo(pod.namespace, pod.name, pod.uid, dict(pod.annotations))
+    return PodInfo(pod.namespace, pod.name, pod.uid, dict(pod.annotations), dict(pod.labels))
 
 
 def container_info(container: Any) -> ContainerInfo:
@@ -206,7 +206,8 @@ def container_info(container: Any) -> ContainerInfo:
                          tuple(device.name for device in container.CDI_devices),
                          tuple(mount.destination for mount in container.mounts), tuple(container.env),
                          created_at=container.created_at / 1e9, pid=container.pid,  # NRI tells nanoseconds
-                         uid=container.user.uid if container.HasField("user") else None)
+                         uid=container.user.uid if container.HasField("user") else None,
+                         mount_sources=tuple(mount.source for mount in container.mounts))
 
 
 def adjustment(injection: Injection) -> Any:
