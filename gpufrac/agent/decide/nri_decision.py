@@ -43,6 +43,7 @@ from gpufrac.agent.decide.creation_escapes import (
 )
 from gpufrac.agent.decide.dra_shared_claims import ClaimHolder, claim_container, clients
 from gpufrac.agent.decide.front_door import refusal_for_annotated
+from gpufrac.agent.decide.gpu_identity import gpu_identity, gpu_named
 from gpufrac.agent.decide.gpu_stack import DEVICE_PLUGINS_DIR, is_gpu_stack
 from gpufrac.agent.decide.kubelet_allocations import NO_ALLOCATIONS, KubeletAllocations
 from gpufrac.agent.decide.model import GpuInfo, RunningContainer
@@ -56,7 +57,6 @@ from gpufrac.core.annotations import (
     ComputeMode,
     Field,
     MalformedKeyError,
-    device_id,
     is_fraction_key,
     nvidia_key,
     parse_container_key,
@@ -456,21 +456,13 @@ def _resolve(entry: str, node: NodeFacts) -> _Grant | None:
     identity = gpu_identity(entry, node.gpus)
     if "=" in entry:  # a CDI name, used as written
         return _Grant(entry, None, identity) if entry in node.cdi_devices else None
-    gpu = _gpu(entry, node.gpus)
+    gpu = gpu_named(entry, node.gpus)
     for kind in CDI_KINDS:
         for name in (entry,) if gpu is None else (gpu.uuid, str(gpu.index)):
             if f"{kind}={name}" in node.cdi_devices:
                 return _Grant(f"{kind}={name}", None, identity)
     device = node.device_nodes.get(f"{GPU_DEVICE_PREFIX}{gpu.index}") if gpu is not None else None
     return _Grant(None, device, identity) if device is not None else None
-
-
-def gpu_identity(entry: str, gpus: Iterable[GpuInfo]) -> str:
-    """The GPU a gpus.devices entry names, as one string whatever its spelling: the UUID where NVML knows it
-    (`1`, `GPU-a`, `nvidia.com/gpu=1` are the same GPU), else the entry's id."""
-    identifier = device_id(entry)
-    gpu = _gpu(identifier, gpus)
-    return gpu.uuid if gpu is not None else identifier
 
 
 def serving_container(pod: PodInfo, container: ContainerInfo, gpus: Iterable[GpuInfo]) -> ServingContainer | None:
@@ -481,10 +473,6 @@ def serving_container(pod: PodInfo, container: ContainerInfo, gpus: Iterable[Gpu
     known = tuple(gpus)
     return ServingContainer(container.id, pod.namespace, pod.name, pod.uid, container.name, fraction.mode,
                             tuple(gpu_identity(entry, known) for entry in fraction.devices), container.uid)
-
-
-def _gpu(identifier: str, gpus: Iterable[GpuInfo]) -> GpuInfo | None:
-    return next((g for g in gpus if identifier in (g.uuid, str(g.index))), None)
 
 
 def _describe_gpus(node: NodeFacts) -> str:

@@ -35,9 +35,9 @@ from gpufrac.agent.decide.dra_shared_claims import time_slicing_holders
 from gpufrac.agent.decide.dra_slices import DRIVER, SliceGpu, dropped_fields, resource_slices
 from gpufrac.agent.decide.errors import ConfigError
 from gpufrac.agent.decide.front_door import FrontDoorChoice, choose, dra_served
+from gpufrac.agent.decide.gpu_identity import gpu_identity
 from gpufrac.agent.decide.model import Inventory, RunningContainer
 from gpufrac.agent.decide.mps_namespaces import too_long
-from gpufrac.agent.decide.nri_decision import gpu_identity
 from gpufrac.agent.decide.pods import placed_fractions
 from gpufrac.agent.edges.dra.files import DEFAULT_CDI_DIR, DEFAULT_STATE_FILE, ClaimSpecs, StateFile
 from gpufrac.agent.edges.dra.services import DeviceAnswer
