@@ -6,6 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from e2e.toolkit.apiserver import SERVICE_CIDR
+from e2e.toolkit.tools import kube_version
+
+# The controllers a node without a cloud provider or node IPAM leaves off. 1.37 removed the cloud controllers from
+# kube-controller-manager (`service-lb-controller` is an unknown name there and stops it; `cloud-node-lifecycle`
+# stays an alias).
+DISABLED_CONTROLLERS = ("nodeipam", "cloud-node-lifecycle")
+DISABLED_BEFORE_1_37 = ("service-lb-controller",)
+
+
+def disabled_controllers(version: str) -> tuple[str, ...]:
+    """The controllers --controllers turns off on kube-controller-manager `version` ("1.36.3")."""
+    major, minor = (int(part) for part in version.split(".")[:2])
+    return DISABLED_CONTROLLERS + (DISABLED_BEFORE_1_37 if (major, minor) < (1, 37) else ())
 
 
 def controller_manager_argv(binary: str, kubeconfig: Path, pki: Path, pod_cidr: str) -> list[str]:
@@ -22,7 +35,7 @@ def controller_manager_argv(binary: str, kubeconfig: Path, pki: Path, pod_cidr: 
         "--allocate-node-cidrs=false",
         "--leader-elect=false",
         "--secure-port=0",
-        "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller",
+        "--controllers=" + ",".join(["*", *(f"-{name}" for name in disabled_controllers(kube_version()))]),
         "--v=1",
     ]
 

@@ -61,3 +61,12 @@ def test_the_makefile_build_script_and_harness_agree_on_the_versions() -> None:
     others = [v for v in tools.TESTED_KUBE_VERSIONS if v != tools.DEFAULT_KUBE_VERSION]
     assert others and all(f"make test-api KUBE_VERSION={v}" in ci for v in others)
     assert os.environ.get("KUBE_VERSION", tools.DEFAULT_KUBE_VERSION) in tools.TESTED_KUBE_VERSIONS
+
+
+def test_the_controller_manager_is_told_only_controllers_its_version_knows() -> None:
+    from e2e.toolkit.controllers import disabled_controllers
+
+    # 1.37's kube-controller-manager exits on `-service-lb-controller` (the cloud controllers were removed).
+    assert "service-lb-controller" not in disabled_controllers("1.37.2")
+    assert "service-lb-controller" in disabled_controllers("1.36.3")
+    assert {"nodeipam", "cloud-node-lifecycle"} <= set(disabled_controllers("1.37.2"))
