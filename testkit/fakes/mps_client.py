@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pynvml
+
 from testkit.fakes.build import MPS_CONTROL
+
+EXCLUSIVE_PROCESS = 3  # NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,31 @@ def connect(pipe_dir: Path, gpu: str, *, visible: tuple[str, ...] = (), env: dic
     answer = dict(word.partition("=")[::2] for word in done.stdout.split())
     pinned = answer["pinned"]
     return ClientLimits(None if pinned == "none" else int(pinned), int(answer["threads"]))
+
+
+def connect_without_pipe(gpu: str) -> ClientLimits | None:
+    """A process on GPU `gpu` with no CUDA_MPS_PIPE_DIRECTORY (`env -i`, or unset): an ordinary CUDA process.
+    NVIDIA (reference/nvidia-stack.md, MPS documentation): in the DEFAULT compute mode it gets the whole GPU, all SMs,
+    no error; in EXCLUSIVE_PROCESS the MPS server holds the GPU's one context, so it gets no context at all (None).
+    The compute mode is the fake NVML's (nvmlDeviceGetComputeMode, what nvmlDeviceSetComputeMode last set)."""
+    pynvml.nvmlInit()
+    try:
+        mode = pynvml.nvmlDeviceGetComputeMode(pynvml.nvmlDeviceGetHandleByUUID(gpu))
+    finally:
+        pynvml.nvmlShutdown()
+    return None if mode == EXCLUSIVE_PROCESS else ClientLimits(None, 100)
+
+
+@contextmanager
+def attached(namespace_dir: Path) -> Iterator[None]:
+    """A client process attached to the MPS v3 namespace whose pipe directory is `namespace_dir`, while the block
+    runs (the fake daemon counts it: `namespace delete` without --force and `namespace set` are then refused)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(str(namespace_dir / "control"))
+        conn.sendall(b"fake_attach\n")
+        conn.settimeout(10)
+        assert conn.recv(64).startswith(b"attached"), "the fake daemon did not attach the client"
+        yield
 
 
 def records(log_dir: Path, event: str) -> list[dict[str, Any]]:

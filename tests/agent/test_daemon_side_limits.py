@@ -1,5 +1,6 @@
 """Issue 30, the daemon side: the agent tells the sm-sharing MPS daemon each GPU's limits (decide.mps_limits,
-programs.mps_limits), the fake daemon records them, and a client asking for more gets the daemon's value."""
+programs.mps_limits), the fake daemon records them, and a client asking for more gets the daemon's value; a client
+whose env names a GPU it cannot see gets none (issue 43: NVIDIA's measurement, which the fake follows)."""
 
 from __future__ import annotations
 
@@ -69,8 +70,12 @@ def test_the_daemon_side_holds_each_containers_limits_and_a_client_asking_more_g
     assert connect(pipe, UUID_A, env={PINNED: f"{UUID_A}=81920M", THREADS: "100"}).pinned_mib == 4096
     assert connect(pipe, UUID_A, env={PINNED: f"{UUID_A}=81920M", THREADS: "100"}).thread_percent == 50
     assert connect(pipe, UUID_A, env={}).pinned_mib == 4096  # `env -i`: the daemon's value still holds
-    # index keys in a process that narrowed its view: CUDA drops the env, the daemon side does not move
-    assert connect(pipe, UUID_A, visible=(UUID_A,), env={PINNED: "0=2048M,1=2048M"}).pinned_mib == 4096
+    # an env naming a GPU the client cannot see (an index past its view, a UUID not in it) loses EVERY pinned limit,
+    # the daemon side's included (NVIDIA's measurement on 615.71.09: 96,768 MiB under a 10G server limit); the
+    # thread cap survives. The daemon side alone does not close this row: the cgroup limit does (test_hard_limit).
+    assert connect(pipe, UUID_A, visible=(UUID_A,), env={PINNED: "0=2048M,1=2048M"}) == ClientLimits(None, 50)
+    assert connect(pipe, UUID_A, env={PINNED: f"{UUID_A}=2048M,{UUID_B}=2048M"}) == ClientLimits(None, 50)
+    assert connect(pipe, UUID_A, env={PINNED: "GPU-bogus=2048M"}).pinned_mib is None
     # the env lowers, never raises
     assert connect(pipe, UUID_A, env={PINNED: f"{UUID_A}=2048M", THREADS: "20"}) == ClientLimits(2048, 20)
     clients = records(daemon.spec.log_dir, "client")

@@ -102,7 +102,7 @@ def test_a_namespace_goes_with_its_container_and_a_new_agent_clears_its_own_left
     restarted = DaemonSideLimits(binary, pipe)  # a restarted agent: lists what the daemon has
     restarted.apply([sm("a", 4096)], GPUS, namespaces=True)
     listed = invoke(binary, pipe, mps_namespaces.list_command()).split()
-    assert sorted(listed) == sorted([namespace_name("u-a", "a"), "training"])
+    assert sorted(listed) == sorted([namespace_name("u-a", "a"), "training", "default"])  # the server's own
     before = len(records(daemon.spec.log_dir, "command"))
     restarted.apply([sm("a", 4096)], GPUS, namespaces=True)  # nothing changed: no namespace command
     assert not any(r["command"].startswith("namespace") for r in records(daemon.spec.log_dir, "command")[before:])
