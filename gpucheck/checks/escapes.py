@@ -5,9 +5,9 @@ gpufrac's agent tells the sm-sharing daemon each GPU's limit with the documented
 (`set_default_device_pinned_mem_limit <uuid> <n>M` for servers to come, `set_device_pinned_mem_limit <server pid>
 <uuid> <n>M` for one running); these rows do the same and then start clients as a tenant's process could:
 
-- 9a: one client with no pinned env at all (it dropped its env, escape 2), one whose env keys by index a GPU it cannot
-  see (`0=…,1=…` with `CUDA_VISIBLE_DEVICES` narrowed to one GPU: CUDA drops the whole value, escape 3); both must be
-  held to the daemon's limit A;
+- 9a: one client with no pinned env at all (it dropped its env, escape 2), held to the daemon's limit A. A client
+  whose env names a GPU it cannot see (escape 3) is NOT held by the daemon side: NVIDIA measured on 615.71.09 that it
+  loses every pinned limit, the server's and the namespace's included; only the cgroup limit (rows 3) holds it;
 - 9b: the daemon at 2A, one client keyed by its GPU's UUID asking A (held to A: a UUID key is applied on this
   driver), one asking 4A (held to 2A: the env cannot raise the daemon's value);
 - 9c (MPS v3, r615+): the server at 2A (a larger neighbour's), a namespace made as the agent makes a container's, at
@@ -37,7 +37,7 @@ from gpucheck.contract import (
 )
 from gpucheck.session import Session
 
-DROPPED = "9a", "daemon-side limit: env dropped or narrowed"
+DROPPED = "9a", "daemon-side limit: env dropped"
 UUID_KEYED = "9b", "daemon-side limit: a UUID-keyed env lowers it"
 OWN_NAMESPACE = "9c", "daemon-side limit: a container's own MPS v3 namespace"
 NAMESPACE = "c00000000009c"  # the shape of the agent's names (decide.mps_namespaces)
@@ -93,10 +93,8 @@ class DaemonSideLimits:
     def dropped(self, a: int) -> None:
         said = self.tell(a)
         gpu = self.s.node.gpu_uuid
-        clients = [self.client("daemon-no-env", a, {}),
-                   self.client("daemon-narrowed-index", a, {ENV_PINNED_MEM_LIMIT: f"0={4 * a}M,1={4 * a}M"})]
-        self.memory.row(DROPPED[0], DROPPED[1], clients, (a, a),
-                        {"daemon": said, "env": [None, f"0={4 * a}M,1={4 * a}M"], "visible": gpu})
+        clients = [self.client("daemon-no-env", a, {})]
+        self.memory.row(DROPPED[0], DROPPED[1], clients, (a,), {"daemon": said, "env": [None], "visible": gpu})
 
     def uuid_keyed(self, a: int) -> None:
         said = self.tell(2 * a)
