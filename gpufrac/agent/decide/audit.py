@@ -145,7 +145,8 @@ def env_mismatches(container: RunningContainer, environ: Mapping[str, str]) -> t
             wrong.append(f"{name}={actual} (expected {value})")
     pinned = environ.get(LimitEnv.PINNED_MEM_LIMIT)
     if pinned is not None and spec.pinned_mem_limit_mib:
-        if not pinned_limit_agrees(pinned, spec.pinned_mem_limit_mib):  # by index, or by UUID (the NRI plugin's)
+        own = tuple(d for d in map(device_id, spec.devices) if d.startswith("GPU-"))  # by identity, where known
+        if not pinned_limit_agrees(pinned, spec.pinned_mem_limit_mib, own):  # by index, or by UUID (the NRI plugin's)
             wrong.append(
                 f"{LimitEnv.PINNED_MEM_LIMIT}={pinned} (expected {format_pinned_mem_limit(spec.pinned_mem_limit_mib)})"
             )
