@@ -9,7 +9,6 @@ import ctypes
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pynvml
 import pytest
@@ -91,10 +90,6 @@ def test_a_process_without_its_pipe_directory_gets_the_whole_gpu_unless_exclusiv
     assert fake_gpus.compute_mode(UUID_A) == EXCLUSIVE_PROCESS
 
 
-class _Set(ctypes.Structure):
-    _fields_ = [("nameSpace", ctypes.c_char_p), ("softLimit", ctypes.c_ulonglong), ("hardLimit", ctypes.c_ulonglong)]
-
-
 class _Get(ctypes.Structure):
     _fields_ = [("nameSpace", ctypes.c_char_p), ("softLimit", ctypes.c_ulonglong), ("hardLimit", ctypes.c_ulonglong),
                 ("currentUsed", ctypes.c_ulonglong)]
@@ -103,14 +98,15 @@ class _Get(ctypes.Structure):
 def _set_limit(cgroup: str, mib: int) -> int:
     """nvmlDeviceSetMemoryLimits_v1 on GPU A for `cgroup`, in a process of its own; its NVML return code."""
     code = ("import ctypes, pynvml, sys\n"
-            "from tests.agent.test_nvidia_fakes import _Set\n"
+            "class _Set(ctypes.Structure):\n"
+            "    _fields_ = [('nameSpace', ctypes.c_char_p), ('softLimit', ctypes.c_ulonglong),\n"
+            "                ('hardLimit', ctypes.c_ulonglong)]\n"
             "pynvml.nvmlInit()\n"
             "lib = pynvml.nvmlLib\n"
             f"h = pynvml.nvmlDeviceGetHandleByUUID({UUID_A!r})\n"
             f"sys.exit(lib.nvmlDeviceSetMemoryLimits_v1(h, ctypes.byref(_Set({cgroup!r}.encode(), 0, {mib} << 20))))\n")
     env = {**os.environ, "LD_LIBRARY_PATH": str(fake_nvml_dir())}
-    return subprocess.run([sys.executable, "-c", code], check=False, timeout=30, env=env,
-                          cwd=Path(__file__).resolve().parents[2]).returncode
+    return subprocess.run([sys.executable, "-c", code], check=False, timeout=30, env=env).returncode
 
 
 def _read_limit(cgroup: str) -> tuple[int, int]:

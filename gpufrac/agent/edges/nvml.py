@@ -152,6 +152,26 @@ class NvmlSource:
             self._last_sample_us[uuid] = max(ts for ts, _ in newest.values())
         return {pid: util for pid, (_, util) in newest.items()}
 
+    def compute_mode(self, uuid: str) -> int:
+        """The GPU's compute mode (NVML_COMPUTEMODE_*)."""
+        with self._lock:
+            try:
+                self._ensure()
+                return int(pynvml.nvmlDeviceGetComputeMode(pynvml.nvmlDeviceGetHandleByUUID(uuid.encode())))
+            except pynvml.NVMLError as err:
+                self._reset()
+                raise NvmlError(f"NVML: reading the compute mode of {uuid}: {err}") from err
+
+    def set_compute_mode(self, uuid: str, mode: int) -> None:
+        """nvmlDeviceSetComputeMode (root only; the setting lasts until the driver unloads)."""
+        with self._lock:
+            try:
+                self._ensure()
+                pynvml.nvmlDeviceSetComputeMode(pynvml.nvmlDeviceGetHandleByUUID(uuid.encode()), mode)
+            except pynvml.NVMLError as err:
+                self._reset()
+                raise NvmlError(f"NVML: setting compute mode {mode} on {uuid}: {err}") from err
+
     def close(self) -> None:
         with self._lock:
             self._reset()

@@ -32,6 +32,7 @@ from gpufrac.agent.edges.podwatch import PodCache, PodSource
 from gpufrac.agent.edges.procfs import read_cgroup_controllers, read_memory_limit
 from gpufrac.agent.programs.agent_config import AgentConfig
 from gpufrac.agent.programs.audit_pass import AuditKube, AuditPass, GpuSource
+from gpufrac.agent.programs.compute_modes import ComputeModes, ComputeModeSource
 from gpufrac.agent.programs.daemons import Daemon, MpsDaemons
 from gpufrac.agent.programs.guarantee import Guarantee
 from gpufrac.agent.programs.mps_limits import DaemonSideLimits
@@ -41,6 +42,10 @@ from gpufrac.core.contract import RECLAIM_BACKOFF_PREFIX, Enforcement, mps_pipe_
 from gpufrac.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
+
+
+class NodeGpus(GpuSource, ComputeModeSource, Protocol):
+    """NVML as the loop uses it: the audit's readings and the GPUs' compute modes."""
 
 
 class KubeSink(NodeSink, AuditKube, PodSource, Protocol):
@@ -56,7 +61,7 @@ class Agent:
         self,
         config: AgentConfig,
         kube: KubeSink,
-        gpus: GpuSource,
+        gpus: NodeGpus,
         metrics: AgentMetrics,
         *,
         clock: Callable[[], float] = time.monotonic,
@@ -85,6 +90,7 @@ class Agent:
         sm_pipe_dir = Path(mps_pipe_dir(str(config.mps_root), ComputeMode.SM_SHARING))
         self.daemon_limits = (DaemonSideLimits(config.mps_binary, sm_pipe_dir)
                               if ComputeMode.SM_SHARING in config.modes else None)
+        self.compute_modes = ComputeModes(gpus) if ComputeMode.SM_SHARING in config.modes else None
         self.inventory: Inventory | None = None
         self._enforced: dict[ComputeMode, Enforcement] = {}  # as of the last tick: its labels, published again
         self.nvml_error: str | None = None
@@ -174,7 +180,18 @@ class Agent:
 
     def _hold_daemon_side(self, statuses: Mapping[ComputeMode, DaemonStatus]) -> str | None:
         """Tells the sm-sharing daemon the limits of the fractions placed here, before their processes connect
-        (programs.mps_limits); returns what its servers do not hold, for the condition's message."""
+        (programs.mps_limits), and holds their GPUs in EXCLUSIVE_PROCESS (programs.compute_modes); returns what
+        is not held, for the condition's message."""
+        modes = self._hold_compute_modes(())
+        daemon = self._tell_daemon(statuses)
+        return "; ".join(p for p in (daemon, modes) if p) or None
+
+    def _hold_compute_modes(self, created: Collection[RunningContainer]) -> str | None:
+        if self.compute_modes is None or self.inventory is None or not self.pods.synced.is_set():
+            return None
+        return self.compute_modes.apply([*self.placed(), *created], self.inventory.gpus)
+
+    def _tell_daemon(self, statuses: Mapping[ComputeMode, DaemonStatus]) -> str | None:
         status = statuses.get(ComputeMode.SM_SHARING)
         if (self.daemon_limits is None or self.inventory is None or status is None or not status.up
                 or not self.pods.synced.is_set()):
@@ -197,6 +214,9 @@ class Agent:
         if not self.pods.synced.is_set():
             return "the agent has not read the node's pods yet, so it cannot tell the daemon every fraction's limits"
         created = placed_fractions([created_pod]) if created_pod is not None else []
+        modes = self._hold_compute_modes(created)
+        if modes is not None:
+            return modes
         return self.daemon_limits.hold(self.placed(), self.inventory.gpus, created, within_s,
                                        namespaces=capabilities.has_driver_memory_limits(self.inventory))
 
