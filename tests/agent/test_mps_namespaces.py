@@ -13,10 +13,10 @@ from gpufrac.agent.decide.model import RunningContainer
 from gpufrac.agent.decide.mps_namespaces import Namespace, changes, namespace_name, wanted
 from gpufrac.agent.edges.mps_control import invoke
 from gpufrac.agent.edges.supervisor import MpsSupervisor
-from gpufrac.agent.programs.mps_limits import DaemonSideLimits
+from gpufrac.agent.programs.mps_limits import FORCE_AFTER_S, DaemonSideLimits
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import UUID_A, container, gpu_info
-from testkit.fakes.mps_client import connect, records
+from testkit.fakes.mps_client import attached, connect, records
 
 SM = ComputeMode.SM_SHARING
 GPUS = (gpu_info(0, UUID_A),)
@@ -148,3 +148,27 @@ def test_a_pipe_directory_too_long_for_namespace_sockets_is_said_and_the_server_
     limits = DaemonSideLimits(mps_binary, Path(long_dir))
     limits.apply([sm("a", 4096)], GPUS, namespaces=True)  # no daemon there: the server commands fail, said first
     assert limits.route("u-a", "a") is None and "did not take its limits" in (limits.problem or "")
+
+
+def test_a_terminating_sm_sharing_pod_refuses_no_new_creation(daemon: MpsSupervisor) -> None:
+    """Issue 43: `namespace delete` fails while clients are attached (NVIDIA's MPS v3 Namespaces). A pod whose
+    container left the node's fractions but whose process is still attached (its grace period) does not block the
+    next sm-sharing creation; its namespace stays until its clients go, and is deleted with --force after
+    FORCE_AFTER_S."""
+    now = [0.0]
+    pipe, binary = daemon.spec.pipe_dir, daemon.spec.argv[0]
+    limits = DaemonSideLimits(binary, pipe, clock=lambda: now[0])
+    limits.apply([sm("a", 4096), sm("old", 2048)], GPUS, namespaces=True)
+    leaving = limits.route("u-old", "old")
+    assert leaving is not None
+    with attached(leaving):
+        assert limits.hold([sm("a", 4096)], GPUS, [sm("new", 2048)], 5.0, namespaces=True) is None
+        assert limits.route("u-new", "new") is not None
+        limits.apply([sm("a", 4096), sm("new", 2048)], GPUS, namespaces=True)  # the pass: delete refused, not fatal
+        assert limits.problem is None and leaving.exists()
+        assert connect(leaving, UUID_A, env={}).pinned_mib == 2048  # still held while it runs
+        now[0] += FORCE_AFTER_S
+        limits.apply([sm("a", 4096), sm("new", 2048)], GPUS, namespaces=True)
+        assert not leaving.exists()
+    deletes = [c["command"] for c in records(daemon.spec.log_dir, "command") if "namespace delete" in c["command"]]
+    assert deletes[-1].endswith("--force") and not deletes[0].endswith("--force")

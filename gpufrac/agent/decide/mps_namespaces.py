@@ -94,8 +94,9 @@ def list_command() -> tuple[str, ...]:
     return ("namespace", "list", f"--server={SERVER}")
 
 
-def delete_command(name: str) -> tuple[str, ...]:
-    return ("namespace", "delete", name, f"--server={SERVER}")
+def delete_command(name: str, *, force: bool = False) -> tuple[str, ...]:
+    """`namespace delete` fails while clients are attached unless `--force` (NVIDIA's MPS v3 Namespaces, r615)."""
+    return ("namespace", "delete", name, f"--server={SERVER}", *(("--force",) if force else ()))
 
 
 def listed(answer: str) -> set[str]:
@@ -112,8 +113,11 @@ class Changes:
     delete: tuple[str, ...]
 
     def commands(self) -> list[tuple[str, ...]]:
-        return ([delete_command(name) for name in self.delete]
-                + [words for ns in self.create for words in (ns.create(), ns.set_limits())]
+        return [delete_command(name) for name in self.delete] + self.making()
+
+    def making(self) -> list[tuple[str, ...]]:
+        """The commands that create and set: what a creation waits for (deletions wait for their clients)."""
+        return ([words for ns in self.create for words in (ns.create(), ns.set_limits())]
                 + [ns.set_limits() for ns in self.update])
 
 
