@@ -6,6 +6,7 @@ client's env where that is well formed for the client's view of the GPUs, never 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import socket
@@ -30,9 +31,35 @@ class ClientLimits:
 
 
 def connect(pipe_dir: Path, gpu: str, *, visible: tuple[str, ...] = (), env: dict[str, str] | None = None,
-            binary: str = str(MPS_CONTROL)) -> ClientLimits:
-    """A client on GPU `gpu` (a UUID) that sees `visible` (default: just it) and carries `env`."""
-    env = env or {}
+            binary: str = str(MPS_CONTROL), cgroup: str | None = None) -> ClientLimits:
+    """A client on GPU `gpu` (a UUID) that sees `visible` (default: just it) and carries `env`; in `cgroup` (a
+    directory), the driver's hard limit there holds it too, whatever MPS gives (NVIDIA: the one limit a process
+    cannot lift; read from the fake NVML, nvmlDeviceGetMemoryLimits_v1)."""
+    got = _mps_client(pipe_dir, gpu, visible, env or {}, binary)
+    held = cgroup_limit_mib(gpu, cgroup) if cgroup is not None else None
+    if held is None:
+        return got
+    return ClientLimits(min(held, got.pinned_mib) if got.pinned_mib is not None else held, got.thread_percent)
+
+
+def cgroup_limit_mib(gpu: str, cgroup: str) -> int | None:
+    """The hard limit the fake NVML holds for `cgroup` on `gpu`, in MiB (None: none)."""
+    pynvml.nvmlInit()
+    try:
+        got = _GetLimits(cgroup.encode(), 0, 0, 0)
+        code = pynvml.nvmlLib.nvmlDeviceGetMemoryLimits_v1(pynvml.nvmlDeviceGetHandleByUUID(gpu), ctypes.byref(got))
+    finally:
+        pynvml.nvmlShutdown()
+    return None if code != 0 or got.hardLimit == (1 << 64) - 1 else int(got.hardLimit) >> 20
+
+
+class _GetLimits(ctypes.Structure):
+    _fields_ = [("nameSpace", ctypes.c_char_p), ("softLimit", ctypes.c_ulonglong), ("hardLimit", ctypes.c_ulonglong),
+                ("currentUsed", ctypes.c_ulonglong)]
+
+
+def _mps_client(pipe_dir: Path, gpu: str, visible: tuple[str, ...], env: dict[str, str],
+                binary: str) -> ClientLimits:
     words = ["fake_client", gpu, f"visible={','.join(visible or (gpu,))}"]
     if "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" in env:
         words.append(f"pinned={env['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT']}")

@@ -11,10 +11,11 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpufrac.agent.decide import capabilities
+from gpufrac.agent.decide import capabilities, hard_limits
 from gpufrac.agent.decide.claim_tenants import NO_CLAIMS, ClaimTenants
 from gpufrac.agent.decide.csi_publish import NodeDirs, PodRef
 from gpufrac.agent.decide.errors import NvmlError
+from gpufrac.agent.decide.hard_limits import Boundary
 from gpufrac.agent.decide.model import (
     DaemonStatus,
     EnforcementViolation,
@@ -35,6 +36,7 @@ from gpufrac.agent.programs.audit_pass import AuditKube, AuditPass, GpuSource
 from gpufrac.agent.programs.compute_modes import ComputeModes, ComputeModeSource
 from gpufrac.agent.programs.daemons import Daemon, MpsDaemons
 from gpufrac.agent.programs.guarantee import Guarantee
+from gpufrac.agent.programs.hard_limits import CgroupLimits, MemoryLimitSource
 from gpufrac.agent.programs.mps_limits import DaemonSideLimits
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.buildinfo import build
@@ -44,8 +46,8 @@ from gpufrac.kube.errors import KubeError
 log = logging.getLogger(__name__)
 
 
-class NodeGpus(GpuSource, ComputeModeSource, Protocol):
-    """NVML as the loop uses it: the audit's readings and the GPUs' compute modes."""
+class NodeGpus(GpuSource, ComputeModeSource, MemoryLimitSource, Protocol):
+    """NVML as the loop uses it: the audit's readings, the GPUs' compute modes and the cgroups' memory limits."""
 
 
 class KubeSink(NodeSink, AuditKube, PodSource, Protocol):
@@ -91,6 +93,8 @@ class Agent:
         self.daemon_limits = (DaemonSideLimits(config.mps_binary, sm_pipe_dir)
                               if ComputeMode.SM_SHARING in config.modes else None)
         self.compute_modes = ComputeModes(gpus) if ComputeMode.SM_SHARING in config.modes else None
+        self.cgroup_limits = CgroupLimits(gpus, config.proc_root)
+        self.boundaries: dict[ComputeMode, Boundary] = {}  # as of the last tick: the boundary labels
         self.inventory: Inventory | None = None
         self._enforced: dict[ComputeMode, Enforcement] = {}  # as of the last tick: its labels, published again
         self.nvml_error: str | None = None
@@ -184,7 +188,19 @@ class Agent:
         is not held, for the condition's message."""
         modes = self._hold_compute_modes(())
         daemon = self._tell_daemon(statuses)
-        return "; ".join(p for p in (daemon, modes) if p) or None
+        cgroups = self._hold_cgroup_limits()
+        return "; ".join(p for p in (daemon, modes, cgroups) if p) or None
+
+    def _hold_cgroup_limits(self) -> str | None:
+        """Each fractional container's limit on its own cgroup, through NVML, read back (programs.hard_limits);
+        and the boundary each mode has here, for the labels."""
+        if self.inventory is None or not self.pods.synced.is_set():
+            return None
+        placed = self.placed()
+        problem = self.cgroup_limits.apply(placed, self.inventory.gpus)
+        unable = self.cgroup_limits.probe(self.inventory.gpus, self.inventory.driver_version)
+        self.boundaries = self.cgroup_limits.boundaries(placed, self.config.modes, capable=unable is None)
+        return problem
 
     def _hold_compute_modes(self, created: Collection[RunningContainer]) -> str | None:
         if self.compute_modes is None or self.inventory is None or not self.pods.synced.is_set():
@@ -247,7 +263,7 @@ class Agent:
         back-offs of controllers whose pods reclaim evicted here."""
         guarantee = self.audit.guarantee
         return {**capabilities.node_labels(self.inventory, enforced), **guarantee.labels,
-                **guarantee.backoffs.labels()}
+                **guarantee.backoffs.labels(), **hard_limits.labels(self.boundaries)}
 
     def _publish_backoffs(self) -> None:
         """Between two ticks, before an eviction: the node's labels with the back-offs as they are now."""
