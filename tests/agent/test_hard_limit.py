@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from e2e.toolkit.wait import wait_until
-from gpufrac.agent.decide.hard_limits import cgroup_dir
+from gpufrac.agent.decide.hard_limits import WithoutHardLimit, cgroup_dir
 from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import UUID_A, UUID_B, FakeNode, cid
@@ -83,3 +83,19 @@ def test_where_the_driver_holds_no_cgroup_limit_the_node_says_so(fake_node: Fake
     assert (fake_node.kube.labels[TS_LABEL], fake_node.kube.labels[SM_LABEL]) == ("none", "cooperative")
     message = fake_node.kube.last_condition()["message"]
     assert "team-a/train/app: the driver holds no limit on its cgroup" in message, message
+
+
+def test_an_operator_who_requires_the_hard_limit_gets_fractions_refused_where_the_driver_cannot_hold_it(
+        fake_node: FakeNode) -> None:
+    """A driver before r615 (legacy MPS serves sm-sharing; time-slicing is not served there anyway)."""
+    fake_node.gpus.set(driver_version="550.54.15", cuda_driver_version=12040)
+    reporting = _ticked(fake_node)
+    assert reporting.not_served[SM] is None  # report (the default): still served, the labels say it
+    assert fake_node.kube.labels[SM_LABEL] == "cooperative"
+    reporting.shutdown()
+    refusing = fake_node.start_agent(without_hard_limit=WithoutHardLimit.REFUSE)
+    refusing.tick()
+    wait_until(lambda: refusing.daemon_statuses()[SM].up, timeout=10, what="the sm-sharing daemon")
+    refusing.tick()
+    reason = refusing.not_served[SM] or ""
+    assert "cannot hold a fraction's memory limit on its cgroup" in reason and "--without-hard-limit" in reason

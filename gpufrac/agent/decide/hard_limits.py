@@ -26,6 +26,14 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 BOUNDARY_LABEL_PREFIX = "gpufrac.io/boundary."  # + the mode: hard, cooperative or none
 
 
+class WithoutHardLimit(StrEnum):
+    """What a node does where the driver cannot hold a cgroup limit (cgroup v1, before r615, NVML refuses): the
+    operator's choice (the chart's enforcement.withoutHardLimit)."""
+
+    REPORT = "report"  # the boundary labels and the condition say so; fractions are still placed and created
+    REFUSE = "refuse"  # creations of fractions are refused on that node, with the reason
+
+
 class Boundary(StrEnum):
     HARD = "hard"  # the driver holds it on the container's cgroup, set and read back
     COOPERATIVE = "cooperative"  # MPS daemon-side or env limits, which a process can lift by documented tricks

@@ -15,7 +15,7 @@ from gpufrac.agent.decide import capabilities, hard_limits
 from gpufrac.agent.decide.claim_tenants import NO_CLAIMS, ClaimTenants
 from gpufrac.agent.decide.csi_publish import NodeDirs, PodRef
 from gpufrac.agent.decide.errors import NvmlError
-from gpufrac.agent.decide.hard_limits import Boundary
+from gpufrac.agent.decide.hard_limits import Boundary, WithoutHardLimit
 from gpufrac.agent.decide.model import (
     DaemonStatus,
     EnforcementViolation,
@@ -324,8 +324,17 @@ class Agent:
 
     def _not_served(self, enforced: Mapping[ComputeMode, Enforcement],
                     statuses: Mapping[ComputeMode, DaemonStatus]) -> dict[ComputeMode, str | None]:
+        refusal = self._hard_limit_refusal()
         return {mode: capabilities.unserved_reason(mode, self.inventory, self.config.modes, enforced, statuses)
-                for mode in ComputeMode}
+                or refusal for mode in ComputeMode}
+
+    def _hard_limit_refusal(self) -> str | None:
+        """With --without-hard-limit refuse: why fractions are not created here (the driver holds no cgroup limit)."""
+        if self.config.without_hard_limit is not WithoutHardLimit.REFUSE or self.inventory is None:
+            return None
+        unable = self.cgroup_limits.probe(self.inventory.gpus, self.inventory.driver_version)
+        return (f"the driver cannot hold a fraction's memory limit on its cgroup here ({unable}), and the node "
+                "refuses fractions without it (--without-hard-limit refuse)") if unable else None
 
     def find_pod(self, ref: PodRef) -> dict[str, Any] | None:
         """The pod a volume is for: from the watch cache, else from the API server (the kubelet can be faster than
