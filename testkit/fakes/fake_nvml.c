@@ -29,7 +29,7 @@
  * nvidia-ctk v1.20 (`cdi generate`, through go-nvml) were found to make are implemented: any other is an undefined
  * symbol (a loud failure, never a made-up answer). What clients set (nvmlDeviceSetComputeMode, the CUDA 13.4
  * memory limits nvmlDeviceSetMemoryLimits_v1 per cgroup) is kept beside the state file, $GPUFRAC_FAKE_NVML.<what>,
- * for every process to read, and the limits are shared with the fake libcuda.so.1 through
+ * for every process to read ($GPUFRAC_FAKE_NVML_SETTINGS=<dir>: there instead), and the limits are shared with the fake libcuda.so.1 through
  * $GPUFRAC_FAKE_GPU_PROCESSES/memory-limits. $GPUFRAC_FAKE_NVML_REFUSE_CGROUP_V1=1: a cgroup v1 path is refused
  * as the real driver refuses it (otherwise accepted, as the driver accepts a v2 path: these machines are v1).
  */
@@ -656,10 +656,15 @@ int nvmlDeviceGetProcessUtilization(fake_device *device, nvmlProcessUtilizationS
  * ($GPUFRAC_FAKE_NVML.<what>), one line per setting, the last line for a key wins. The state file itself is the
  * test's (it rewrites it whole), so what NVML clients set is kept apart from it. */
 static FILE *side_file(const char *what, const char *how) {
-    const char *state = getenv("GPUFRAC_FAKE_NVML");
+    const char *state = getenv("GPUFRAC_FAKE_NVML"), *dir = getenv("GPUFRAC_FAKE_NVML_SETTINGS"), *base;
     char path[1024];
     if (!state || !*state) return NULL;
-    snprintf(path, sizeof path, "%s.%s", state, what);
+    if (dir && *dir) { /* a directory of their own (a test whose state file is shared, read-only) */
+        base = strrchr(state, '/');
+        snprintf(path, sizeof path, "%s/%s.%s", dir, base ? base + 1 : state, what);
+    } else {
+        snprintf(path, sizeof path, "%s.%s", state, what);
+    }
     return fopen(path, how);
 }
 

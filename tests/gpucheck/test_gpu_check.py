@@ -155,7 +155,7 @@ def test_a_daemon_that_ignores_quit_is_killed_and_the_check_fails(tmp_path: Path
 
 
 def test_sigterm_stops_the_daemons_and_exits_non_zero(tmp_path: Path) -> None:
-    env = {**os.environ, "GPUFRAC_FAKE_NVML": str(FAKE_NODE)}
+    env = {**os.environ, "GPUFRAC_FAKE_NVML": str(FAKE_NODE), "GPUFRAC_FAKE_NVML_SETTINGS": str(tmp_path)}
     proc = subprocess.Popen([sys.executable, str(PROGRAM), "--nvml", str(fake_nvml_library()), "--mps-control",
                              str(MPS_CONTROL), "--cuda", "none", "--workdir", str(tmp_path / "work"), "--out",
                              str(tmp_path / "report.json"), "--linger", "60"], env=env, stdout=subprocess.PIPE,
@@ -270,7 +270,8 @@ def cgroup2_entries() -> list[str]:
 def test_with_fake_cuda_the_cuda_13_4_limits_hold_clients_in_their_cgroups(tmp_path: Path) -> None:
     # the whole check in a mount namespace whose /sys/fs/cgroup is the (real, kernel) cgroup v2 hierarchy
     before = set(cgroup2_entries())
-    env = {**os.environ, "GPUFRAC_FAKE_NVML": str(FAKE_NODE), "GPUFRAC_FAKE_GPU_PROCESSES": str(tmp_path),
+    env = {**os.environ, "GPUFRAC_FAKE_NVML": str(FAKE_NODE),
+           "GPUFRAC_FAKE_NVML_SETTINGS": str(tmp_path), "GPUFRAC_FAKE_GPU_PROCESSES": str(tmp_path),
            "GPUFRAC_FAKE_CUDA_LOCK": str(tmp_path / "gpu.lock"), "GPUFRAC_FAKE_CUDA_RATE": "2e8"}
     command = (f"mount -t cgroup2 none /sys/fs/cgroup && exec {sys.executable} {PROGRAM} --nvml {fake_nvml_library()}"
                f" --cuda {fake_cuda_library()} --mps-control {MPS_CONTROL} --workdir {tmp_path / 'work'}"

@@ -35,7 +35,8 @@ def short_workdir(tmp_path: Path) -> Iterator[None]:
 
 def run_rows(tmp_path: Path, env: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     (tmp_path / "processes").mkdir()
-    full_env = {**os.environ, "GPUFRAC_FAKE_NVML": str(FAKE_NODE), "GPUFRAC_FAKE_GPU_PROCESSES": str(tmp_path /
+    full_env = {**os.environ, "GPUFRAC_FAKE_NVML": str(FAKE_NODE),
+           "GPUFRAC_FAKE_NVML_SETTINGS": str(tmp_path), "GPUFRAC_FAKE_GPU_PROCESSES": str(tmp_path /
                 "processes"), "GPUFRAC_FAKE_CUDA_LOCK": str(tmp_path / "gpu.lock"), "GPUFRAC_FAKE_CUDA_RATE": "2e8",
                 **(env or {})}
     result = subprocess.run([sys.executable, str(ROOT / "gpucheck" / "__main__.py"), "--only", "9",
