@@ -40,6 +40,7 @@ from gpucheck.session import Session
 DROPPED = "9a", "daemon-side limit: env dropped"
 UUID_KEYED = "9b", "daemon-side limit: a UUID-keyed env lowers it"
 OWN_NAMESPACE = "9c", "daemon-side limit: a container's own MPS v3 namespace"
+INVISIBLE = "9d", "daemon-side limit: an env naming a GPU the client cannot see drops it (NVIDIA's measurement)"
 NAMESPACE = "c00000000009c"  # the shape of the agent's names (decide.mps_namespaces)
 
 
@@ -58,15 +59,16 @@ class DaemonSideLimits:
         s = self.s
         reason = self.problem()
         if reason:
-            s.skip((DROPPED, UUID_KEYED, OWN_NAMESPACE), reason)
+            s.skip((DROPPED, UUID_KEYED, OWN_NAMESPACE, INVISIBLE), reason)
             return
         a, _ = s.node.limits()
         s.guarded(DROPPED[0], lambda: self.dropped(a))
         s.guarded(UUID_KEYED[0], lambda: self.uuid_keyed(a))
         if not s.node.driver_limits:
-            s.skip((OWN_NAMESPACE,), "MPS v3 namespaces need driver r615+ with CUDA 13.4")
+            s.skip((OWN_NAMESPACE, INVISIBLE), "MPS v3 namespaces need driver r615+ with CUDA 13.4")
             return
         s.guarded(OWN_NAMESPACE[0], lambda: self.own_namespace(a))
+        s.guarded(INVISIBLE[0], lambda: self.invisible(a))
 
     def tell(self, pinned_mib: int, thread_percent: int | None = None) -> list[dict[str, str]]:
         """The daemon's limits for this GPU (with a thread percentage, that too), as the agent tells them: the
@@ -113,6 +115,25 @@ class DaemonSideLimits:
             client = self.memory.probe_client("own-namespace-no-env", a, own, {})
             self.memory.row(OWN_NAMESPACE[0], OWN_NAMESPACE[1], [client], (a,),
                             {"daemon": said, "pipe_directory": own, "server_limit_mib": 2 * a})
+        finally:
+            words = namespace_delete(NAMESPACE)
+            self.command(words, "", " ".join(words))
+
+    def invisible(self, a: int) -> None:
+        """9d: the server at 2A, a namespace at A, two clients in it whose env names a GPU they cannot see (an index
+        past their view, `0=AM,1=AM`; a UUID that is not present). NVIDIA measured on 615.71.09 that such a client
+        loses every pinned limit, the server's and the namespace's: this row PASSES when the driver does that (each
+        client allocates past 2A), which is what gpufrac's boundary labels assume (sm-sharing without the cgroup limit
+        is `cooperative`), and FAILS, saying so, where this driver holds them."""
+        said = self.tell(2 * a)
+        said += [self.command(words, "", " ".join(words)) for words in namespace_commands(NAMESPACE, a, 100)]
+        envs = [f"0={a}M,1={a}M", f"GPU-00000000-0000-0000-0000-00000000bad0={a}M"]
+        own = os.path.join(self.daemons.pipe_dir(SM_SHARING), NAMESPACE_SERVER, NAMESPACE)
+        try:
+            clients = [self.memory.probe_client(f"invisible-{i}", 4 * a, own, {ENV_PINNED_MEM_LIMIT: env})
+                       for i, env in enumerate(envs)]
+            self.memory.dropped_row(INVISIBLE[0], INVISIBLE[1], clients, 2 * a,
+                                    {"daemon": said, "env": envs, "pipe_directory": own})
         finally:
             words = namespace_delete(NAMESPACE)
             self.command(words, "", " ".join(words))

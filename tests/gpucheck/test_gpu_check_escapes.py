@@ -85,3 +85,14 @@ def test_a_daemon_side_that_holds_nothing_fails_both_rows(tmp_path: Path) -> Non
     assert rows["9a"]["status"] == FAIL and "not held" in rows["9a"]["details"], rows["9a"]
     assert rows["9b"]["status"] == FAIL, rows["9b"]
     assert rows["9c"]["status"] == FAIL, rows["9c"]
+
+
+def test_an_env_naming_an_invisible_gpu_loses_the_namespaces_limit_as_nvidia_measured(tmp_path: Path) -> None:
+    """Row 9d: the fake libcuda.so.1 follows NVIDIA's measurement (every pinned limit dropped); the row passes where
+    the driver does that, and its numbers show both clients past the server's 2A."""
+    rows = run_rows(tmp_path)
+    assert rows["9d"]["status"] == PASS, rows["9d"]
+    limit = rows["9c"]["numbers"]["clients"][0]["limit_mib"]
+    assert all(mib > 2 * limit for mib in rows["9d"]["numbers"]["allocated_mib"]), rows["9d"]
+    commands = [c["command"] for c in rows["9d"]["numbers"]["daemon"]]
+    assert "namespace create c00000000009c --server=gpufrac" in commands
