@@ -172,3 +172,21 @@ def test_a_terminating_sm_sharing_pod_refuses_no_new_creation(daemon: MpsSupervi
         assert not leaving.exists()
     deletes = [c["command"] for c in records(daemon.spec.log_dir, "command") if "namespace delete" in c["command"]]
     assert deletes[-1].endswith("--force") and not deletes[0].endswith("--force")
+
+
+def test_a_restarted_agent_does_not_set_again_the_namespaces_it_finds_with_their_clients_running(
+        daemon: MpsSupervisor) -> None:
+    """Issue 43: `namespace set` fails with clients attached on 615 (KAI's observation; the fake refuses it). A new
+    agent finds its former self's namespaces and does not set them again: its pass and the next creation go on."""
+    pipe, binary = daemon.spec.pipe_dir, daemon.spec.argv[0]
+    DaemonSideLimits(binary, pipe).apply([sm("a", 4096)], GPUS, namespaces=True)
+    restarted = DaemonSideLimits(binary, pipe)
+    own = pipe / "gpufrac" / namespace_name("u-a", "a")
+    with attached(own):
+        before = len(records(daemon.spec.log_dir, "command"))
+        restarted.apply([sm("a", 4096)], GPUS, namespaces=True)
+        assert restarted.problem is None and restarted.failure is None
+        assert restarted.hold([sm("a", 4096)], GPUS, [sm("new", 2048)], 5.0, namespaces=True) is None
+        sent = [c["command"] for c in records(daemon.spec.log_dir, "command")[before:]]
+        assert not any(c.startswith(f"namespace set {namespace_name('u-a', 'a')}") for c in sent), sent
+        assert connect(own, UUID_A, env={}).pinned_mib == 4096

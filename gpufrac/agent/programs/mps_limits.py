@@ -52,6 +52,7 @@ class DaemonSideLimits:
         # the daemon whose namespaces of ours are known, and those (None: created, limits not known)
         self._namespaces: tuple[tuple[int, int], dict[str, Namespace | None]] | None = None
         self._leaving: dict[str, float] = {}  # namespace -> when its deletion was first tried
+        self._first_listing = True  # an agent (re)started: the namespaces it finds were set by the one before
         self.problem: str | None = None  # for the node's condition: what the daemon side does not hold now
         self.failure: str | None = None  # why the daemon did not take the last plan (None: it did)
 
@@ -139,7 +140,12 @@ class DaemonSideLimits:
         """One namespace per container with its limits; ours that no container needs are deleted."""
         if self._namespaces is None or self._namespaces[0] != daemon:
             answer = invoke(self.binary, self.pipe_dir, mps_namespaces.list_command(), deadline=deadline)
-            self._namespaces = (daemon, dict.fromkeys(mps_namespaces.listed(answer)))
+            listed = mps_namespaces.listed(answer)
+            # A container's namespace is named from its pod UID and name, whose limits never change: one a former
+            # agent made holds them already, and is not set again (on 615 `namespace set` fails while its
+            # clients run). A daemon listed again later (a restart, a failed command) is set again.
+            self._namespaces = (daemon, {name: wanted.get(name) if self._first_listing else None for name in listed})
+            self._first_listing = False
         has = self._namespaces[1]
         todo = mps_namespaces.changes(has, wanted)
         staying = self._leave(todo.delete, deadline)
