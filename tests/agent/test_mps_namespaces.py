@@ -16,7 +16,7 @@ from gpufrac.agent.edges.supervisor import MpsSupervisor
 from gpufrac.agent.programs.mps_limits import FORCE_AFTER_S, DaemonSideLimits
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import UUID_A, container, gpu_info
-from testkit.fakes.mps_client import attached, connect, records
+from testkit.fakes.mps_client import ClientLimits, attached, connect, records
 
 SM = ComputeMode.SM_SHARING
 GPUS = (gpu_info(0, UUID_A),)
@@ -190,3 +190,16 @@ def test_a_restarted_agent_does_not_set_again_the_namespaces_it_finds_with_their
         sent = [c["command"] for c in records(daemon.spec.log_dir, "command")[before:]]
         assert not any(c.startswith(f"namespace set {namespace_name('u-a', 'a')}") for c in sent), sent
         assert connect(own, UUID_A, env={}).pinned_mib == 4096
+
+
+def test_the_servers_default_namespace_gives_no_more_than_the_largest_fraction(daemon: MpsSupervisor) -> None:
+    """NVIDIA's MPS v3 Interface: a named server's `default` namespace (and any without limits) gives the whole GPU
+    unless `server set` limits the server. A client reaching it (a DRA share mounts the whole pipe directory) is held
+    to the largest sm-sharing fraction's limit."""
+    pipe = daemon.spec.pipe_dir
+    default = pipe / "gpufrac" / "default"
+    assert connect(default, UUID_A, env={}).pinned_mib is None  # the control: nothing told yet, the whole GPU
+    limits = DaemonSideLimits(daemon.spec.argv[0], pipe)
+    limits.apply([sm("a", 4096), sm("b", 12288, threads=80)], GPUS, namespaces=True)
+    assert connect(default, UUID_A, env={}) == ClientLimits(12288, 80)
+    assert connect(limits.route("u-a", "a") or pipe, UUID_A, env={}).pinned_mib == 4096

@@ -90,6 +90,16 @@ def wanted(containers: Iterable[RunningContainer]) -> dict[str, Namespace]:
     return out
 
 
+def server_set(pinned_mib: int | None, thread_percent: int | None) -> tuple[str, ...] | None:
+    """`server set` on SERVER: the limits its `default` namespace and any namespace without its own give (NVIDIA's
+    MPS v3 Interface: without it they give the whole GPU). The largest of the node's sm-sharing fractions: every
+    namespace of ours is held below it by its own; None: nothing to hold (no sm-sharing fraction)."""
+    if pinned_mib is None:
+        return None
+    return ("server", "set", f"--server={SERVER}", f"--pinned-memory-limit={pinned_mib}M",
+            f"--active-thread-percentage={thread_percent or NO_COMPUTE_CAP}")
+
+
 def list_command() -> tuple[str, ...]:
     return ("namespace", "list", f"--server={SERVER}")
 

@@ -52,6 +52,7 @@ class DaemonSideLimits:
         # the daemon whose namespaces of ours are known, and those (None: created, limits not known)
         self._namespaces: tuple[tuple[int, int], dict[str, Namespace | None]] | None = None
         self._leaving: dict[str, float] = {}  # namespace -> when its deletion was first tried
+        self._server_told: tuple[tuple[int, int], tuple[str, ...]] | None = None
         self._first_listing = True  # an agent (re)started: the namespaces it finds were set by the one before
         self.problem: str | None = None  # for the node's condition: what the daemon side does not hold now
         self.failure: str | None = None  # why the daemon did not take the last plan (None: it did)
@@ -104,6 +105,7 @@ class DaemonSideLimits:
         try:
             self._tell_servers(daemon, wanted, deadline)
             if namespaces:
+                self._tell_server(daemon, wanted, deadline)
                 self._tell_namespaces(daemon, per_container, deadline)
             else:
                 self._namespaces = None
@@ -134,6 +136,14 @@ class DaemonSideLimits:
             log.info("sm-sharing MPS daemon limits: %s", "; ".join(wanted.default_commands()),
                      extra={"servers": list(servers)})
             self._told = told
+
+    def _tell_server(self, daemon: tuple[int, int], wanted: DaemonPlan, deadline: float | None) -> None:
+        """`server set` on gpufrac's server, so its `default` namespace gives no more than the largest fraction."""
+        command = mps_namespaces.server_set(max((c.pinned_mib for c in wanted.ceilings), default=None),
+                                            wanted.thread_percent)
+        if command is not None and self._server_told != (daemon, command):
+            invoke(self.binary, self.pipe_dir, command, deadline=deadline)
+            self._server_told = (daemon, command)
 
     def _tell_namespaces(self, daemon: tuple[int, int], wanted: dict[str, Namespace],
                          deadline: float | None) -> None:
