@@ -35,6 +35,7 @@ def test_a_containers_namespace_is_named_from_its_pod_uid_and_name_short_enough_
     assert name == namespace_name("0b6f-uid", "app") != namespace_name("0b6f-uid", "sidecar")
     assert len(name) == 13 and mps_namespaces.is_ours(name)
     assert not mps_namespaces.is_ours("training") and not mps_namespaces.is_ours(name + "0")
+    assert mps_namespaces.listed(f"{name},4096,50\ntraining,,\ndefault,,\n") == {name}  # --format=csv,noheader
     assert mps_namespaces.listed(f"{name}\ntraining\n\n{namespace_name('x', 'y')} 3 clients\n") == {
         name, namespace_name("x", "y")}
 
@@ -101,7 +102,7 @@ def test_a_namespace_goes_with_its_container_and_a_new_agent_clears_its_own_left
     invoke(binary, pipe, ("namespace", "create", namespace_name("u-old", "app"), "--server=gpufrac"))
     restarted = DaemonSideLimits(binary, pipe)  # a restarted agent: lists what the daemon has
     restarted.apply([sm("a", 4096)], GPUS, namespaces=True)
-    listed = invoke(binary, pipe, mps_namespaces.list_command()).split()
+    listed = [line.split(",")[0] for line in invoke(binary, pipe, mps_namespaces.list_command()).splitlines()]
     assert sorted(listed) == sorted([namespace_name("u-a", "a"), "training", "default"])  # the server's own
     before = len(records(daemon.spec.log_dir, "command"))
     restarted.apply([sm("a", 4096)], GPUS, namespaces=True)  # nothing changed: no namespace command

@@ -101,7 +101,8 @@ def server_set(pinned_mib: int | None, thread_percent: int | None) -> tuple[str,
 
 
 def list_command() -> tuple[str, ...]:
-    return ("namespace", "list", f"--server={SERVER}")
+    """NVIDIA's MPS v3 Interface: `list --format=csv,noheader` is the stable output (one namespace a line)."""
+    return ("namespace", "list", f"--server={SERVER}", "--format=csv,noheader")
 
 
 def delete_command(name: str, *, force: bool = False) -> tuple[str, ...]:
@@ -111,7 +112,8 @@ def delete_command(name: str, *, force: bool = False) -> tuple[str, ...]:
 
 def listed(answer: str) -> set[str]:
     """The namespaces the agent made, from `namespace list`'s answer (one name first on each line)."""
-    return {line.split()[0] for line in answer.splitlines() if line.split() and is_ours(line.split()[0])}
+    names = (line.replace(",", " ").split()[:1] for line in answer.splitlines())
+    return {name[0] for name in names if name and is_ours(name[0])}
 
 
 @dataclass(frozen=True)
