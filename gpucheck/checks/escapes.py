@@ -35,12 +35,15 @@ from gpucheck.contract import (
     namespace_commands,
     namespace_delete,
 )
+from gpucheck.rows import FAIL, PASS, Row
 from gpucheck.session import Session
 
 DROPPED = "9a", "daemon-side limit: env dropped"
 UUID_KEYED = "9b", "daemon-side limit: a UUID-keyed env lowers it"
 OWN_NAMESPACE = "9c", "daemon-side limit: a container's own MPS v3 namespace"
 INVISIBLE = "9d", "daemon-side limit: an env naming a GPU the client cannot see drops it (NVIDIA's measurement)"
+CONTROL = "9e", "a namespace's socket refuses control commands, from root and from another user"
+NOBODY = 65534
 NAMESPACE = "c00000000009c"  # the shape of the agent's names (decide.mps_namespaces)
 
 
@@ -59,16 +62,17 @@ class DaemonSideLimits:
         s = self.s
         reason = self.problem()
         if reason:
-            s.skip((DROPPED, UUID_KEYED, OWN_NAMESPACE, INVISIBLE), reason)
+            s.skip((DROPPED, UUID_KEYED, OWN_NAMESPACE, INVISIBLE, CONTROL), reason)
             return
         a, _ = s.node.limits()
         s.guarded(DROPPED[0], lambda: self.dropped(a))
         s.guarded(UUID_KEYED[0], lambda: self.uuid_keyed(a))
         if not s.node.driver_limits:
-            s.skip((OWN_NAMESPACE, INVISIBLE), "MPS v3 namespaces need driver r615+ with CUDA 13.4")
+            s.skip((OWN_NAMESPACE, INVISIBLE, CONTROL), "MPS v3 namespaces need driver r615+ with CUDA 13.4")
             return
         s.guarded(OWN_NAMESPACE[0], lambda: self.own_namespace(a))
         s.guarded(INVISIBLE[0], lambda: self.invisible(a))
+        s.guarded(CONTROL[0], lambda: self.control_through_namespace(a))
 
     def tell(self, pinned_mib: int, thread_percent: int | None = None) -> list[dict[str, str]]:
         """The daemon's limits for this GPU (with a thread percentage, that too), as the agent tells them: the
@@ -137,3 +141,42 @@ class DaemonSideLimits:
         finally:
             words = namespace_delete(NAMESPACE)
             self.command(words, "", " ".join(words))
+
+    def control_through_namespace(self, a: int) -> None:
+        """9e: whether a namespace's socket accepts control commands is not documented (NVIDIA's MPS v3 pages). A
+        client of the namespace (its directory as CUDA_MPS_PIPE_DIRECTORY, what a container has) sends `namespace set`
+        and `server set` raising the limits to 8A, then `quit`, as root and (where the check runs as root) as another
+        user. PASS when every one is refused and the daemon still runs; FAIL naming what was accepted."""
+        said = [self.command(words, "", " ".join(words)) for words in namespace_commands(NAMESPACE, a, 100)]
+        own = os.path.join(self.daemons.pipe_dir(SM_SHARING), NAMESPACE_SERVER, NAMESPACE)
+        raise_to = f"--pinned-memory-limit={8 * a}M"
+        tries = [["namespace", "set", NAMESPACE, f"--server={NAMESPACE_SERVER}", raise_to],
+                 ["server", "set", f"--server={NAMESPACE_SERVER}", raise_to], ["quit"]]
+        users = [None, NOBODY] if os.geteuid() == 0 else [None]
+        answers = []
+        try:
+            for user in users:
+                for words in tries:
+                    answers.append(self.through(own, words, user))
+        finally:
+            words = namespace_delete(NAMESPACE)
+            self.command(words, "", " ".join(words))
+        accepted = [f"{t['command']!r} as {t['user']}" for t in answers if t["accepted"]]
+        up = self.daemons.problem(SM_SHARING) is None
+        self.s.add(Row(CONTROL[0], CONTROL[1], FAIL if accepted or not up else PASS,
+                       f"accepted: {', '.join(accepted)}" if accepted else
+                       ("every command refused" + ("" if up else ", but the daemon is no longer up")),
+                       {"daemon": said, "tries": answers, "pipe_directory": own}))
+
+    def through(self, pipe: str, words: list[str], user: int | None) -> dict[str, object]:
+        assert self.s.node.mps_control is not None
+        try:
+            done = subprocess.run([self.s.node.mps_control, *words], input="", capture_output=True, text=True,
+                                  timeout=self.s.bounded(20), check=False, user=user,
+                                  env={**self.s.base_env(), ENV_PIPE_DIRECTORY: pipe})
+            answer, code = (done.stdout + done.stderr).strip(), done.returncode
+        except (OSError, subprocess.TimeoutExpired) as err:
+            answer, code = str(err), -1
+        refused = code != 0 or answer.lower().startswith(("error", "unknown", "invalid", "cannot"))
+        return {"command": " ".join(words), "user": "root" if user is None else user, "exit": code,
+                "answer": answer[:200], "accepted": not refused}

@@ -96,3 +96,14 @@ def test_an_env_naming_an_invisible_gpu_loses_the_namespaces_limit_as_nvidia_mea
     assert all(mib > 2 * limit for mib in rows["9d"]["numbers"]["allocated_mib"]), rows["9d"]
     commands = [c["command"] for c in rows["9d"]["numbers"]["daemon"]]
     assert "namespace create c00000000009c --server=gpufrac" in commands
+
+
+def test_a_namespaces_socket_refuses_control_commands_from_root_and_another_user(tmp_path: Path) -> None:
+    """Row 9e on the fakes: the fake daemon's namespace sockets serve clients only (the real driver's answer is what
+    the row is for); every try is recorded with its answer, and the daemon is still up after `quit` through it."""
+    rows = run_rows(tmp_path)
+    assert rows["9e"]["status"] == PASS, rows["9e"]
+    tries = rows["9e"]["numbers"]["tries"]
+    assert {t["command"].split()[0] for t in tries} == {"namespace", "server", "quit"}
+    assert not any(t["accepted"] for t in tries), tries
+    assert len(tries) == (6 if os.geteuid() == 0 else 3)
