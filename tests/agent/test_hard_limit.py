@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from e2e.toolkit.wait import wait_until
-from gpufrac.agent.decide.hard_limits import WithoutHardLimit, cgroup_dir
+from gpufrac.agent.decide.hard_limits import WithoutHardLimit, cgroup_dir, held_by
 from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.core.annotations import ComputeMode
-from testkit.agent import UUID_A, UUID_B, FakeNode, cid
+from testkit.agent import UUID_A, UUID_B, FakeNode, cid, container, gpu_info
 from testkit.fakes.mps_client import ClientLimits, connect
 from testkit.fakes.state import CGROUP_FORMS
 
@@ -99,3 +99,13 @@ def test_an_operator_who_requires_the_hard_limit_gets_fractions_refused_where_th
     refusing.tick()
     reason = refusing.not_served[SM] or ""
     assert "cannot hold a fraction's memory limit on its cgroup" in reason and "--without-hard-limit" in reason
+
+
+def test_the_over_limit_report_says_what_holds_each_fraction() -> None:
+    gpus = (gpu_info(0, UUID_A), gpu_info(1, UUID_B))
+    ts = container("t", container_id=cid(1), mode=ComputeMode.TIME_SLICING, limit_mib=4096, devices=(UUID_A,))
+    sm = container("s", container_id=cid(2), mode=SM, limit_mib=4096, devices=("1",))
+    held = held_by([ts, sm], gpus, {(cid(1), UUID_A)})
+    assert held == {(cid(1), UUID_A): "its cgroup limit, set through NVML and read back (hard)",
+                    (cid(2), UUID_B): "the MPS daemon side only (cooperative)"}
+    assert held_by([ts], gpus, set())[(cid(1), UUID_A)] == "its env only (nothing a process must keep)"

@@ -92,3 +92,18 @@ def boundary(mode: ComputeMode, containers: Iterable[RunningContainer], verified
 
 def labels(boundaries: dict[ComputeMode, Boundary]) -> dict[str, str]:
     return {f"{BOUNDARY_LABEL_PREFIX}{mode}": str(value) for mode, value in boundaries.items()}
+
+
+def held_by(containers: Iterable[RunningContainer], gpus: Sequence[GpuInfo],
+            verified: Collection[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """For the audit's over-limit report: what holds each placed fraction's memory on each of its GPUs."""
+    out = {}
+    for c in containers:
+        for uuid in filter(None, (gpu_uuid(entry, gpus) for entry in c.fraction.devices)):
+            if (c.container_id, uuid) in verified:
+                out[(c.container_id, uuid)] = "its cgroup limit, set through NVML and read back (hard)"
+            elif c.mode is ComputeMode.SM_SHARING:
+                out[(c.container_id, uuid)] = "the MPS daemon side only (cooperative)"
+            else:
+                out[(c.container_id, uuid)] = "its env only (nothing a process must keep)"
+    return out

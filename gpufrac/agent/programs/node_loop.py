@@ -88,7 +88,8 @@ class Agent:
                               mps_daemons=lambda: [s.pid for s in self.daemons.statuses().values() if s.pid],
                               reclaim_by=lambda: self.reclaim_by, wall_clock=wall_clock,
                               hold_off=self._publish_backoffs)
-        self.audit = AuditPass(config, kube, gpus, metrics, self.pods, guarantee, lambda: self.claims())
+        self.audit = AuditPass(config, kube, gpus, metrics, self.pods, guarantee, lambda: self.claims(),
+                               lambda: self._held_by())
         sm_pipe_dir = Path(mps_pipe_dir(str(config.mps_root), ComputeMode.SM_SHARING))
         self.daemon_limits = (DaemonSideLimits(config.mps_binary, sm_pipe_dir)
                               if ComputeMode.SM_SHARING in config.modes else None)
@@ -215,6 +216,11 @@ class Agent:
         self.daemon_limits.apply(self.placed(), self.inventory.gpus,
                                  namespaces=capabilities.has_driver_memory_limits(self.inventory))
         return self.daemon_limits.problem
+
+    def _held_by(self) -> dict[tuple[str, str], str]:
+        if self.inventory is None:
+            return {}
+        return hard_limits.held_by(self.placed(), self.inventory.gpus, self.cgroup_limits.verified)
 
     def placed(self) -> list[RunningContainer]:
         """Every fraction bound to this node (its pods' containers, from bind on) and the DRA claims prepared here."""
