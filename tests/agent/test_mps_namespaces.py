@@ -163,7 +163,7 @@ def test_a_terminating_sm_sharing_pod_refuses_no_new_creation(daemon: MpsSupervi
     leaving = limits.route("u-old", "old")
     assert leaving is not None
     with attached(leaving):
-        assert limits.hold([sm("a", 4096)], GPUS, [sm("new", 2048)], 5.0, namespaces=True) is None
+        assert limits.hold([sm("a", 4096)], GPUS, [sm("new", 2048)], 30.0, namespaces=True) is None
         assert limits.route("u-new", "new") is not None
         limits.apply([sm("a", 4096), sm("new", 2048)], GPUS, namespaces=True)  # the pass: delete refused, not fatal
         assert limits.problem is None and leaving.exists()
@@ -187,7 +187,7 @@ def test_a_restarted_agent_does_not_set_again_the_namespaces_it_finds_with_their
         before = len(records(daemon.spec.log_dir, "command"))
         restarted.apply([sm("a", 4096)], GPUS, namespaces=True)
         assert restarted.problem is None and restarted.failure is None
-        assert restarted.hold([sm("a", 4096)], GPUS, [sm("new", 2048)], 5.0, namespaces=True) is None
+        assert restarted.hold([sm("a", 4096)], GPUS, [sm("new", 2048)], 30.0, namespaces=True) is None
         sent = [c["command"] for c in records(daemon.spec.log_dir, "command")[before:]]
         assert not any(c.startswith(f"namespace set {namespace_name('u-a', 'a')}") for c in sent), sent
         assert connect(own, UUID_A, env={}).pinned_mib == 4096

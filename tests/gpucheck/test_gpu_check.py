@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROGRAM = ROOT / "gpucheck" / "__main__.py"  # the check from the checkout, as the clients start there
 WRAPPER = ROOT / "gpucheck" / "gpu_check.sh"
 FAKE_NODE = ROOT / "testkit" / "fakes" / "gpu_check_node.json"
-CUDA_ROWS = ("2a", "2b", "4a", "4b", "4c", "6a", "6b", "9a", "9b", "9c", "10", "11c", "11d")
+CUDA_ROWS = ("2a", "2b", "4a", "4b", "4c", "6a", "6b", "9a", "9b", "9c", "9d", "9e", "10", "11c", "11d")
 
 
 # ---- the plumbing, against the fakes ----
@@ -88,7 +88,7 @@ def test_against_the_fakes_the_table_has_every_check_and_the_daemons_start_and_q
     report = json.loads((tmp_path / "report.json").read_text())
     status = {c["id"]: c["status"] for c in report["checks"]}
     assert set(status) == {"1", "2a", "2b", "3a", "3b", "3c", "4a", "4b", "4c", "5a", "5b", "6a", "6b", "7", "8a", "8b",
-                           "8c", "9a", "9b", "9c", "10", "11a", "11b", "11c", "11d"}
+                           "8c", "9a", "9b", "9c", "9d", "9e", "10", "11a", "11b", "11c", "11d"}
     assert status["1"] == status["7"] == PASS
     details = {c["id"]: c["details"] for c in report["checks"]}
     for row in CUDA_ROWS:
@@ -302,7 +302,7 @@ def test_checks_past_the_time_budget_are_skipped_and_the_daemons_still_stop(tmp_
     rows = checks(tmp_path)
     skipped = {r for r, c in rows.items() if c["status"] == SKIPPED and "time budget" in c["details"]}
     assert skipped == {"2a", "2b", "3a", "3b", "3c", "4a", "4b", "4c", "5a", "5b", "6a", "6b", "8a", "8b", "8c", "9a",
-                       "9b", "9c", "10", "11a", "11b", "11c", "11d"}
+                       "9b", "9c", "9d", "9e", "10", "11a", "11b", "11c", "11d"}
     assert rows["1"]["status"] == rows["7"]["status"] == PASS
 
 
