@@ -104,8 +104,9 @@ class DaemonSideLimits:
         daemon = self._daemon()
         try:
             self._tell_servers(daemon, wanted, deadline)
-            if namespaces and deadline is None:  # a creation has its own namespace: the pass tells the server
-                self._tell_server(daemon, wanted, deadline)
+            if namespaces:
+                if deadline is None:  # a creation has its own namespace: the pass tells the server
+                    self._tell_server(daemon, wanted, deadline)
                 self._tell_namespaces(daemon, per_container, deadline)
             else:
                 self._namespaces = None
