@@ -35,13 +35,20 @@ class CgroupLimits:
         self.problem: str | None = None
         self._probed: tuple[str, str | None] | None = None  # (driver version, why it holds no cgroup limit)
 
-    def apply(self, containers: Iterable[RunningContainer], gpus: Sequence[GpuInfo]) -> str | None:
+    def apply(self, containers: Iterable[RunningContainer], gpus: Sequence[GpuInfo],
+              unable: str | None = None) -> str | None:
+        """Each fraction's limit on its cgroup, set and read back; `unable`: why the driver holds none here (the
+        probe's answer), then nothing is tried (no /proc scan, no NVML call) and each fraction is said unheld."""
         limits = hard_limits.wanted(containers, gpus)
         live = {(x.container_id, x.uuid) for x in limits}
         self.verified = {key: path for key, path in self.verified.items() if key in live}
         todo = [x for x in limits if (x.container_id, x.uuid) not in self.verified]
-        cgroups = container_cgroups(self.proc_root, {x.container_id for x in todo}) if todo else {}
         self.failed = {}
+        if unable is not None:
+            self.failed = {x.container_id: f"{x.container}: the driver holds no limit on its cgroup ({unable})"
+                           for x in todo}
+            todo = []
+        cgroups = container_cgroups(self.proc_root, {x.container_id for x in todo}) if todo else {}
         for limit in todo:
             text = cgroups.get(limit.container_id)
             if text is not None:

@@ -198,8 +198,8 @@ class Agent:
         if self.inventory is None or not self.pods.synced.is_set():
             return None
         placed = self.placed()
-        problem = self.cgroup_limits.apply(placed, self.inventory.gpus)
         unable = self.cgroup_limits.probe(self.inventory.gpus, self.inventory.driver_version)
+        problem = self.cgroup_limits.apply(placed, self.inventory.gpus, unable)
         self.boundaries = self.cgroup_limits.boundaries(placed, self.config.modes, capable=unable is None)
         return problem
 
