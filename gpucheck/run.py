@@ -57,7 +57,8 @@ class Run:
             (("5a", "5b"), self.pods.run),
             (("6a", "6b", "6c"), self.attribution.run),
             (("8a", "8b", "8c"), self.runtime.run),
-            (("9a", "9b", "9c"), self.daemon_side.run),  # late (then 10, 11c, 11d): the daemon keeps these limits
+            # late (then 10, 11c, 11d): the daemon keeps these limits
+            (("9a", "9b", "9c", "9d", "9e"), self.daemon_side.run),
             (("10",), self.dra.run),
             (("11c", "11d"), self.allocations.daemon_rows),  # the daemon told A again
         ]

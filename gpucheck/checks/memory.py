@@ -20,7 +20,7 @@ from gpucheck.contract import (
 from gpucheck.judge import judge_probe, probe_max_mib, worst
 from gpucheck.nvml import NvmlError
 from gpucheck.pairs import zip3, zip_pairs
-from gpucheck.rows import FAIL, SKIPPED, Row
+from gpucheck.rows import FAIL, PASS, SKIPPED, Row
 from gpucheck.session import Session
 
 
@@ -85,6 +85,22 @@ class MemoryLimits:
         released: what `row` judges. `env` is its limit env, on top of the pipe directory and its one GPU."""
         return self.s.start_client(name, {"probe_max_mib": probe_max_mib(limit), "hold": True, **(spec or {})},
                                    self.s.client_env(pipe, env))
+
+    def dropped_row(self, row_id: str, name: str, clients: list[Client], held_mib: int,
+                    numbers: dict[str, Any]) -> None:
+        """Clients whose pinned limits MPS is expected to drop: each must allocate past `held_mib`, the largest
+        limit that would otherwise hold it (NVIDIA's measurement); one held at or below it fails the row."""
+        s = self.s
+        with s.row_of(row_id, name, clients, numbers):
+            _, results = s.group(clients)
+            got = [r["probe"].get("allocated_mib", 0) for r in results]
+            numbers["allocated_mib"] = got
+            held = [mib for mib in got if mib <= held_mib]
+            s.add(Row(row_id, name, FAIL if held else PASS,
+                      (f"held at {held} MiB (limit {held_mib} MiB): this driver does not drop the pinned limits "
+                       "as NVIDIA measured on 615.71.09") if held else
+                      f"every pinned limit dropped: allocated {got} MiB past {held_mib} MiB, as NVIDIA measured",
+                      numbers))
 
     def row(self, row_id: str, name: str, clients: list[Client], limits: tuple[int, ...],
             numbers: dict[str, Any], lead: str = "") -> None:

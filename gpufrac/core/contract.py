@@ -24,7 +24,7 @@ import logging
 import math
 import posixpath
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
@@ -241,16 +241,20 @@ def parse_pinned_mem_limit_keys(text: str) -> dict[str, int]:
     return limits
 
 
-def pinned_limit_agrees(text: str, declared: Mapping[int, int]) -> bool:
+def pinned_limit_agrees(text: str, declared: Mapping[int, int], own_uuids: Collection[str] = ()) -> bool:
     """Whether a container's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT says what the canonical annotation declares: the same
     entries by index as the webhook writes them, or (rewritten by the NRI plugin) the same limits, one per GPU, keyed
-    by UUID."""
+    by UUID. Keyed by UUID, the keys must be the container's own GPUs (`own_uuids`, where known): an entry naming a
+    GPU the process cannot see drops every pinned limit it has (NVIDIA's measurement on r615), so a foreign UUID is
+    a mismatch however its value reads."""
     try:
         found = parse_pinned_mem_limit_keys(text)
     except ValueError:
         return False
     if all(key.isdigit() for key in found):
         return {int(key): mib for key, mib in found.items()} == dict(declared)
+    if own_uuids and set(found) != set(own_uuids):
+        return False
     return sorted(found.values()) == sorted(declared.values())
 
 

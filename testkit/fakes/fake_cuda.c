@@ -136,7 +136,11 @@ static int read_context_share(const char *dir) {
 
 /* The pinned limit (MiB) a client's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT gives this fake's one device, as CUDA reads it
  * for a process that sees one GPU (named by `visible`, its UUID, where CUDA_VISIBLE_DEVICES says so): `0=<n>M` or
- * `<its uuid>=<n>M`; an index it cannot see (above 0) drops the whole value, as NVIDIA measured on r615. 0: none. */
+ * `<its uuid>=<n>M`. 0: none. DROPS_ALL: the value names a GPU the process cannot see (an index above 0, a UUID
+ * other than its own), and CUDA drops every pinned limit, the daemon side's included: NVIDIA's measurement on
+ * 615.71.09 (Dynamo guide "Per-GPU Compute and Memory Limits with MPS", Verified Behavior: 96,768 MiB allocated
+ * under a 10G server limit). */
+#define DROPS_ALL (~0ULL)
 static unsigned long long env_pinned_mib(const char *value, const char *visible) {
     char buf[1024], *entry, *save = NULL, *eq;
     unsigned long long mine = 0;
@@ -146,10 +150,12 @@ static unsigned long long env_pinned_mib(const char *value, const char *visible)
         if (!(eq = strchr(entry, '='))) return 0;
         *eq = 0;
         if (entry[0] && entry[strspn(entry, "0123456789")] == 0) {
-            if (atoi(entry) != 0) return 0;
+            if (atoi(entry) != 0) return DROPS_ALL;
             mine = strtoull(eq + 1, NULL, 10);
         } else if (visible && !strcmp(entry, visible)) {
             mine = strtoull(eq + 1, NULL, 10);
+        } else if (visible) {
+            return DROPS_ALL;
         }
     }
     return mine;
@@ -207,7 +213,8 @@ CUresult cuInit(unsigned int flags) {
         unsigned long long mib[2];
         if (visible && strncmp(visible, "GPU-", 4)) visible = NULL;
         mib[0] = env_pinned_mib(getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), visible);
-        mib[1] = daemon_pinned_mib(pipe, visible);
+        mib[1] = mib[0] == DROPS_ALL ? 0 : daemon_pinned_mib(pipe, visible);
+        if (mib[0] == DROPS_ALL) mib[0] = 0;
         for (int i = 0; i < 2 && !getenv("GPUFRAC_FAKE_CUDA_IGNORE_PINNED_LIMIT"); i++)
             if (mib[i] && mib[i] * MIB < limit_bytes) limit_bytes = mib[i] * MIB; /* the env only lowers */
     }

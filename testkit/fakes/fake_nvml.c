@@ -33,9 +33,11 @@
  * A missing file -> NVML_ERROR_DRIVER_NOT_LOADED, an unparsable one -> NVML_ERROR_UNKNOWN; never a crash.
  * Only the calls the gpufrac agent (through pynvml), gpucheck, NVIDIA's k8s-device-plugin v0.18 and
  * nvidia-ctk v1.20 (`cdi generate`, through go-nvml) were found to make are implemented: any other is an undefined
- * symbol (a loud failure, never a made-up answer). The CUDA 13.4
- * memory-limit calls (nvmlDeviceSetMemoryLimits_v1 / GetMemoryLimits_v1) keep what was set in this process (and
- * share it with the fake libcuda.so.1 through $GPUFRAC_FAKE_GPU_PROCESSES/memory-limits).
+ * symbol (a loud failure, never a made-up answer). What clients set (nvmlDeviceSetComputeMode, the CUDA 13.4
+ * memory limits nvmlDeviceSetMemoryLimits_v1 per cgroup) is kept beside the state file, $GPUFRAC_FAKE_NVML.<what>,
+ * for every process to read ($GPUFRAC_FAKE_NVML_SETTINGS=<dir>: there instead), and the limits are shared with the fake libcuda.so.1 through
+ * $GPUFRAC_FAKE_GPU_PROCESSES/memory-limits. $GPUFRAC_FAKE_NVML_REFUSE_CGROUP_V1=1: a cgroup v1 path is refused
+ * as the real driver refuses it (otherwise accepted, as the driver accepts a v2 path: these machines are v1).
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -676,20 +678,84 @@ int nvmlDeviceGetProcessUtilization(fake_device *device, nvmlProcessUtilizationS
     return NVML_SUCCESS;
 }
 
+/* Settings that outlive the process that made them, as the driver keeps them: files beside the state file
+ * ($GPUFRAC_FAKE_NVML.<what>), one line per setting, the last line for a key wins. The state file itself is the
+ * test's (it rewrites it whole), so what NVML clients set is kept apart from it. */
+static FILE *side_file(const char *what, const char *how) {
+    const char *state = getenv("GPUFRAC_FAKE_NVML"), *dir = getenv("GPUFRAC_FAKE_NVML_SETTINGS"), *base;
+    char path[1024];
+    if (!state || !*state) return NULL;
+    if (dir && *dir) { /* a directory of their own (a test whose state file is shared, read-only) */
+        base = strrchr(state, '/');
+        snprintf(path, sizeof path, "%s/%s.%s", dir, base ? base + 1 : state, what);
+    } else {
+        snprintf(path, sizeof path, "%s.%s", state, what);
+    }
+    return fopen(path, how);
+}
+
+/* nvmlDeviceGetComputeMode: what nvmlDeviceSetComputeMode last set on that GPU, else the state file's. */
 int nvmlDeviceGetComputeMode(fake_device *device, int *mode) {
     fake_state st;
     fake_gpu *gpu;
-    int rc = enter(&st, "nvmlDeviceGetComputeMode", 1);
+    char line[256], uuid[96];
+    int set, rc = enter(&st, "nvmlDeviceGetComputeMode", 1);
+    FILE *f;
     if (rc) return rc;
     if (!(gpu = gpu_of(&st, device)) || !mode) return NVML_ERROR_INVALID_ARGUMENT;
     *mode = gpu->compute_mode;
+    if ((f = side_file("compute-modes", "r"))) {
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "%95s %d", uuid, &set) == 2 && !strcmp(uuid, gpu->uuid)) *mode = set;
+        fclose(f);
+    }
     return NVML_SUCCESS;
 }
 
-/* CUDA 13.4 memory limits per (device, cgroup path), kept in this process; unset reads as 0 / MAX like NVML. */
-#define MAX_LIMITS 64
-static struct { unsigned int index; char path[512]; unsigned long long soft, hard; } limits[MAX_LIMITS];
-static int nlimits;
+/* nvmlDeviceSetComputeMode (NVML API reference: NVML_COMPUTEMODE_DEFAULT 0, EXCLUSIVE_PROCESS 3; 1 is retired,
+ * 2 PROHIBITED). NVIDIA's MPS documentation recommends EXCLUSIVE_PROCESS under an MPS server: the server then holds
+ * the GPU's one context, and a process that does not go through MPS gets none (the fake MPS client reads it). */
+int nvmlDeviceSetComputeMode(fake_device *device, int mode) {
+    fake_state st;
+    fake_gpu *gpu;
+    int rc = enter(&st, "nvmlDeviceSetComputeMode", 1);
+    FILE *f;
+    if (rc) return rc;
+    if (!(gpu = gpu_of(&st, device)) || mode < 0 || mode > 3 || mode == 1) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!(f = side_file("compute-modes", "a"))) return NVML_ERROR_UNKNOWN;
+    fprintf(f, "%s %d\n", gpu->uuid, mode);
+    fclose(f);
+    return NVML_SUCCESS;
+}
+
+#define NVML_ERROR_NOT_SUPPORTED 3
+
+/* Whether a cgroup path is a cgroup v1 hierarchy's (/sys/fs/cgroup/<controller>/...): the driver's dmem limit
+ * lives on cgroup v2 only (`dmem.max`/`dmem.min`, kernel 6.14+). This fake ACCEPTS a v1 path as the real driver
+ * accepts a v2 one (the test machines are cgroup v1), unless $GPUFRAC_FAKE_NVML_REFUSE_CGROUP_V1=1, where it
+ * answers NVML_ERROR_NOT_SUPPORTED as the real driver does on v1. */
+static int cgroup_v1_path(const char *path) {
+    static const char *controllers[] = {"memory/", "cpu/", "cpuacct/", "cpu,cpuacct/", "cpuset/", "devices/",
+                                        "freezer/", "blkio/", "pids/", "hugetlb/", "perf_event/", "net_cls/",
+                                        "net_cls,net_prio/", "rdma/", "systemd/", "misc/", NULL};
+    const char *rest = "/sys/fs/cgroup/";
+    if (strncmp(path, rest, strlen(rest))) return 0;
+    for (int i = 0; controllers[i]; i++)
+        if (!strncmp(path + strlen(rest), controllers[i], strlen(controllers[i]))) return 1;
+    return 0;
+}
+
+/* nvmlDeviceSetMemoryLimits_v1 / GetMemoryLimits_v1 (CUDA 13.4, r615+; what the toolkit's
+ * apply-cuda-memory-limits hook calls at creation): soft and hard limits per (GPU, cgroup path), kept in
+ * $GPUFRAC_FAKE_NVML.memory-limits as `<uuid> <hard> <soft> <path>` lines so every process sees them (the agent
+ * sets, a test reads back). Unset reads as 0 / MAX, like NVML. A driver before r615 answers NOT_SUPPORTED. */
+static int limits_supported(const fake_state *st, const char *path) {
+    if (atoi(st->driver_version) < 615) return 0;
+    if (cgroup_v1_path(path) && getenv("GPUFRAC_FAKE_NVML_REFUSE_CGROUP_V1") &&
+        !strcmp(getenv("GPUFRAC_FAKE_NVML_REFUSE_CGROUP_V1"), "1"))
+        return 0;
+    return 1;
+}
 
 /* For the fake libcuda.so.1: "<hard> <soft> <cgroup path>" lines in $GPUFRAC_FAKE_GPU_PROCESSES/memory-limits
  * (the last line of a path wins), so its clients are held to their cgroup's limit as the driver would. */
@@ -706,44 +772,49 @@ static void share_limit(const nvmlSetMemoryLimits_v1_t *set) {
 
 int nvmlDeviceSetMemoryLimits_v1(fake_device *device, nvmlSetMemoryLimits_v1_t *set) {
     fake_state st;
-    int i, rc = enter(&st, "nvmlDeviceSetMemoryLimits_v1", 1);
+    fake_gpu *gpu;
+    int rc = enter(&st, "nvmlDeviceSetMemoryLimits_v1", 1);
+    FILE *f;
     if (rc) return rc;
-    if (!gpu_of(&st, device) || !set || !set->nameSpace || strlen(set->nameSpace) >= sizeof limits[0].path)
+    if (!(gpu = gpu_of(&st, device)) || !set || !set->nameSpace || set->nameSpace[0] != '/' ||
+        strlen(set->nameSpace) >= 900 || strchr(set->nameSpace, ' ') || strchr(set->nameSpace, '\n'))
         return NVML_ERROR_INVALID_ARGUMENT;
-    for (i = 0; i < nlimits; i++)
-        if (limits[i].index == device->index && !strcmp(limits[i].path, set->nameSpace)) break;
-    if (i == nlimits) {
-        if (nlimits == MAX_LIMITS) return NVML_ERROR_INSUFFICIENT_SIZE;
-        nlimits++;
-        limits[i].index = device->index;
-        strcpy(limits[i].path, set->nameSpace);
-    }
-    limits[i].soft = set->softLimit;
-    limits[i].hard = set->hardLimit;
+    if (!limits_supported(&st, set->nameSpace)) return NVML_ERROR_NOT_SUPPORTED;
+    if (!(f = side_file("memory-limits", "a"))) return NVML_ERROR_UNKNOWN;
+    fprintf(f, "%s %llu %llu %s\n", gpu->uuid, set->hardLimit, set->softLimit, set->nameSpace);
+    fclose(f);
     share_limit(set);
     return NVML_SUCCESS;
 }
 
 int nvmlDeviceGetMemoryLimits_v1(fake_device *device, nvmlGetMemoryLimits_v1_t *get) {
     fake_state st;
-    int i, rc = enter(&st, "nvmlDeviceGetMemoryLimits_v1", 1);
+    fake_gpu *gpu;
+    char line[1200], uuid[96], where[1000];
+    unsigned long long hard, soft;
+    int rc = enter(&st, "nvmlDeviceGetMemoryLimits_v1", 1);
+    FILE *f;
     if (rc) return rc;
-    if (!gpu_of(&st, device) || !get || !get->nameSpace) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!(gpu = gpu_of(&st, device)) || !get || !get->nameSpace) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!limits_supported(&st, get->nameSpace)) return NVML_ERROR_NOT_SUPPORTED;
     get->softLimit = 0;
     get->hardLimit = ~0ULL;
     get->currentUsed = 0;
-    for (i = 0; i < nlimits; i++)
-        if (limits[i].index == device->index && !strcmp(limits[i].path, get->nameSpace)) {
-            get->softLimit = limits[i].soft;
-            get->hardLimit = limits[i].hard;
-        }
+    if ((f = side_file("memory-limits", "r"))) {
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "%95s %llu %llu %999s", uuid, &hard, &soft, where) == 4 && !strcmp(uuid, gpu->uuid) &&
+                !strcmp(where, get->nameSpace)) {
+                get->softLimit = soft;
+                get->hardLimit = hard;
+            }
+        fclose(f);
+    }
     return NVML_SUCCESS;
 }
 
 /* ---- what NVIDIA's container toolkit (`nvidia-ctk cdi generate`) and k8s-device-plugin call, through go-nvml and
  * go-nvlib; each answers from the GPU's entry in the state file ---- */
 
-#define NVML_ERROR_NOT_SUPPORTED 3
 #define NVML_ERROR_TIMEOUT 10
 
 /* The GPU of a handle, with the usual entry checks; *gpu is NULL when rc is not NVML_SUCCESS. */

@@ -75,6 +75,26 @@ class FakeGpuState:
                 gpu["reserved_memory_mib"] = reserved_memory_mib
         self.write()
 
+    def compute_mode(self, uuid: str) -> int:
+        """The GPU's compute mode as the fake NVML answers it: what nvmlDeviceSetComputeMode last set, else 0."""
+        mode = 0
+        for line in self._side_lines("compute-modes"):
+            key, value = line.split()
+            mode = int(value) if key == uuid else mode
+        return mode
+
+    def memory_limits(self) -> dict[tuple[str, str], int]:
+        """The hard limits set with nvmlDeviceSetMemoryLimits_v1, in bytes, by (GPU UUID, cgroup path)."""
+        limits = {}
+        for line in self._side_lines("memory-limits"):
+            uuid, hard, _soft, path = line.split(" ", 3)
+            limits[(uuid, path)] = int(hard)
+        return limits
+
+    def _side_lines(self, what: str) -> list[str]:
+        side = self.path.with_name(f"{self.path.name}.{what}")
+        return side.read_text().splitlines() if side.exists() else []
+
     def processes(self, uuid: str, processes: list[dict[str, int]]) -> None:
         for gpu in self.state["gpus"]:
             if gpu["uuid"] == uuid:

@@ -31,6 +31,7 @@ def test_labels_condition_and_daemons(world):
     assert world.kube.labels == {
         "gpufrac.io/driver-version.major": "615", "gpufrac.io/gpu-count": "2",
         "gpufrac.io/enforcement.time-slicing": "driver", "gpufrac.io/enforcement.sm-sharing": "driver",
+        "gpufrac.io/boundary.time-slicing": "hard", "gpufrac.io/boundary.sm-sharing": "hard",
         "gpufrac.io/gpu-memory-usable-mib.NVIDIA-H200": "80000"}  # no reserve in the fake's state, no MPS server
     last = world.kube.last_condition()
     assert (last["type"], last["status"], last["reason"]) == ("gpufrac.io/Ready", "True", "FractionsEnforced")

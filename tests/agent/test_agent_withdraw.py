@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gpufrac.agent.decide import hard_limits
 from gpufrac.agent.decide.capabilities import CONDITION_TYPE, node_labels, ready_condition_types
 from gpufrac.agent.decide.model import Inventory
 from gpufrac.agent.programs import withdraw as withdraw_module
@@ -105,7 +106,8 @@ class Clock:
 def published() -> dict[str, str]:
     """What an agent publishes on a node with two GPUs on a driver with memory limits."""
     inventory = Inventory("615.10", 13040, (gpu_info(0, UUID_A), gpu_info(1, UUID_B)))
-    return node_labels(inventory, dict.fromkeys(ComputeMode, Enforcement.DRIVER))
+    return {**node_labels(inventory, dict.fromkeys(ComputeMode, Enforcement.DRIVER)),
+            **hard_limits.labels(dict.fromkeys(ComputeMode, hard_limits.Boundary.HARD))}  # issue 43's boundaries
 
 
 def run(api: FakeApi, plan: WithdrawalPlan) -> tuple[withdraw_module.WithdrawalOutcome, Clock]:

@@ -111,6 +111,18 @@ def test_the_audit_accepts_the_uuid_keyed_env_and_still_catches_a_raised_limit()
     assert not pinned_limit_agrees(f"{UUID_A}=4096M,{UUID_B}=4096M", {0: 4096})
 
 
+def test_a_foreign_uuid_pinned_entry_is_a_mismatch() -> None:
+    """Issue 43, audit by identity: the right value keyed by another GPU's UUID drops every pinned limit of the
+    process (NVIDIA's measurement), so it does not agree, though its value matches the declared one."""
+    running = container("app", devices=(UUID_B,))
+    env = injected_env(running)
+    _, wrong = env_mismatches(running, {**env, PINNED: f"{UUID_A}=4096M"})
+    assert wrong and PINNED in wrong[0], wrong
+    _, wrong = env_mismatches(running, {**env, PINNED: "GPU-00000000-0000-0000-0000-bogus0000000=4096M"})
+    assert wrong and PINNED in wrong[0], wrong
+    assert env_mismatches(running, {**env, PINNED: f"{UUID_B}=4096M"}) == ([], [])
+
+
 # ---- row 4: an sm-sharing fraction outside its MPS daemon ----
 
 def test_an_sm_sharing_fraction_without_its_pipe_directory_is_refused() -> None:

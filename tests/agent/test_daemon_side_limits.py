@@ -1,5 +1,6 @@
 """Issue 30, the daemon side: the agent tells the sm-sharing MPS daemon each GPU's limits (decide.mps_limits,
-programs.mps_limits), the fake daemon records them, and a client asking for more gets the daemon's value."""
+programs.mps_limits), the fake daemon records them, and a client asking for more gets the daemon's value; a client
+whose env names a GPU it cannot see gets none (issue 43: NVIDIA's measurement, which the fake follows)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ from gpufrac.agent.decide.claim_tenants import ClaimTenants
 from gpufrac.agent.decide.model import RunningContainer
 from gpufrac.agent.decide.mps_namespaces import namespace_name
 from gpufrac.agent.edges.mps_control import MpsControlError, send
+from gpufrac.agent.edges.nvml import NvmlSource
 from gpufrac.agent.edges.supervisor import MpsSupervisor
+from gpufrac.agent.programs.compute_modes import ComputeModes
 from gpufrac.agent.programs.mps_limits import CREATED_TTL_S, DaemonSideLimits
 from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import UUID_A, UUID_B, FakeNode, canonical_annotations, cid, container, gpu_info, pod
-from testkit.fakes.mps_client import ClientLimits, connect, records
+from testkit.fakes.mps_client import ClientLimits, connect, connect_without_pipe, records
+from testkit.fakes.state import FakeGpuState
 
 SM = ComputeMode.SM_SHARING
 GPUS = (gpu_info(0, UUID_A), gpu_info(1, UUID_B))
@@ -69,8 +73,12 @@ def test_the_daemon_side_holds_each_containers_limits_and_a_client_asking_more_g
     assert connect(pipe, UUID_A, env={PINNED: f"{UUID_A}=81920M", THREADS: "100"}).pinned_mib == 4096
     assert connect(pipe, UUID_A, env={PINNED: f"{UUID_A}=81920M", THREADS: "100"}).thread_percent == 50
     assert connect(pipe, UUID_A, env={}).pinned_mib == 4096  # `env -i`: the daemon's value still holds
-    # index keys in a process that narrowed its view: CUDA drops the env, the daemon side does not move
-    assert connect(pipe, UUID_A, visible=(UUID_A,), env={PINNED: "0=2048M,1=2048M"}).pinned_mib == 4096
+    # an env naming a GPU the client cannot see (an index past its view, a UUID not in it) loses EVERY pinned limit,
+    # the daemon side's included (NVIDIA's measurement on 615.71.09: 96,768 MiB under a 10G server limit); the
+    # thread cap survives. The daemon side alone does not close this row: the cgroup limit does (test_hard_limit).
+    assert connect(pipe, UUID_A, visible=(UUID_A,), env={PINNED: "0=2048M,1=2048M"}) == ClientLimits(None, 50)
+    assert connect(pipe, UUID_A, env={PINNED: f"{UUID_A}=2048M,{UUID_B}=2048M"}) == ClientLimits(None, 50)
+    assert connect(pipe, UUID_A, env={PINNED: "GPU-bogus=2048M"}).pinned_mib is None
     # the env lowers, never raises
     assert connect(pipe, UUID_A, env={PINNED: f"{UUID_A}=2048M", THREADS: "20"}) == ClientLimits(2048, 20)
     clients = records(daemon.spec.log_dir, "client")
@@ -242,3 +250,29 @@ def test_the_dra_drivers_shares_are_held_like_annotated_fractions(fake_node: Fak
     pipe, log_dir = _sm_pipe_and_log(fake_node)
     assert records(log_dir, "limit")[-1]["defaults"] == {"pinned": {UUID_A: 12288, UUID_B: 16000}, "threads": 100}
     assert connect(pipe, UUID_A, env={}).pinned_mib == 12288
+
+
+# ---- issue 43: the MPS bypass closed (decide.compute_modes, programs.compute_modes) ----
+
+def test_a_client_without_its_pipe_directory_gets_no_context_on_an_sm_sharing_gpu(fake_node: FakeNode) -> None:
+    """`env -i` in the sm-sharing `infer` container (GPU B): an ordinary CUDA process, which in the DEFAULT compute
+    mode gets the whole GPU. The agent holds GPU B in EXCLUSIVE_PROCESS, where it gets no context; GPU A (the
+    time-slicing `train` pod's) keeps its mode; once no sm-sharing fraction is placed on GPU B, its mode comes back."""
+    assert connect_without_pipe(UUID_B) == ClientLimits(None, 100)  # the control: DEFAULT mode, the whole GPU
+    agent = _ticked_with_daemon(fake_node)
+    assert connect_without_pipe(UUID_B) is None
+    assert connect_without_pipe(UUID_A) == ClientLimits(None, 100)
+    assert agent.compute_modes is not None and agent.compute_modes.problem is None
+
+
+def test_a_gpu_that_no_longer_serves_sm_sharing_gets_its_compute_mode_back(fake_gpus: FakeGpuState) -> None:
+    fake_gpus.gpu(UUID_A).gpu(UUID_B)
+    modes = ComputeModes(NvmlSource())
+    assert modes.apply([sm("a", 4096), sm("b", 4096, "1")], GPUS) is None
+    assert (fake_gpus.compute_mode(UUID_A), fake_gpus.compute_mode(UUID_B)) == (3, 3)
+    assert modes.apply([sm("b", 4096, "1")], GPUS) is None  # the mode left GPU A
+    assert (fake_gpus.compute_mode(UUID_A), fake_gpus.compute_mode(UUID_B)) == (0, 3)
+    assert connect_without_pipe(UUID_A) == ClientLimits(None, 100)
+    fake_gpus.set(error={"function": "nvmlDeviceSetComputeMode", "code": 4})  # NVML_ERROR_NO_PERMISSION
+    problem = modes.apply([sm("a", 4096)], GPUS) or ""
+    assert f"GPU {UUID_A} serves sm-sharing but its compute mode is not EXCLUSIVE_PROCESS" in problem, problem

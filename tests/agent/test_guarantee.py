@@ -102,6 +102,7 @@ def test_two_processes_under_the_limit_together_over_it_name_both_pids_and_the_t
     assert event["type"] == "Warning" and event["involvedObject"]["name"] == "train"
     assert "uses 23000 MiB" in event["message"] and "over its limit of 20000 MiB" in event["message"]
     assert f"{first.pid} (12000 MiB)" in event["message"] and f"{second.pid} (11000 MiB)" in event["message"]
+    assert "what holds it: its cgroup limit, set through NVML and read back (hard)" in event["message"]  # issue 43
     assert value(agent.metrics, "gpufrac_containers_over_limit") == 1
     agent.tick()
     assert first.poll() is None and second.poll() is None  # event: nothing else happens

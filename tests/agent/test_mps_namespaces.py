@@ -13,10 +13,10 @@ from gpufrac.agent.decide.model import RunningContainer
 from gpufrac.agent.decide.mps_namespaces import Namespace, changes, claim_namespace_name, namespace_name, wanted
 from gpufrac.agent.edges.mps_control import invoke
 from gpufrac.agent.edges.supervisor import MpsSupervisor
-from gpufrac.agent.programs.mps_limits import DaemonSideLimits
+from gpufrac.agent.programs.mps_limits import FORCE_AFTER_S, DaemonSideLimits
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import UUID_A, container, gpu_info
-from testkit.fakes.mps_client import connect, records
+from testkit.fakes.mps_client import ClientLimits, attached, connect, records
 
 SM = ComputeMode.SM_SHARING
 GPUS = (gpu_info(0, UUID_A),)
@@ -35,6 +35,7 @@ def test_a_containers_namespace_is_named_from_its_pod_uid_and_name_short_enough_
     assert name == namespace_name("0b6f-uid", "app") != namespace_name("0b6f-uid", "sidecar")
     assert len(name) == 13 and mps_namespaces.is_ours(name)
     assert not mps_namespaces.is_ours("training") and not mps_namespaces.is_ours(name + "0")
+    assert mps_namespaces.listed(f"{name},4096,50\ntraining,,\ndefault,,\n") == {name}  # --format=csv,noheader
     assert mps_namespaces.listed(f"{name}\ntraining\n\n{namespace_name('x', 'y')} 3 clients\n") == {
         name, namespace_name("x", "y")}
 
@@ -105,8 +106,8 @@ def test_a_namespace_goes_with_its_container_and_a_new_agent_clears_its_own_left
     invoke(binary, pipe, ("namespace", "create", namespace_name("u-old", "app"), "--server=gpufrac"))
     restarted = DaemonSideLimits(binary, pipe)  # a restarted agent: lists what the daemon has
     restarted.apply([sm("a", 4096)], GPUS, namespaces=True)
-    listed = invoke(binary, pipe, mps_namespaces.list_command()).split()
-    assert sorted(listed) == sorted([namespace_name("u-a", "a"), "training"])
+    listed = [line.split(",")[0] for line in invoke(binary, pipe, mps_namespaces.list_command()).splitlines()]
+    assert sorted(listed) == sorted([namespace_name("u-a", "a"), "training", "default"])  # the server's own
     before = len(records(daemon.spec.log_dir, "command"))
     restarted.apply([sm("a", 4096)], GPUS, namespaces=True)  # nothing changed: no namespace command
     assert not any(r["command"].startswith("namespace") for r in records(daemon.spec.log_dir, "command")[before:])
@@ -152,3 +153,58 @@ def test_a_pipe_directory_too_long_for_namespace_sockets_is_said_and_the_server_
     limits = DaemonSideLimits(mps_binary, Path(long_dir))
     limits.apply([sm("a", 4096)], GPUS, namespaces=True)  # no daemon there: the server commands fail, said first
     assert limits.route("u-a", "a") is None and "did not take its limits" in (limits.problem or "")
+
+
+def test_a_terminating_sm_sharing_pod_refuses_no_new_creation(daemon: MpsSupervisor) -> None:
+    """Issue 43: `namespace delete` fails while clients are attached (NVIDIA's MPS v3 Namespaces). A pod whose
+    container left the node's fractions but whose process is still attached (its grace period) does not block the
+    next sm-sharing creation; its namespace stays until its clients go, and is deleted with --force after
+    FORCE_AFTER_S."""
+    now = [0.0]
+    pipe, binary = daemon.spec.pipe_dir, daemon.spec.argv[0]
+    limits = DaemonSideLimits(binary, pipe, clock=lambda: now[0])
+    limits.apply([sm("a", 4096), sm("old", 2048)], GPUS, namespaces=True)
+    leaving = limits.route("u-old", "old")
+    assert leaving is not None
+    with attached(leaving):
+        assert limits.hold([sm("a", 4096)], GPUS, [sm("new", 2048)], 30.0, namespaces=True) is None
+        assert limits.route("u-new", "new") is not None
+        limits.apply([sm("a", 4096), sm("new", 2048)], GPUS, namespaces=True)  # the pass: delete refused, not fatal
+        assert limits.problem is None and leaving.exists()
+        assert connect(leaving, UUID_A, env={}).pinned_mib == 2048  # still held while it runs
+        now[0] += FORCE_AFTER_S
+        limits.apply([sm("a", 4096), sm("new", 2048)], GPUS, namespaces=True)
+        assert not leaving.exists()
+    deletes = [c["command"] for c in records(daemon.spec.log_dir, "command") if "namespace delete" in c["command"]]
+    assert deletes[-1].endswith("--force") and not deletes[0].endswith("--force")
+
+
+def test_a_restarted_agent_does_not_set_again_the_namespaces_it_finds_with_their_clients_running(
+        daemon: MpsSupervisor) -> None:
+    """Issue 43: `namespace set` fails with clients attached on 615 (KAI's observation; the fake refuses it). A new
+    agent finds its former self's namespaces and does not set them again: its pass and the next creation go on."""
+    pipe, binary = daemon.spec.pipe_dir, daemon.spec.argv[0]
+    DaemonSideLimits(binary, pipe).apply([sm("a", 4096)], GPUS, namespaces=True)
+    restarted = DaemonSideLimits(binary, pipe)
+    own = pipe / "gpufrac" / namespace_name("u-a", "a")
+    with attached(own):
+        before = len(records(daemon.spec.log_dir, "command"))
+        restarted.apply([sm("a", 4096)], GPUS, namespaces=True)
+        assert restarted.problem is None and restarted.failure is None
+        assert restarted.hold([sm("a", 4096)], GPUS, [sm("new", 2048)], 30.0, namespaces=True) is None
+        sent = [c["command"] for c in records(daemon.spec.log_dir, "command")[before:]]
+        assert not any(c.startswith(f"namespace set {namespace_name('u-a', 'a')}") for c in sent), sent
+        assert connect(own, UUID_A, env={}).pinned_mib == 4096
+
+
+def test_the_servers_default_namespace_gives_no_more_than_the_largest_fraction(daemon: MpsSupervisor) -> None:
+    """NVIDIA's MPS v3 Interface: a named server's `default` namespace (and any without limits) gives the whole GPU
+    unless `server set` limits the server. A client reaching it (a DRA share mounts the whole pipe directory) is held
+    to the largest sm-sharing fraction's limit."""
+    pipe = daemon.spec.pipe_dir
+    default = pipe / "gpufrac" / "default"
+    assert connect(default, UUID_A, env={}).pinned_mib is None  # the control: nothing told yet, the whole GPU
+    limits = DaemonSideLimits(daemon.spec.argv[0], pipe)
+    limits.apply([sm("a", 4096), sm("b", 12288, threads=80)], GPUS, namespaces=True)
+    assert connect(default, UUID_A, env={}) == ClientLimits(12288, 80)
+    assert connect(limits.route("u-a", "a") or pipe, UUID_A, env={}).pinned_mib == 4096

@@ -684,6 +684,22 @@ def test_guarantee_values_reach_the_agent(default: list[dict[str, Any]]) -> None
     assert failed.returncode != 0 and "reclaim" in failed.stderr
 
 
+def test_the_hard_limit_choice_reaches_the_agent(default: list[dict[str, Any]]) -> None:
+    from gpufrac.agent.decide.hard_limits import WithoutHardLimit
+    from gpufrac.agent.programs.node_agent import add_arguments, config_from_args
+
+    def choice(docs: list[dict[str, Any]]) -> WithoutHardLimit:
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        args = [a.replace("$(NODE_NAME)", "n") for a in container(one(docs, "DaemonSet", "gpufrac-agent"))["args"]]
+        return config_from_args(parser.parse_args(args[1:])).without_hard_limit
+
+    assert choice(default) is WithoutHardLimit.REPORT
+    assert choice(render("--set", "enforcement.withoutHardLimit=refuse")) is WithoutHardLimit.REFUSE
+    failed = helm("template", "g", str(CHART), "--set", "enforcement.withoutHardLimit=maybe", check=False)
+    assert failed.returncode != 0 and "withoutHardLimit" in failed.stderr
+
+
 # --- the uninstall hook -------------------------------------------------------------------------------------
 
 WITHDRAW = "gpufrac-agent-withdraw"

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROGRAM = ROOT / "gpucheck" / "__main__.py"  # the check from the checkout, as the clients start there
 WRAPPER = ROOT / "gpucheck" / "gpu_check.sh"
 FAKE_NODE = ROOT / "testkit" / "fakes" / "gpu_check_node.json"
-CUDA_ROWS = ("2a", "2b", "4a", "4b", "4c", "6a", "6b", "6c", "9a", "9b", "9c", "10", "11c", "11d")
+CUDA_ROWS = ("2a", "2b", "4a", "4b", "4c", "6a", "6b", "6c", "9a", "9b", "9c", "9d", "9e", "10", "11c", "11d")
 
 
 # ---- the plumbing, against the fakes ----
@@ -87,8 +87,8 @@ def test_against_the_fakes_the_table_has_every_check_and_the_daemons_start_and_q
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     status = {c["id"]: c["status"] for c in report["checks"]}
-    assert set(status) == {"1", "2a", "2b", "3a", "3b", "3c", "4a", "4b", "4c", "5a", "5b", "6a", "6b", "6c", "7", "8a",
-                           "8b", "8c", "9a", "9b", "9c", "10", "11a", "11b", "11c", "11d"}
+    assert set(status) == {"1", "2a", "2b", "3a", "3b", "3c", "4a", "4b", "4c", "5a", "5b", "6a", "6b", "6c", "7",
+                           "8a", "8b", "8c", "9a", "9b", "9c", "9d", "9e", "10", "11a", "11b", "11c", "11d"}
     assert status["1"] == status["7"] == PASS
     details = {c["id"]: c["details"] for c in report["checks"]}
     for row in CUDA_ROWS:
@@ -98,7 +98,7 @@ def test_against_the_fakes_the_table_has_every_check_and_the_daemons_start_and_q
     # it ends with the table, which is also the .txt next to the report
     table = (tmp_path / "report.txt").read_text()
     assert table == report["table"] and table in result.stdout
-    assert result.stdout.rstrip().splitlines()[-2].startswith("2 passed, 0 failed, 24 skipped")
+    assert result.stdout.rstrip().splitlines()[-2].startswith("2 passed, 0 failed, 26 skipped")
     # each mode's daemon: started with the agent's argv in the agent's layout, told quit, exited 0, gone
     for mode in ComputeMode:
         spec = daemon_spec(mode, mps_v3=True, binary=str(MPS_CONTROL), mps_root=tmp_path / "work" / "mps",
@@ -155,7 +155,7 @@ def test_a_daemon_that_ignores_quit_is_killed_and_the_check_fails(tmp_path: Path
 
 
 def test_sigterm_stops_the_daemons_and_exits_non_zero(tmp_path: Path) -> None:
-    env = {**os.environ, "GPUFRAC_FAKE_NVML": str(FAKE_NODE)}
+    env = {**os.environ, "GPUFRAC_FAKE_NVML": str(FAKE_NODE), "GPUFRAC_FAKE_NVML_SETTINGS": str(tmp_path)}
     proc = subprocess.Popen([sys.executable, str(PROGRAM), "--nvml", str(fake_nvml_library()), "--mps-control",
                              str(MPS_CONTROL), "--cuda", "none", "--workdir", str(tmp_path / "work"), "--out",
                              str(tmp_path / "report.json"), "--linger", "60"], env=env, stdout=subprocess.PIPE,
@@ -271,7 +271,8 @@ def cgroup2_entries() -> list[str]:
 def test_with_fake_cuda_the_cuda_13_4_limits_hold_clients_in_their_cgroups(tmp_path: Path) -> None:
     # the whole check in a mount namespace whose /sys/fs/cgroup is the (real, kernel) cgroup v2 hierarchy
     before = set(cgroup2_entries())
-    env = {**os.environ, "GPUFRAC_FAKE_NVML": str(FAKE_NODE), "GPUFRAC_FAKE_GPU_PROCESSES": str(tmp_path),
+    env = {**os.environ, "GPUFRAC_FAKE_NVML": str(FAKE_NODE),
+           "GPUFRAC_FAKE_NVML_SETTINGS": str(tmp_path), "GPUFRAC_FAKE_GPU_PROCESSES": str(tmp_path),
            "GPUFRAC_FAKE_CUDA_LOCK": str(tmp_path / "gpu.lock"), "GPUFRAC_FAKE_CUDA_RATE": "2e8"}
     command = (f"mount -t cgroup2 none /sys/fs/cgroup && exec {sys.executable} {PROGRAM} --nvml {fake_nvml_library()}"
                f" --cuda {fake_cuda_library()} --mps-control {MPS_CONTROL} --workdir {tmp_path / 'work'}"
@@ -302,7 +303,7 @@ def test_checks_past_the_time_budget_are_skipped_and_the_daemons_still_stop(tmp_
     rows = checks(tmp_path)
     skipped = {r for r, c in rows.items() if c["status"] == SKIPPED and "time budget" in c["details"]}
     assert skipped == {"2a", "2b", "3a", "3b", "3c", "4a", "4b", "4c", "5a", "5b", "6a", "6b", "6c", "8a", "8b", "8c",
-                       "9a", "9b", "9c", "10", "11a", "11b", "11c", "11d"}
+                       "9a", "9b", "9c", "9d", "9e", "10", "11a", "11b", "11c", "11d"}
     assert rows["1"]["status"] == rows["7"]["status"] == PASS
 
 

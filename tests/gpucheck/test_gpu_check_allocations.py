@@ -39,7 +39,8 @@ CGROUP2 = cgroup2_mountable()
 def run_rows(tmp_path: Path, uncounted: str = "") -> dict[str, dict[str, Any]]:
     """`--only 11` against the fakes (in a cgroup v2 mount namespace where the machine allows it)."""
     (tmp_path / "processes").mkdir()
-    env = {**os.environ, "GPUFRAC_FAKE_NVML": str(FAKE_NODE), "GPUFRAC_FAKE_GPU_PROCESSES": str(tmp_path / "processes"),
+    env = {**os.environ, "GPUFRAC_FAKE_NVML": str(FAKE_NODE),
+           "GPUFRAC_FAKE_NVML_SETTINGS": str(tmp_path), "GPUFRAC_FAKE_GPU_PROCESSES": str(tmp_path / "processes"),
            "GPUFRAC_FAKE_CUDA_LOCK": str(tmp_path / "gpu.lock"), "GPUFRAC_FAKE_CUDA_RATE": "2e8"}
     if uncounted:
         env["GPUFRAC_FAKE_CUDA_UNCOUNTED"] = uncounted

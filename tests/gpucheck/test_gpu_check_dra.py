@@ -44,7 +44,8 @@ sys.exit(main(sys.argv[2:]))
 
 def run_row(tmp_path: Path, drop: tuple[str, ...] = ()) -> dict[str, Any]:
     (tmp_path / "processes").mkdir()
-    env = {**os.environ, "GPUFRAC_FAKE_NVML": str(FAKE_NODE), "GPUFRAC_FAKE_GPU_PROCESSES": str(tmp_path / "processes"),
+    env = {**os.environ, "GPUFRAC_FAKE_NVML": str(FAKE_NODE),
+           "GPUFRAC_FAKE_NVML_SETTINGS": str(tmp_path), "GPUFRAC_FAKE_GPU_PROCESSES": str(tmp_path / "processes"),
            "GPUFRAC_FAKE_CUDA_LOCK": str(tmp_path / "gpu.lock"), "GPUFRAC_FAKE_CUDA_RATE": "2e8"}
     command = [sys.executable, str(ROOT / "gpucheck" / "__main__.py")]
     if drop:

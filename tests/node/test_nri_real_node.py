@@ -281,6 +281,31 @@ def test_two_pods_on_one_gpu_share_it_in_one_mode_and_not_across_modes(node: Rea
     delete(node, other)
 
 
+# ---- the hard limit (issue 43) --------------------------------------------------------------------------------
+
+
+def cgroup_limits(node: RealCluster) -> list[tuple[str, int, str]]:
+    """What the agent set through the fake NVML: (GPU, hard limit in bytes, cgroup path), in order."""
+    path = node.gpu_fakes / "nvml.json.memory-limits"
+    rows = [line.split(" ", 3) for line in (path.read_text().splitlines() if path.exists() else [])]
+    return [(uuid, int(hard), where) for uuid, hard, _soft, where in rows]
+
+
+def test_a_running_time_slicing_fractions_cgroup_limit_is_its_limit(node: RealCluster, after_each):
+    """The agent sets the fraction's limit on its own cgroup through NVML and reads it back; the fake NVML's record
+    equals the limit the fraction carries, and the time-slicing boundary is labelled hard only with it set."""
+    gpu, name = GPU_UUIDS[1], unique("nri-hard")
+    pod = start_bound(node, fraction_pod(name, "time-slicing"), gpu)
+    container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://")[-1]
+    limit_mib = int(inside(node, name)[1]["NVIDIA_GPU_MEMORY_LIMIT"])
+    held = wait_until(lambda: [hard for uuid, hard, where in cgroup_limits(node)
+                               if uuid == gpu and container_id in where], 60, "the limit on its cgroup", interval=1)
+    assert held[-1] == limit_mib << 20, (held, limit_mib)
+    labels = get_json(node, "get", "node", NODE_NAME)["metadata"]["labels"]
+    assert labels.get("gpufrac.io/boundary.time-slicing") == "hard", labels
+    delete(node, name)
+
+
 # ---- the agent away ------------------------------------------------------------------------------------------
 
 

@@ -43,6 +43,8 @@ class Snapshot:
     environs: Mapping[int, Mapping[str, str]]  # pid -> environment, of processes in fractional containers
     gpus: Mapping[str, GpuInfo]  # by UUID
     claims: ClaimTenants = field(default_factory=ClaimTenants)  # the DRA driver's prepared shares
+    # (container ID, GPU) -> what holds that container's memory there (the driver's cgroup limit, MPS, its env)
+    held_by: Mapping[tuple[str, str], str] = field(default_factory=dict)
 
     def tenants(self) -> list[RunningContainer]:
         """Every fractional container and claim share the snapshot knows."""
@@ -59,7 +61,8 @@ class Findings:
 def decide(snapshot: Snapshot) -> Findings:
     attributed = attribute(snapshot.processes, snapshot.containers, snapshot.cgroups, snapshot.environs,
                            snapshot.claims)
-    return Findings(audit(attributed, snapshot.gpus), usage(attributed, snapshot.tenants(), snapshot.gpus), attributed)
+    return Findings(audit(attributed, snapshot.gpus, snapshot.held_by),
+                    usage(attributed, snapshot.tenants(), snapshot.gpus), attributed)
 
 
 # Checked apart (env_mismatches): the pinned limit may be keyed by index or UUID, the devices by CDI's `void`.
@@ -99,7 +102,8 @@ def env_mismatches(container: RunningContainer, environ: Mapping[str, str]) -> t
             wrong.append(f"{name}={actual} (expected {value})")
     pinned = environ.get(LimitEnv.PINNED_MEM_LIMIT)
     if pinned is not None and spec.pinned_mem_limit_mib:
-        if not pinned_limit_agrees(pinned, spec.pinned_mem_limit_mib):  # by index, or by UUID (the NRI plugin's)
+        own = tuple(d for d in map(device_id, spec.devices) if d.startswith("GPU-"))  # by identity, where known
+        if not pinned_limit_agrees(pinned, spec.pinned_mem_limit_mib, own):  # by index, or by UUID (the NRI plugin's)
             wrong.append(
                 f"{LimitEnv.PINNED_MEM_LIMIT}={pinned} (expected {format_pinned_mem_limit(spec.pinned_mem_limit_mib)})"
             )
@@ -128,7 +132,8 @@ def device_assigned(devices: Sequence[str], gpu: GpuInfo) -> bool | None:
     return False if comparable else None
 
 
-def audit(attributed: Sequence[AttributedProcess], gpus: Mapping[str, GpuInfo]) -> list[EnforcementViolation]:
+def audit(attributed: Sequence[AttributedProcess], gpus: Mapping[str, GpuInfo],
+          held_by: Mapping[tuple[str, str], str] | None = None) -> list[EnforcementViolation]:
     """Each container's processes on each GPU against its pod's annotations (env, memory, devices), then each GPU
     against the modes it hosts."""
     by_container_gpu: dict[tuple[tuple[str, str, str], str], list[AttributedProcess]] = defaultdict(list)
@@ -137,7 +142,8 @@ def audit(attributed: Sequence[AttributedProcess], gpus: Mapping[str, GpuInfo]) 
     violations: list[EnforcementViolation] = []
     for (_, gpu_uuid), items in by_container_gpu.items():
         violations += _env_violations(gpu_uuid, items)
-        violations += _memory_violations(gpu_uuid, items)
+        violations += _memory_violations(gpu_uuid, items, (held_by or {}).get((items[0].container.container_id,
+                                                                                gpu_uuid)))
         violations += _device_violations(gpus.get(gpu_uuid), gpu_uuid, items)
     return violations + _mixed_modes(attributed)
 
@@ -183,8 +189,9 @@ def _env_violations(gpu_uuid: str, items: Sequence[AttributedProcess]) -> list[E
     return violations
 
 
-def _memory_violations(gpu_uuid: str, items: Sequence[AttributedProcess]) -> list[EnforcementViolation]:
-    """The container's processes on one GPU together above its limit."""
+def _memory_violations(gpu_uuid: str, items: Sequence[AttributedProcess],
+                       held: str | None = None) -> list[EnforcementViolation]:
+    """The container's processes on one GPU together above its limit; `held`: what was to hold it there."""
     container = items[0].container
     limit = container.fraction.limit_mib
     used = sum(i.process.used_bytes or 0 for i in items)
@@ -201,7 +208,8 @@ def _memory_violations(gpu_uuid: str, items: Sequence[AttributedProcess]) -> lis
             container,
             gpu_uuid,
             f"container {container.container} uses {mib_ceil(used)} MiB of GPU memory on {gpu_uuid}, "
-            f"over its limit of {limit} MiB, in total over its process(es) {each}",
+            f"over its limit of {limit} MiB, in total over its process(es) {each}"
+            + (f"; what holds it: {held}" if held else ""),
             _pids_of(items),
         )
     ]

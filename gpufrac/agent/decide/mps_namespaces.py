@@ -96,17 +96,30 @@ def wanted(containers: Iterable[RunningContainer]) -> dict[str, Namespace]:
     return out
 
 
+def server_set(pinned_mib: int | None, thread_percent: int | None) -> tuple[str, ...] | None:
+    """`server set` on SERVER: the limits its `default` namespace and any namespace without its own give (NVIDIA's
+    MPS v3 Interface: without it they give the whole GPU). The largest of the node's sm-sharing fractions: every
+    namespace of ours is held below it by its own; None: nothing to hold (no sm-sharing fraction)."""
+    if pinned_mib is None:
+        return None
+    return ("server", "set", f"--server={SERVER}", f"--pinned-memory-limit={pinned_mib}M",
+            f"--active-thread-percentage={thread_percent or NO_COMPUTE_CAP}")
+
+
 def list_command() -> tuple[str, ...]:
-    return ("namespace", "list", f"--server={SERVER}")
+    """NVIDIA's MPS v3 Interface: `list --format=csv,noheader` is the stable output (one namespace a line)."""
+    return ("namespace", "list", f"--server={SERVER}", "--format=csv,noheader")
 
 
-def delete_command(name: str) -> tuple[str, ...]:
-    return ("namespace", "delete", name, f"--server={SERVER}")
+def delete_command(name: str, *, force: bool = False) -> tuple[str, ...]:
+    """`namespace delete` fails while clients are attached unless `--force` (NVIDIA's MPS v3 Namespaces, r615)."""
+    return ("namespace", "delete", name, f"--server={SERVER}", *(("--force",) if force else ()))
 
 
 def listed(answer: str) -> set[str]:
     """The namespaces the agent made, from `namespace list`'s answer (one name first on each line)."""
-    return {line.split()[0] for line in answer.splitlines() if line.split() and is_ours(line.split()[0])}
+    names = (line.replace(",", " ").split()[:1] for line in answer.splitlines())
+    return {name[0] for name in names if name and is_ours(name[0])}
 
 
 @dataclass(frozen=True)
@@ -118,8 +131,11 @@ class Changes:
     delete: tuple[str, ...]
 
     def commands(self) -> list[tuple[str, ...]]:
-        return ([delete_command(name) for name in self.delete]
-                + [words for ns in self.create for words in (ns.create(), ns.set_limits())]
+        return [delete_command(name) for name in self.delete] + self.making()
+
+    def making(self) -> list[tuple[str, ...]]:
+        """The commands that create and set: what a creation waits for (deletions wait for their clients)."""
+        return ([words for ns in self.create for words in (ns.create(), ns.set_limits())]
                 + [ns.set_limits() for ns in self.update])
 
 

@@ -3,6 +3,7 @@ GPUs' critical XID errors (XidWatch)."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 from collections.abc import Callable
@@ -14,6 +15,21 @@ from gpufrac.agent.decide.model import GpuInfo, GpuMemory, GpuProcess, Inventory
 from gpufrac.agent.decide.reclaim import UsageReading
 
 log = logging.getLogger(__name__)
+
+
+class _SetLimits(ctypes.Structure):
+    # nvmlSetMemoryLimits_v1_t (CUDA 13.4 NVML): nameSpace, the cgroup directory's full path; limits in bytes
+    _fields_ = [("nameSpace", ctypes.c_char_p), ("softLimit", ctypes.c_ulonglong), ("hardLimit", ctypes.c_ulonglong)]
+
+
+class _GetLimits(ctypes.Structure):
+    _fields_ = [("nameSpace", ctypes.c_char_p), ("softLimit", ctypes.c_ulonglong), ("hardLimit", ctypes.c_ulonglong),
+                ("currentUsed", ctypes.c_ulonglong)]
+
+
+def _check(code: int) -> None:
+    if code != pynvml.NVML_SUCCESS:
+        raise pynvml.NVMLError(code)
 
 
 def _text(value: bytes | str) -> str:
@@ -156,6 +172,45 @@ class NvmlSource:
         if newest:
             self._last_sample_us[uuid] = max(ts for ts, _ in newest.values())
         return {pid: util for pid, (_, util) in newest.items()}
+
+    def compute_mode(self, uuid: str) -> int:
+        """The GPU's compute mode (NVML_COMPUTEMODE_*)."""
+        with self._lock:
+            try:
+                self._ensure()
+                return int(pynvml.nvmlDeviceGetComputeMode(pynvml.nvmlDeviceGetHandleByUUID(uuid.encode())))
+            except pynvml.NVMLError as err:
+                self._reset()
+                raise NvmlError(f"NVML: reading the compute mode of {uuid}: {err}") from err
+
+    def set_compute_mode(self, uuid: str, mode: int) -> None:
+        """nvmlDeviceSetComputeMode (root only; the setting lasts until the driver unloads)."""
+        with self._lock:
+            try:
+                self._ensure()
+                pynvml.nvmlDeviceSetComputeMode(pynvml.nvmlDeviceGetHandleByUUID(uuid.encode()), mode)
+            except pynvml.NVMLError as err:
+                self._reset()
+                raise NvmlError(f"NVML: setting compute mode {mode} on {uuid}: {err}") from err
+
+    def set_memory_limits(self, uuid: str, cgroup: str, soft: int, hard: int) -> tuple[int, int]:
+        """nvmlDeviceSetMemoryLimits_v1 on a cgroup (CUDA 13.4, r615+), then the limits read back
+        (nvmlDeviceGetMemoryLimits_v1): (soft, hard) in bytes, as the driver holds them."""
+        with self._lock:
+            try:
+                self._ensure()
+                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid.encode())
+                lib = pynvml.nvmlLib
+                if lib is None or not hasattr(lib, "nvmlDeviceSetMemoryLimits_v1"):
+                    raise NvmlError("NVML has no nvmlDeviceSetMemoryLimits_v1 (needs driver r615+ and CUDA 13.4)")
+                path = cgroup.encode()
+                _check(lib.nvmlDeviceSetMemoryLimits_v1(handle, ctypes.byref(_SetLimits(path, soft, hard))))
+                got = _GetLimits(path, 0, 0, 0)
+                _check(lib.nvmlDeviceGetMemoryLimits_v1(handle, ctypes.byref(got)))
+                return int(got.softLimit), int(got.hardLimit)
+            except pynvml.NVMLError as err:
+                self._reset()
+                raise NvmlError(f"NVML: the memory limit of {cgroup} on {uuid}: {err}") from err
 
     def close(self) -> None:
         with self._lock:

@@ -7,10 +7,11 @@ The proc root is configurable: the agent runs with hostPID and reads the host's 
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 from gpufrac.agent.decide.errors import ProcReadError
-from gpufrac.agent.decide.proc_text import parse_environ
+from gpufrac.agent.decide.proc_text import container_ids_in_cgroup, parse_environ
 from gpufrac.core.contract import LimitEnv
 
 
@@ -120,4 +121,25 @@ def mps_control_processes(proc_root: Path, pipe_dir: Path) -> list[int]:
             continue
         if b"-f" in argv:
             found.append(pid)
+    return found
+
+
+def container_cgroups(proc_root: Path, container_ids: Collection[str]) -> dict[str, str]:
+    """For each of `container_ids` with a process on the node, one of its processes' /proc/<pid>/cgroup text: one
+    scan of the proc root's PIDs, which ends once every container is found."""
+    found: dict[str, str] = {}
+    wanted = set(container_ids)
+    try:
+        entries = [e for e in os.scandir(proc_root) if e.name.isdigit()]
+    except OSError:
+        return found
+    for entry in entries:
+        if len(found) == len(wanted):
+            break
+        try:
+            text = Path(entry.path, "cgroup").read_text(errors="replace")
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        for cid in container_ids_in_cgroup(text) & wanted:
+            found.setdefault(cid, text)
     return found

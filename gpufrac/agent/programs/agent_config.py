@@ -7,6 +7,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from gpufrac.agent.decide import capabilities
+from gpufrac.agent.decide.hard_limits import WithoutHardLimit
 from gpufrac.agent.decide.mps_config import DaemonSettings
 from gpufrac.agent.edges.supervisor import RestartPolicy
 from gpufrac.agent.programs.guarantee import GuaranteeConfig
@@ -46,4 +47,6 @@ class AgentConfig:
     csi_driver: str = DEFAULT_DRIVER_NAME
     mps_daemons: DaemonOwner = DaemonOwner.AGENT
     guarantee: GuaranteeConfig = field(default_factory=GuaranteeConfig)  # container totals, reclaim above request
+    # Where the driver cannot hold a fraction's limit on its cgroup: say so (report) or refuse its creation (refuse)
+    without_hard_limit: WithoutHardLimit = WithoutHardLimit.REPORT
     image: str = ""  # the image the agent runs in (--image): part of the build compared with the MPS pods'

@@ -4,7 +4,7 @@ decide/audit.py), act (metrics, an Event per violation, evictions when asked), t
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from gpufrac.agent.decide.attribution import in_fractional_container
@@ -40,8 +40,10 @@ class AuditKube(GuaranteeKube, EventSink, Protocol):
 
 class AuditPass:
     def __init__(self, config: AgentConfig, kube: AuditKube, gpus: GpuSource, metrics: AgentMetrics, pods: PodCache,
-                 guarantee: Guarantee, claims: Callable[[], ClaimTenants] = ClaimTenants) -> None:
+                 guarantee: Guarantee, claims: Callable[[], ClaimTenants] = ClaimTenants,
+                 held_by: Callable[[], Mapping[tuple[str, str], str]] = dict) -> None:
         self._config = config
+        self._held_by = held_by  # what holds each fraction's memory (programs.hard_limits), for the report
         self._claims = claims  # the DRA driver's prepared shares, audited like annotated fractions
         self._kube = kube
         self._gpus = gpus
@@ -82,7 +84,8 @@ class AuditPass:
                     environs[process.pid] = read_environ(self._config.proc_root, process.pid)
             except ProcReadError as err:  # it exited meanwhile: what was read still counts
                 log.debug("%s", err)
-        return Snapshot(processes, index.by_id, cgroups, environs, inventory.by_uuid(), claims), pods
+        return Snapshot(processes, index.by_id, cgroups, environs, inventory.by_uuid(), claims,
+                        self._held_by()), pods
 
     def _act(self, findings: Findings, live_pod_uids: set[str]) -> None:
         """Publish what the audit found: metrics, events (once per violation), evictions when asked."""

@@ -34,6 +34,10 @@ from gpufrac.core.contract import MPS_CONTROL_SOCKET
 log = logging.getLogger(__name__)
 
 CREATED_TTL_S = 120.0  # how long a fraction held at its creation counts without the pod watch having its pod
+# A namespace whose container left but whose clients are still attached (a terminating pod in its grace period, 30 s
+# by default, then the kubelet's kill): `namespace delete` is refused until they go, and after this long it is
+# deleted with `--force`. Meanwhile it stays, and nothing else waits for it.
+FORCE_AFTER_S = 60.0
 
 
 class DaemonSideLimits:
@@ -47,6 +51,9 @@ class DaemonSideLimits:
         self._told: tuple[tuple[int, int], tuple[int, ...], DaemonPlan] | None = None
         # the daemon whose namespaces of ours are known, and those (None: created, limits not known)
         self._namespaces: tuple[tuple[int, int], dict[str, Namespace | None]] | None = None
+        self._leaving: dict[str, float] = {}  # namespace -> when its deletion was first tried
+        self._server_told: tuple[tuple[int, int], tuple[str, ...]] | None = None
+        self._first_listing = True  # an agent (re)started: the namespaces it finds were set by the one before
         self.problem: str | None = None  # for the node's condition: what the daemon side does not hold now
         self.failure: str | None = None  # why the daemon did not take the last plan (None: it did)
 
@@ -98,6 +105,8 @@ class DaemonSideLimits:
         try:
             self._tell_servers(daemon, wanted, deadline)
             if namespaces:
+                if deadline is None:  # a creation has its own namespace: the pass tells the server
+                    self._tell_server(daemon, wanted, deadline)
                 self._tell_namespaces(daemon, per_container, deadline)
             else:
                 self._namespaces = None
@@ -129,19 +138,52 @@ class DaemonSideLimits:
                      extra={"servers": list(servers)})
             self._told = told
 
+    def _tell_server(self, daemon: tuple[int, int], wanted: DaemonPlan, deadline: float | None) -> None:
+        """`server set` on gpufrac's server, so its `default` namespace gives no more than the largest fraction."""
+        command = mps_namespaces.server_set(max((c.pinned_mib for c in wanted.ceilings), default=None),
+                                            wanted.thread_percent)
+        if command is not None and self._server_told != (daemon, command):
+            invoke(self.binary, self.pipe_dir, command, deadline=deadline)
+            self._server_told = (daemon, command)
+
     def _tell_namespaces(self, daemon: tuple[int, int], wanted: dict[str, Namespace],
                          deadline: float | None) -> None:
         """One namespace per container with its limits; ours that no container needs are deleted."""
         if self._namespaces is None or self._namespaces[0] != daemon:
             answer = invoke(self.binary, self.pipe_dir, mps_namespaces.list_command(), deadline=deadline)
-            self._namespaces = (daemon, dict.fromkeys(mps_namespaces.listed(answer)))
-        todo = mps_namespaces.changes(self._namespaces[1], wanted)
-        commands = todo.commands()
+            listed = mps_namespaces.listed(answer)
+            # A container's namespace is named from its pod UID and name, whose limits never change: one a former
+            # agent made holds them already, and is not set again (on 615 `namespace set` fails while its
+            # clients run). A daemon listed again later (a restart, a failed command) is set again.
+            self._namespaces = (daemon, {name: wanted.get(name) if self._first_listing else None for name in listed})
+            self._first_listing = False
+        has = self._namespaces[1]
+        todo = mps_namespaces.changes(has, wanted)
+        staying = self._leave(todo.delete, deadline)
+        commands = todo.making()
         if commands:
             invoke_all(self.binary, self.pipe_dir, commands, deadline=deadline)
+        if commands or len(staying) < len(todo.delete):
             log.info("sm-sharing MPS namespaces: %d created, %d set, %d deleted", len(todo.create), len(todo.update),
-                     len(todo.delete), extra={"new_namespaces": [ns.container for ns in todo.create]})
-        self._namespaces = (daemon, dict(wanted))
+                     len(todo.delete) - len(staying), extra={"new_namespaces": [ns.container for ns in todo.create]})
+        self._namespaces = (daemon, {**{name: has[name] for name in staying}, **wanted})
+
+    def _leave(self, names: Sequence[str], deadline: float | None) -> list[str]:
+        """Deletes the namespaces no container needs, those whose clients are gone, or with `--force` FORCE_AFTER_S
+        after the first try; returns those that stay. A creation (`deadline`) deletes none: the pass does."""
+        if deadline is not None:
+            return list(names)
+        now, staying = self._clock(), []
+        for name in names:
+            first = self._leaving.setdefault(name, now)
+            try:
+                force = now - first >= FORCE_AFTER_S
+                invoke(self.binary, self.pipe_dir, mps_namespaces.delete_command(name, force=force))
+                del self._leaving[name]
+            except MpsControlError as err:
+                log.info("sm-sharing MPS namespace %s stays for now: %s", name, err)
+                staying.append(name)
+        return staying
 
     def _daemon(self) -> tuple[int, int]:
         try:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from gpufrac.agent.decide.capabilities import KAI_CONDITION_TYPES, ready_condition_types
 from gpufrac.agent.decide.errors import AgentError, ConfigError
 from gpufrac.agent.decide.events import EventSink
+from gpufrac.agent.decide.hard_limits import WithoutHardLimit
 from gpufrac.agent.decide.overlimit import OverLimitAction
 from gpufrac.agent.decide.reclaim import ReclaimPolicy, ReclaimSettings
 from gpufrac.agent.edges.metrics import AgentMetrics
@@ -85,6 +86,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="besides a Warning Event and the metric, what happens to a container whose GPU processes "
                              "together use more than its limit: event (nothing), evict (its pod), kill-newest (its "
                              "newest GPU process; the others keep running)")
+    parser.add_argument("--without-hard-limit", type=WithoutHardLimit, choices=list(WithoutHardLimit),
+                        default=_DEFAULTS.without_hard_limit,
+                        help="where the driver cannot hold a fraction's memory limit on its cgroup (cgroup v1, a "
+                             "driver before r615, NVML refuses): report (labels and condition say so) or refuse "
+                             "the creation of fractions on the node")
     parser.add_argument("--reclaim-policy", type=ReclaimPolicy, choices=list(ReclaimPolicy), default=_RECLAIM.policy,
                         help="when the memory owed to containers below their requests does not fit in a GPU's free "
                              "memory: evict pods above their requests (lowest priority, then youngest) through the "
@@ -220,6 +226,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
                             None if args.reclaim_victim_grace_period < 0 else args.reclaim_victim_grace_period),
         ),
         image=args.image,
+        without_hard_limit=args.without_hard_limit,
     )
 
 

@@ -11,11 +11,12 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpufrac.agent.decide import capabilities
+from gpufrac.agent.decide import capabilities, hard_limits
 from gpufrac.agent.decide.claim_tenants import NO_CLAIMS, ClaimTenants
 from gpufrac.agent.decide.csi_publish import NodeDirs, PodRef
 from gpufrac.agent.decide.dra_shared_claims import ClaimHolder
 from gpufrac.agent.decide.errors import NvmlError
+from gpufrac.agent.decide.hard_limits import Boundary, WithoutHardLimit
 from gpufrac.agent.decide.model import (
     DaemonStatus,
     EnforcementViolation,
@@ -33,8 +34,10 @@ from gpufrac.agent.edges.podwatch import PodCache, PodSource
 from gpufrac.agent.edges.procfs import read_cgroup_controllers, read_memory_limit
 from gpufrac.agent.programs.agent_config import AgentConfig
 from gpufrac.agent.programs.audit_pass import AuditKube, AuditPass, GpuSource
+from gpufrac.agent.programs.compute_modes import ComputeModes, ComputeModeSource
 from gpufrac.agent.programs.daemons import Daemon, MpsDaemons
 from gpufrac.agent.programs.guarantee import Guarantee
+from gpufrac.agent.programs.hard_limits import CgroupLimits, MemoryLimitSource
 from gpufrac.agent.programs.mps_limits import DaemonSideLimits
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.buildinfo import build
@@ -42,6 +45,10 @@ from gpufrac.core.contract import RECLAIM_BACKOFF_PREFIX, Enforcement, mps_pipe_
 from gpufrac.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
+
+
+class NodeGpus(GpuSource, ComputeModeSource, MemoryLimitSource, Protocol):
+    """NVML as the loop uses it: the audit's readings, the GPUs' compute modes and the cgroups' memory limits."""
 
 
 class KubeSink(NodeSink, AuditKube, PodSource, Protocol):
@@ -58,7 +65,7 @@ class Agent:
         self,
         config: AgentConfig,
         kube: KubeSink,
-        gpus: GpuSource,
+        gpus: NodeGpus,
         metrics: AgentMetrics,
         *,
         clock: Callable[[], float] = time.monotonic,
@@ -83,10 +90,14 @@ class Agent:
                               mps_daemons=lambda: [s.pid for s in self.daemons.statuses().values() if s.pid],
                               reclaim_by=lambda: self.reclaim_by, wall_clock=wall_clock,
                               hold_off=self._publish_backoffs)
-        self.audit = AuditPass(config, kube, gpus, metrics, self.pods, guarantee, lambda: self.claims())
+        self.audit = AuditPass(config, kube, gpus, metrics, self.pods, guarantee, lambda: self.claims(),
+                               lambda: self._held_by())
         sm_pipe_dir = Path(mps_pipe_dir(str(config.mps_root), ComputeMode.SM_SHARING))
         self.daemon_limits = (DaemonSideLimits(config.mps_binary, sm_pipe_dir)
                               if ComputeMode.SM_SHARING in config.modes else None)
+        self.compute_modes = ComputeModes(gpus) if ComputeMode.SM_SHARING in config.modes else None
+        self.cgroup_limits = CgroupLimits(gpus, config.proc_root)
+        self.boundaries: dict[ComputeMode, Boundary] = {}  # as of the last tick: the boundary labels
         self.inventory: Inventory | None = None
         self._enforced: dict[ComputeMode, Enforcement] = {}  # as of the last tick: its labels, published again
         self.nvml_error: str | None = None
@@ -184,7 +195,30 @@ class Agent:
 
     def _hold_daemon_side(self, statuses: Mapping[ComputeMode, DaemonStatus]) -> str | None:
         """Tells the sm-sharing daemon the limits of the fractions placed here, before their processes connect
-        (programs.mps_limits); returns what its servers do not hold, for the condition's message."""
+        (programs.mps_limits), and holds their GPUs in EXCLUSIVE_PROCESS (programs.compute_modes); returns what
+        is not held, for the condition's message."""
+        modes = self._hold_compute_modes(())
+        daemon = self._tell_daemon(statuses)
+        cgroups = self._hold_cgroup_limits()
+        return "; ".join(p for p in (daemon, modes, cgroups) if p) or None
+
+    def _hold_cgroup_limits(self) -> str | None:
+        """Each fractional container's limit on its own cgroup, through NVML, read back (programs.hard_limits);
+        and the boundary each mode has here, for the labels."""
+        if self.inventory is None or not self.pods.synced.is_set():
+            return None
+        placed = self.placed()
+        unable = self.cgroup_limits.probe(self.inventory.gpus, self.inventory.driver_version)
+        problem = self.cgroup_limits.apply(placed, self.inventory.gpus, unable)
+        self.boundaries = self.cgroup_limits.boundaries(placed, self.config.modes, capable=unable is None)
+        return problem
+
+    def _hold_compute_modes(self, created: Collection[RunningContainer]) -> str | None:
+        if self.compute_modes is None or self.inventory is None or not self.pods.synced.is_set():
+            return None
+        return self.compute_modes.apply([*self.placed(), *created], self.inventory.gpus)
+
+    def _tell_daemon(self, statuses: Mapping[ComputeMode, DaemonStatus]) -> str | None:
         status = statuses.get(ComputeMode.SM_SHARING)
         if (self.daemon_limits is None or self.inventory is None or status is None or not status.up
                 or not self.pods.synced.is_set()):
@@ -192,6 +226,11 @@ class Agent:
         self.daemon_limits.apply(self.placed(), self.inventory.gpus,
                                  namespaces=capabilities.has_driver_memory_limits(self.inventory))
         return self.daemon_limits.problem
+
+    def _held_by(self) -> dict[tuple[str, str], str]:
+        if self.inventory is None:
+            return {}
+        return hard_limits.held_by(self.placed(), self.inventory.gpus, self.cgroup_limits.verified)
 
     def placed(self) -> list[RunningContainer]:
         """Every fraction bound to this node (its pods' containers, from bind on) and the DRA claims prepared here."""
@@ -207,6 +246,9 @@ class Agent:
         if not self.pods.synced.is_set():
             return "the agent has not read the node's pods yet, so it cannot tell the daemon every fraction's limits"
         created = placed_fractions([created_pod]) if created_pod is not None else []
+        modes = self._hold_compute_modes(created)
+        if modes is not None:
+            return modes
         return self.daemon_limits.hold(self.placed(), self.inventory.gpus, created, within_s,
                                        namespaces=capabilities.has_driver_memory_limits(self.inventory))
 
@@ -239,7 +281,7 @@ class Agent:
         back-offs of controllers whose pods reclaim evicted here."""
         guarantee = self.audit.guarantee
         return {**capabilities.node_labels(self.inventory, enforced), **guarantee.labels,
-                **guarantee.backoffs.labels()}
+                **guarantee.backoffs.labels(), **hard_limits.labels(self.boundaries)}
 
     def _publish_backoffs(self) -> bool:
         """Between two ticks, before an eviction: the node's labels with the back-offs as they are now (False: not
@@ -301,8 +343,17 @@ class Agent:
 
     def _not_served(self, enforced: Mapping[ComputeMode, Enforcement],
                     statuses: Mapping[ComputeMode, DaemonStatus]) -> dict[ComputeMode, str | None]:
+        refusal = self._hard_limit_refusal()
         return {mode: capabilities.unserved_reason(mode, self.inventory, self.config.modes, enforced, statuses)
-                for mode in ComputeMode}
+                or refusal for mode in ComputeMode}
+
+    def _hard_limit_refusal(self) -> str | None:
+        """With --without-hard-limit refuse: why fractions are not created here (the driver holds no cgroup limit)."""
+        if self.config.without_hard_limit is not WithoutHardLimit.REFUSE or self.inventory is None:
+            return None
+        unable = self.cgroup_limits.probe(self.inventory.gpus, self.inventory.driver_version)
+        return (f"the driver cannot hold a fraction's memory limit on its cgroup here ({unable}), and the node "
+                "refuses fractions without it (--without-hard-limit refuse)") if unable else None
 
     def find_pod(self, ref: PodRef) -> dict[str, Any] | None:
         """The pod a volume is for: from the watch cache, else from the API server (the kubelet can be faster than

@@ -30,6 +30,7 @@ from gpufrac.agent.decide.capabilities import (
     KAI_CONDITION_TYPES,
     ready_condition_types,
 )
+from gpufrac.agent.decide.hard_limits import BOUNDARY_LABEL_PREFIX
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import enforcement_label
 from gpufrac.core.jsonlog import add_log_arguments, setup_logging
@@ -37,8 +38,10 @@ from gpufrac.kube.errors import KubeError
 
 log = logging.getLogger("gpufrac.agent.programs.withdraw")
 
-# Every label `capabilities.node_labels` can publish; and the usable-memory labels, one per GPU model (`capacity`).
-AGENT_LABELS = (*(enforcement_label(mode) for mode in ComputeMode), DRIVER_MAJOR_LABEL, GPU_COUNT_LABEL)
+# Every label `capabilities.node_labels` can publish, the boundary per mode (`hard_limits`); and the usable-memory
+# labels, one per GPU model (`capacity`).
+AGENT_LABELS = (*(enforcement_label(mode) for mode in ComputeMode), DRIVER_MAJOR_LABEL, GPU_COUNT_LABEL,
+                *(f"{BOUNDARY_LABEL_PREFIX}{mode}" for mode in ComputeMode))
 GPUFRAC_PREFIX = "gpufrac.io/"
 DEFAULT_TIMEOUT = 90.0  # the chart's agent terminationGracePeriodSeconds (75) and some
 

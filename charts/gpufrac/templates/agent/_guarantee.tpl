@@ -8,6 +8,8 @@ evict. `policy: off` written unquoted is YAML's false: it means off too. */}}
 {{- define "gpufrac.agent.guaranteeArgs" -}}
 - --over-limit-action
 - {{ .Values.enforcement.overLimitAction | quote }}
+- --without-hard-limit
+- {{ .Values.enforcement.withoutHardLimit | quote }}
 - --reclaim-policy
 - {{ include "gpufrac.reclaimPolicy" . | quote }}
 - --reclaim-grace-period
