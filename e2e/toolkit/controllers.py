@@ -9,10 +9,9 @@ from e2e.toolkit.apiserver import SERVICE_CIDR
 from e2e.toolkit.tools import kube_version
 
 # The controllers a node without a cloud provider or node IPAM leaves off. 1.37 removed the cloud controllers from
-# kube-controller-manager (`service-lb-controller` is an unknown name there and stops it; `cloud-node-lifecycle`
-# stays an alias).
-DISABLED_CONTROLLERS = ("nodeipam", "cloud-node-lifecycle")
-DISABLED_BEFORE_1_37 = ("service-lb-controller",)
+# kube-controller-manager: `cloud-node-lifecycle` and `service-lb-controller` are unknown names there and stop it.
+DISABLED_CONTROLLERS = ("nodeipam",)
+DISABLED_BEFORE_1_37 = ("cloud-node-lifecycle", "service-lb-controller")
 
 
 def disabled_controllers(version: str) -> tuple[str, ...]:
