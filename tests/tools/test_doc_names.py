@@ -21,7 +21,8 @@ DOCS = (ROOT / "README.md", CHART / "README.md", CHART / "templates" / "NOTES.tx
 CODE_DIRS = ("gpufrac", "charts/gpufrac/templates", "testkit", "e2e")
 CODE_SUFFIXES = (".py", ".yaml", ".tpl", ".txt", ".c", ".sh", ".json")
 # Names of other projects' objects the docs mention beside conditions (KAI's node objects, not reasons).
-EXTERNAL = {"GpuSharingConfig", "GpuFractioningConfig"}
+# Names of others a doc may quote: KAI's configs, Kubernetes' pod condition and Job pod-failure-policy action.
+EXTERNAL = {"GpuSharingConfig", "GpuFractioningConfig", "DisruptionTarget", "FailJob"}
 
 VALUES_KEY = re.compile(r"`([a-z][a-zA-Z0-9]*(?:\.[a-zA-Z][a-zA-Z0-9]*)+)(?:=[^`]*)?`")
 CAMEL = re.compile(r"`([A-Z][a-z0-9]+(?:[A-Z][a-zA-Z0-9]*)+)`")
