@@ -330,3 +330,16 @@ def test_a_container_binding_the_kubelet_s_device_plugins_directory_is_the_gpu_s
     # a look-alike path is not the kubelet's directory
     lookalike = decide(*nvidia_device_plugin("dcgm", ("/var/lib/kubelet/device-plugins-not",)), CDI_NODE, default)
     assert isinstance(lookalike, Refusal)
+
+
+@pytest.mark.parametrize("mark", ["gpufrac.io/tolerate-missing-nri-plugin", "gpufrac.io/nri-served"])
+def test_gpufracs_own_marks_ask_for_no_gpu(mark: str) -> None:
+    """containerd's tolerate annotation (the chart's `nri.tolerateMissingPluginsAnnotation`, on the agent's and the
+    MPS daemons' pods and on the node's other DaemonSets) is under gpufrac.io/ but outside the per-container grammar:
+    a container of such a pod is no unadmitted fraction (the MPS pods were refused GPUFractionNotAdmitted when the
+    plugin was up at their creation)."""
+    pod, c = plain({}, {mark: "true"})
+    result = decide(pod, c, CDI_NODE)
+    assert isinstance(result, Injection), result
+    forged = decide(*plain({}, {mark: "true", "nvidia.com/container.app.gpus.devices": UUID_B}), CDI_NODE)
+    assert isinstance(forged, Refusal) and forged.reason is RefusalReason.NOT_ADMITTED, forged

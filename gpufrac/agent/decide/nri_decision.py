@@ -53,6 +53,7 @@ from gpufrac.agent.decide.runtime_support import DeliveryFacts, delivery_refusal
 from gpufrac.agent.decide.whole_gpus import Judgement, Verdict, judge, named_gpus
 from gpufrac.core.annotations import (
     CANONICAL_PREFIX,
+    GPUFRAC_DOMAIN,
     SHORTHAND_KEYS,
     ComputeMode,
     Field,
@@ -271,7 +272,7 @@ def _bypassed_keys(annotations: Mapping[str, str], container: str, admitted: boo
     the container, or (in a pod the webhook never admitted) the pod-level shorthands."""
     keys = []
     for key in sorted(annotations):
-        if not is_fraction_key(key):
+        if not is_fraction_key(key) or _gpufracs_own_mark(key):
             continue
         if key in SHORTHAND_KEYS:
             if not admitted:
@@ -284,6 +285,12 @@ def _bypassed_keys(annotations: Mapping[str, str], container: str, admitted: boo
         if parsed is None or parsed.container == container or not admitted:
             keys.append(key)
     return keys
+
+
+def _gpufracs_own_mark(key: str) -> bool:
+    """A gpufrac.io/ key outside the per-container grammar asks for no GPU: containerd's tolerate annotation on the
+    agent's, the MPS daemons' and the node's other DaemonSets' pods, the plugin's own marks."""
+    return key.startswith(GPUFRAC_DOMAIN) and not key.startswith(CANONICAL_PREFIX)
 
 
 def _not_a_fraction(pod: PodInfo, container: ContainerInfo, node: NodeFacts, where: str) -> Injection | Refusal:
