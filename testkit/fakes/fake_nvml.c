@@ -614,7 +614,9 @@ int nvmlDeviceGetMemoryInfo_v2(fake_device *device, nvmlMemory_v2_t *memory) {
 
 /* A process' usedGpuMemory: its own, or where the GPU charges MPS clients to their server ("mps_memory": "server"),
  * NVML_VALUE_NOT_AVAILABLE for a client and its own plus its clients' for a server. The GPU's used memory is the
- * same either way. */
+ * same either way. Source: none of NVIDIA's documents says which way the driver reports an MPS client's memory
+ * (../shared/reference/nvidia-stack.md has no such measurement); this mode is the issue's hypothesis, off by
+ * default, and only lets the agent be tested against it. gpucheck row 6c measures the real driver. */
 static unsigned long long reported_usage(const fake_gpu *gpu, int i) {
     unsigned long long used = (unsigned long long)gpu->procs[i].used_mib * MIB;
     int j;
