@@ -28,8 +28,8 @@ $(VENV)/.installed-test: $(VENV)/.installed
 # The gRPC stubs (CSI, kubelet plugin registration) and NRI's messages with ttrpc's envelope (the agent's NRI
 # plugin), generated from the protos vendored in proto/ (no Go needed; `bash hack/grpc-stubs.sh vendor` refreshes
 # proto/ from the Go module proxy). Never committed.
-STUBS := gpufrac/agent/edges/csi/generated/__init__.py gpufrac/agent/edges/dra/generated/__init__.py \
-	gpufrac/agent/edges/nri/generated/__init__.py
+STUBS := gpufrac/agent/csi/generated/__init__.py gpufrac/agent/dra/generated/__init__.py \
+	gpufrac/agent/kubelet_plugin/generated/__init__.py gpufrac/agent/nri/generated/__init__.py
 $(STUBS) &: hack/grpc-stubs.sh $(shell find proto -type f 2>/dev/null) $(VENV)/.installed-test
 	PYTHON=$(PY) bash hack/grpc-stubs.sh generate
 
@@ -56,7 +56,7 @@ tools:
 IMAGES := .e2e/images/gpufrac.oci.tar .e2e/images/app.oci.tar .e2e/images/pause.oci.tar
 IMAGE_INPUTS := Dockerfile .dockerignore constraints.txt pyproject.toml README.md LICENSE e2e/build-image.sh \
 	hack/grpc-stubs.sh hack/sbom.py $(shell find proto -type f 2>/dev/null) \
-	$(shell find gpufrac -type f -not -name '*.pyc' -not -path 'gpufrac/agent/edges/csi/generated/*' 2>/dev/null)
+	$(shell find gpufrac -type f -not -name '*.pyc' -not -path 'gpufrac/agent/*/generated/*' 2>/dev/null)
 image: $(IMAGES)
 
 $(IMAGES) &: $(IMAGE_INPUTS)
@@ -108,7 +108,7 @@ test-api: venv
 	$(PY) -m pytest -q $(API_SUITES)
 
 clean:
-	rm -rf $(VENV) .e2e certs/dev .build gpufrac/agent/edges/csi/generated gpufrac/agent/edges/nri/generated
+	rm -rf $(VENV) .e2e certs/dev .build gpufrac/agent/csi/generated gpufrac/agent/dra/generated gpufrac/agent/nri/generated gpufrac/agent/kubelet_plugin/generated
 
 # A real one-node cluster (e2e/node.py): etcd, kube-apiserver, containerd 2 + runc + CNI bridge, kubelet,
 # controller-manager, scheduler, kube-proxy; then `helm install ... -f charts/gpufrac/values-local.yaml`.

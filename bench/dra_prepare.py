@@ -97,11 +97,11 @@ def serve_main(argv: list[str]) -> int:
     parser.add_argument("--dir", type=Path, required=True, help="its CDI spec directory, state file and /dev")
     parser.add_argument("--claims", type=Path, required=True, help="the claim objects get_claim answers with (JSON)")
     args = parser.parse_args(argv)
-    from gpufrac.agent.decide.dra_slices import DRIVER
     from gpufrac.agent.decide.model import GpuInfo, Inventory
-    from gpufrac.agent.edges.dra.files import ClaimSpecs, StateFile
-    from gpufrac.agent.edges.dra.server import DraPlugin
-    from gpufrac.agent.programs.dra_driver import DraDriver, dra_node
+    from gpufrac.agent.dra.decide.slices import DRIVER
+    from gpufrac.agent.dra.files import ClaimSpecs, StateFile
+    from gpufrac.agent.dra.plugin import DraPlugin
+    from gpufrac.agent.dra.service import DraDriver, dra_node
     from gpufrac.core.jsonlog import setup_logging
 
     setup_logging("info")  # as the agent logs, into /dev/null (stderr stays for a traceback)
@@ -165,7 +165,7 @@ class Kubelet:
     def __init__(self, socket_path: Path, driver: DriverProcess) -> None:
         import grpc
 
-        from gpufrac.agent.edges.dra.stubs import dra_pb2, dra_pb2_grpc
+        from gpufrac.agent.dra.stubs import dra_pb2, dra_pb2_grpc
 
         self.pb = dra_pb2
         self.channel = grpc.insecure_channel(f"unix://{socket_path}")
@@ -224,7 +224,7 @@ def _check_prepared(answer: Any, claim: dict[str, Any], specs: Any) -> None:
 def _round(kubelet: Kubelet, claims: list[dict[str, Any]], specs: Any, state_file: Path) -> tuple[int, int]:
     """Prepares the round's claims, then unprepares them; (specs written, specs removed). The order of each pair
     turns every other claim of a mode (the modes alternate too)."""
-    from gpufrac.agent.decide import dra_state
+    from gpufrac.agent.dra.decide import state as dra_state
 
     written = removed = 0
     for i, claim in enumerate(claims):
@@ -265,7 +265,7 @@ def filesystem(path: Path) -> str:
 
 def run(rounds: int, per_round: int, workdir: Path) -> dict[str, Any]:
     """Starts the driver's process, measures `rounds` rounds of `per_round` claims, stops it."""
-    from gpufrac.agent.edges.dra.files import ClaimSpecs
+    from gpufrac.agent.dra.files import ClaimSpecs
 
     workdir = workdir.resolve()
     if workdir.exists():

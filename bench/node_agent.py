@@ -150,8 +150,8 @@ def child(pods: int, ticks: int) -> dict[str, Any]:
 
     from gpufrac.agent.edges.metrics import AgentMetrics
     from gpufrac.agent.edges.nvml import NvmlSource
-    from gpufrac.agent.programs.agent_config import AgentConfig
-    from gpufrac.agent.programs.node_loop import Agent
+    from gpufrac.agent.node.agent_config import AgentConfig
+    from gpufrac.agent.node.node_loop import Agent
     from gpufrac.probes.server import ProbeServer, registry_text
 
     kube = MemoryKube(pod_list)

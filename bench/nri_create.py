@@ -69,10 +69,10 @@ def plugin_main(argv: list[str]) -> int:
     parser.add_argument("--gpus", required=True, help="comma list of the node's GPU UUIDs, in index order")
     args = parser.parse_args(argv)
     from gpufrac.agent.decide.model import GpuInfo
-    from gpufrac.agent.decide.nri_decision import NodeFacts
-    from gpufrac.agent.edges.nri.config import NriConfig
-    from gpufrac.agent.edges.nri.devices import CdiSpecs, gpu_device_nodes
-    from gpufrac.agent.edges.nri.plugin import NriPlugin, PluginState
+    from gpufrac.agent.edges.cdi_specs import CdiSpecs, gpu_device_nodes
+    from gpufrac.agent.nri.config import NriConfig
+    from gpufrac.agent.nri.decide.creation import NodeFacts
+    from gpufrac.agent.nri.plugin import NriPlugin, PluginState
     from gpufrac.core.annotations import ComputeMode
 
     gpus = tuple(GpuInfo(i, u, "NVIDIA H200", H200_MIB << 20) for i, u in enumerate(args.gpus.split(",")))

@@ -18,10 +18,10 @@ from e2e.toolkit.cri_node import CriNode
 from e2e.toolkit.tools import find_binary
 from e2e.toolkit.wait import wait_until
 from gpufrac.agent.decide.model import GpuInfo
-from gpufrac.agent.decide.nri_decision import NodeFacts
-from gpufrac.agent.edges.nri.config import NriConfig
-from gpufrac.agent.edges.nri.devices import CdiSpecs
-from gpufrac.agent.edges.nri.plugin import NriPlugin, PluginState
+from gpufrac.agent.edges.cdi_specs import CdiSpecs
+from gpufrac.agent.nri.config import NriConfig
+from gpufrac.agent.nri.decide.creation import NodeFacts
+from gpufrac.agent.nri.plugin import NriPlugin, PluginState
 from gpufrac.core.annotations import ComputeMode
 
 

@@ -27,17 +27,17 @@ MODULES=(
 
 # package module-name proto (under proto/): the generated modules <module-name>_pb2 and _pb2_grpc in <package>
 STUBS=(
-  "gpufrac/agent/edges/csi/generated csi github.com/container-storage-interface/spec/csi.proto"
-  "gpufrac/agent/edges/csi/generated pluginregistration k8s.io/kubelet/pkg/apis/pluginregistration/v1/api.proto"
-  "gpufrac/agent/edges/dra/generated dra k8s.io/kubelet/pkg/apis/dra/v1/api.proto"
-  "gpufrac/agent/edges/nri/generated status github.com/grpc-ecosystem/grpc-gateway/third_party/googleapis/google/rpc/status.proto"
-  "gpufrac/agent/edges/nri/generated request github.com/containerd/ttrpc/request.proto"
-  "gpufrac/agent/edges/nri/generated api github.com/containerd/nri/pkg/api/api.proto"
+  "gpufrac/agent/csi/generated csi github.com/container-storage-interface/spec/csi.proto"
+  "gpufrac/agent/kubelet_plugin/generated pluginregistration k8s.io/kubelet/pkg/apis/pluginregistration/v1/api.proto"
+  "gpufrac/agent/dra/generated dra k8s.io/kubelet/pkg/apis/dra/v1/api.proto"
+  "gpufrac/agent/nri/generated status github.com/grpc-ecosystem/grpc-gateway/third_party/googleapis/google/rpc/status.proto"
+  "gpufrac/agent/nri/generated request github.com/containerd/ttrpc/request.proto"
+  "gpufrac/agent/nri/generated api github.com/containerd/nri/pkg/api/api.proto"
 )
 
 # upstream-import staged-import: an import a vendored file makes, as the file is staged in STUBS (compiled earlier)
 IMPORTS=(
-  "google/rpc/status.proto gpufrac/agent/edges/nri/generated/status.proto"
+  "google/rpc/status.proto gpufrac/agent/nri/generated/status.proto"
 )
 
 log() { echo "[grpc-stubs] $*" >&2; }

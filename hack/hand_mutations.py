@@ -26,11 +26,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 COPIED = ("gpufrac", "tests", "testkit", "e2e", "examples", "pyproject.toml")
-GUARANTEE = "gpufrac/agent/programs/guarantee.py"
+GUARANTEE = "gpufrac/agent/node/guarantee.py"
 RECLAIM = "gpufrac/agent/decide/reclaim.py"
-BACKOFFS = "gpufrac/agent/programs/backoffs.py"
-EVICTIONS = "gpufrac/agent/programs/evictions.py"
-NODE_LOOP = "gpufrac/agent/programs/node_loop.py"
+BACKOFFS = "gpufrac/agent/node/backoffs.py"
+EVICTIONS = "gpufrac/agent/node/evictions.py"
+NODE_LOOP = "gpufrac/agent/node/node_loop.py"
 NVML = "gpufrac/agent/edges/nvml.py"
 WEBHOOK = "gpufrac/webhook/decide/mutation.py"
 TESTS = ("tests/agent/test_guarantee.py", "tests/agent/test_reclaim.py", "tests/agent/test_reclaim_victims.py",

@@ -4,7 +4,7 @@ hand out (the GPU fakes live in testkit/fakes)."""
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -12,12 +12,14 @@ from typing import Any
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpufrac.agent.decide.claim_tenants import ClaimTenants
 from gpufrac.agent.decide.model import EvictionOutcome, GpuInfo, RunningContainer
 from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.edges.nvml import NvmlSource
 from gpufrac.agent.edges.supervisor import RestartPolicy
-from gpufrac.agent.programs.agent_config import AgentConfig
-from gpufrac.agent.programs.node_loop import Agent
+from gpufrac.agent.node.agent_config import AgentConfig
+from gpufrac.agent.node.doors import NO_CHECKS, DoorFactory, HoldsNothing, NodeChecks
+from gpufrac.agent.node.node_loop import Agent
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import (
     DEFAULT_MPS_ROOT,
@@ -245,15 +247,17 @@ class FakeNode:
         proc, kube, config = two_pod_node(tmp, mps_binary, restart_policy)
         return cls(gpus, proc, kube, config, tmp)
 
-    def agent(self, kube: Any = None, **changes: Any) -> Agent:
-        """An agent of this node's settings changed by `changes`, on `kube` (default: the node's API); not
-        started."""
+    def agent(self, kube: Any = None, doors: Sequence[DoorFactory] = (), checks: NodeChecks = NO_CHECKS,
+              **changes: Any) -> Agent:
+        """An agent of this node's settings changed by `changes`, on `kube` (default: the node's API), with its front
+        `doors` and node `checks`; not started."""
         return Agent(replace(self.config, **changes), self.kube if kube is None else kube, NvmlSource(),
-                     AgentMetrics(node=self.config.node))
+                     AgentMetrics(node=self.config.node), doors=doors, checks=checks)
 
-    def start_agent(self, **changes: Any) -> Agent:
+    def start_agent(self, doors: Sequence[DoorFactory] = (), checks: NodeChecks = NO_CHECKS,
+                    **changes: Any) -> Agent:
         """An agent started, its pods synced; it stops when the node closes."""
-        agent = self.agent(**changes)
+        agent = self.agent(doors=doors, checks=checks, **changes)
         agent.start()
         agent.pods.synced.wait(10)
         self.started.append(agent)
@@ -262,6 +266,27 @@ class FakeNode:
     def close(self) -> None:
         for agent in self.started:
             agent.shutdown()
+
+class PlacedDoor(HoldsNothing):
+    """A front door that placed `tenants`, as the DRA door places its prepared claims: how a test hands the agent
+    claims without a driver."""
+
+    def __init__(self, tenants: ClaimTenants) -> None:
+        self._tenants = tenants
+
+    def tenants(self) -> ClaimTenants:
+        return self._tenants
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def placing(tenants: ClaimTenants) -> DoorFactory:
+    return lambda node: PlacedDoor(tenants)
+
 
 def env_for(mode: str, limit: int, request: int, devices: str) -> dict[str, str]:
     return {"NVIDIA_GPU_MEMORY_LIMIT": str(limit), "NVIDIA_GPU_MEMORY_REQUEST": str(request),

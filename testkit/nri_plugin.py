@@ -1,4 +1,4 @@
-"""The agent's NRI plugin (gpufrac.agent.edges.nri.plugin) run in a thread for a test, against the runtime stand-in
+"""The agent's NRI plugin (gpufrac.agent.nri.plugin) run in a thread for a test, against the runtime stand-in
 (testkit.nri_runtime) or a real containerd, with a sink that records its decisions and states."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from gpufrac.agent.decide.nri_decision import ContainerInfo, Injection, NodeFacts, PodInfo, Refusal
-from gpufrac.agent.decide.nri_sweep import Unserved
-from gpufrac.agent.edges.nri.config import NriConfig
-from gpufrac.agent.edges.nri.plugin import NriPlugin, PluginState
+from gpufrac.agent.nri.config import NriConfig
+from gpufrac.agent.nri.decide.creation import ContainerInfo, Injection, NodeFacts, PodInfo, Refusal
+from gpufrac.agent.nri.decide.sweep import Unserved
+from gpufrac.agent.nri.plugin import NriPlugin, PluginState
 
 
 @dataclass

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpufrac.agent.edges.nri.stubs import api_pb2, request_pb2
-from gpufrac.agent.edges.nri.wire import (
+from gpufrac.agent.nri.stubs import api_pb2, request_pb2
+from gpufrac.agent.nri.wire import (
     PLUGIN_CONN,
     PLUGIN_SERVICE,
     RUNTIME_CONN,

@@ -4,7 +4,7 @@ prepared for an sm-sharing claim runs, on the check's own sm-sharing daemon.
 The claim: a quarter of the GPU's memory (request = limit: no GpuConfig `memoryLimit`) and a quarter of its SM
 threads (`compute: 25`) on the GPU's sm-sharing device. The client gets the env Prepare writes into the claim's CDI
 spec (`contract.claim_env`: the request and limit in MiB, the pipe directory, the pinned limit keyed by the GPU's
-UUID, the thread percentage; tests/gpucheck asserts it is what gpufrac.agent.decide.dra_prepare gives the same claim
+UUID, the thread percentage; tests/gpucheck asserts it is what gpufrac.agent.dra.decide.prepare gives the same claim
 on the same GPU), and the daemon is told what the agent's loop tells it for that claim alone (its limit and thread
 percentage, decide.mps_limits). The client allocates in chunks until it is refused: the allocations below the
 claim's limit succeed and the one that would pass it gets CUDA_ERROR_OUT_OF_MEMORY; one past it FAILs the row.

@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 
 from e2e.toolkit.wait import wait_until
+from gpufrac.agent.csi.service import node_dirs
 from gpufrac.agent.decide.model import DaemonState
 from gpufrac.agent.decide.mps_config import daemon_spec
 from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.edges.mps_status import read_status, write_status
 from gpufrac.agent.edges.nvml import NvmlSource
 from gpufrac.agent.edges.supervisor import MpsSupervisor, RestartPolicy
-from gpufrac.agent.programs.agent_config import DaemonOwner
-from gpufrac.agent.programs.node_loop import Agent
+from gpufrac.agent.node.agent_config import DaemonOwner
+from gpufrac.agent.node.node_loop import Agent
 from gpufrac.cli import build_parser
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.buildinfo import build, version
@@ -78,7 +79,7 @@ def test_a_restart_is_a_new_pid_counted_as_metric_event_and_condition_reason(nod
     assert (condition["status"], condition["reason"]) == ("False", "MpsDaemonRestarting")
     assert "the sm-sharing MPS control daemon exited with code 1 and is being restarted with backoff" in \
         condition["message"]
-    assert agent.node_dirs().not_served[ComputeMode.SM_SHARING].startswith("its MPS control daemon is backoff")
+    assert node_dirs(agent).not_served[ComputeMode.SM_SHARING].startswith("its MPS control daemon is backoff")
     flag.unlink()
     wait_until(lambda: sm.status().up and sm.pid != old, 20, "a new daemon", 0.02)
     agent.tick()

@@ -22,8 +22,8 @@ from e2e.toolkit.wait import wait_until
 from gpufrac.agent.decide.model import DaemonState
 from gpufrac.agent.edges.kube import KubeClient
 from gpufrac.agent.edges.supervisor import RestartPolicy
+from gpufrac.agent.node.node_loop import Agent
 from gpufrac.agent.programs.node_agent import probe_server
-from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import MIB
 from testkit.agent import UUID_A, UUID_B, FakeKube, FakeNode, cid, env_for, scrape, value

@@ -9,6 +9,7 @@ import urllib.request
 import pytest
 
 from e2e.toolkit.wait import wait_until
+from gpufrac.agent.csi.service import node_dirs
 from gpufrac.agent.programs.node_agent import probe_server
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import MIB
@@ -39,7 +40,7 @@ def test_labels_condition_and_daemons(world):
         kai = world.kube.last_condition(kai_type)
         assert (kai["status"], kai["reason"], kai["message"]) == ("True", "FractionsEnforced", last["message"]), \
             kai_type
-    assert agent.node_dirs().not_served == dict.fromkeys(ComputeMode)
+    assert node_dirs(agent).not_served == dict.fromkeys(ComputeMode)
     for mode in ("time-slicing", "sm-sharing"):
         assert value(agent.metrics, "gpufrac_mps_daemon_up", mode=mode) == 1
         assert (world.tmp / "mps" / mode / "control").is_socket()
@@ -219,7 +220,7 @@ def test_exhausted_daemon_makes_the_node_not_ready(world):
     assert world.kube.labels["gpufrac.io/enforcement.sm-sharing"] == "none"
     ok, text = agent.readyz()
     assert not ok and "sm-sharing MPS daemon failed" in text
-    dirs = agent.node_dirs()
+    dirs = node_dirs(agent)
     assert dirs.not_served[ComputeMode.TIME_SLICING] is None
     assert dirs.not_served[ComputeMode.SM_SHARING].startswith("its MPS control daemon is failed (exited with code 1")
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from e2e.toolkit.wait import wait_until
-from gpufrac.agent.decide.nri_decision import (
+from gpufrac.agent.csi.service import node_dirs
+from gpufrac.agent.nri.decide.creation import (
     ContainerInfo,
     Injection,
     NodeFacts,
@@ -54,7 +55,7 @@ def test_580_keeps_kais_condition_true_and_says_which_modes_are_enforced(world: 
     assert value(agent.metrics, "gpufrac_node_enforcement", mode="time-slicing", enforcement="none") == 1
 
     # what the NRI plugin is told (NriService.facts): sm-sharing served, time-slicing refused with the reason
-    not_served = agent.node_dirs().not_served
+    not_served = node_dirs(agent).not_served
     assert not_served[SM] is None
     assert "driver 580.95.05 has no CUDA 13.4 memory limits" in (not_served[TS] or "")
     facts = NodeFacts((gpu_info(0, UUID_A), gpu_info(1, UUID_B)), frozenset({f"nvidia.com/gpu={UUID_B}"}), {},

@@ -1,5 +1,5 @@
 """Issue 30 at container creation: the pinned limit keyed by GPU UUID, and escape rows 4 and 8 refused by the NRI
-plugin's decision (gpufrac.agent.decide.nri_decision with creation_escapes and pinned_env)."""
+plugin's decision (gpufrac.agent.nri.decide.creation with creation_escapes and pinned_env)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from gpufrac.agent.decide.audit import env_mismatches
-from gpufrac.agent.decide.nri_decision import (
+from gpufrac.agent.nri.decide.creation import (
     ContainerInfo,
     DeviceNode,
     Injection,
@@ -19,7 +19,7 @@ from gpufrac.agent.decide.nri_decision import (
     RefusalReason,
     decide,
 )
-from gpufrac.agent.edges.nri.wire import container_info
+from gpufrac.agent.nri.wire import container_info
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import (
     DEFAULT_MPS_ROOT,

@@ -14,10 +14,11 @@ from typing import Any
 import grpc
 import pytest
 
-from gpufrac.agent.decide.csi_publish import NodeDirs, PodRef
-from gpufrac.agent.edges.csi import mounts
-from gpufrac.agent.edges.csi.server import CsiConfig, CsiPlugin, plugin_paths
-from gpufrac.agent.edges.csi.stubs import csi_pb2, csi_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
+from gpufrac.agent.csi import mounts
+from gpufrac.agent.csi.decide.publish import NodeDirs, PodRef
+from gpufrac.agent.csi.plugin import CsiConfig, CsiPlugin, plugin_paths
+from gpufrac.agent.csi.stubs import csi_pb2, csi_pb2_grpc
+from gpufrac.agent.kubelet_plugin.stubs import pluginregistration_pb2, pluginregistration_pb2_grpc
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import canonical_annotations, cid, pod
 

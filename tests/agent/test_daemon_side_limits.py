@@ -14,11 +14,11 @@ from gpufrac.agent.decide.mps_namespaces import namespace_name
 from gpufrac.agent.edges.mps_control import MpsControlError, send
 from gpufrac.agent.edges.nvml import NvmlSource
 from gpufrac.agent.edges.supervisor import MpsSupervisor
-from gpufrac.agent.programs.compute_modes import ComputeModes
-from gpufrac.agent.programs.mps_limits import CREATED_TTL_S, DaemonSideLimits
-from gpufrac.agent.programs.node_loop import Agent
+from gpufrac.agent.node.compute_modes import ComputeModes
+from gpufrac.agent.node.mps_limits import CREATED_TTL_S, DaemonSideLimits
+from gpufrac.agent.node.node_loop import Agent
 from gpufrac.core.annotations import ComputeMode
-from testkit.agent import UUID_A, UUID_B, FakeNode, canonical_annotations, cid, container, gpu_info, pod
+from testkit.agent import UUID_A, UUID_B, FakeNode, canonical_annotations, cid, container, gpu_info, placing, pod
 from testkit.fakes.mps_client import ClientLimits, connect, connect_without_pipe, records
 from testkit.fakes.state import FakeGpuState
 
@@ -242,8 +242,7 @@ def test_on_mps_v3_each_fraction_of_one_gpu_is_held_to_its_own_limit_by_its_name
 def test_the_dra_drivers_shares_are_held_like_annotated_fractions(fake_node: FakeNode) -> None:
     """A prepared sm-sharing claim on GPU A (the DRA driver hands the loop its shares as fractions) beside the
     annotated `infer` pod on GPU B: the daemon holds both GPUs."""
-    agent = fake_node.start_agent()
-    agent.claims = lambda: ClaimTenants((sm("claim-a", 12288, UUID_A, threads=40),))
+    agent = fake_node.start_agent(doors=[placing(ClaimTenants((sm("claim-a", 12288, UUID_A, threads=40),)))])
     agent.tick()
     wait_until(lambda: agent.daemon_statuses()[SM].up, timeout=10, what="the sm-sharing daemon")
     agent.tick()

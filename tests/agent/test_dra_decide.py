@@ -10,22 +10,23 @@ from typing import Any
 
 import pytest
 
-from gpufrac.agent.decide import dra_state, mps_limits, reclaim
+from gpufrac.agent.decide import mps_limits, reclaim
 from gpufrac.agent.decide.audit import Snapshot, decide
-from gpufrac.agent.decide.claim_tenants import claim_tenants
-from gpufrac.agent.decide.dra_cdi_dirs import cdi_dir_problem
-from gpufrac.agent.decide.dra_claims import ClaimError, ClaimPod, read_claim
-from gpufrac.agent.decide.dra_prepare import DraNode, PreparedClaim, cdi_spec, prepare, spec_file_name
-from gpufrac.agent.decide.dra_reconcile import reconciled
-from gpufrac.agent.decide.dra_shared_claims import ClaimHolder, time_slicing_holders
-from gpufrac.agent.decide.dra_slices import DeviceName, SliceGpu, dropped_fields, parse_device_name, resource_slices
 from gpufrac.agent.decide.events import event_body
 from gpufrac.agent.decide.front_door import FrontDoorChoice
 from gpufrac.agent.decide.kubelet_allocations import parse_checkpoint
 from gpufrac.agent.decide.model import GpuInfo, GpuMemory, GpuProcess, ViolationKind
 from gpufrac.agent.decide.mps_namespaces import Namespace, claim_namespace_name, wanted
-from gpufrac.agent.decide.nri_decision import ContainerInfo, NodeFacts, PodInfo, Refusal, RefusalReason
-from gpufrac.agent.decide.nri_decision import decide as nri_decide
+from gpufrac.agent.dra.decide import state as dra_state
+from gpufrac.agent.dra.decide.cdi_dirs import cdi_dir_problem
+from gpufrac.agent.dra.decide.claims import ClaimError, ClaimPod, read_claim
+from gpufrac.agent.dra.decide.prepare import DraNode, PreparedClaim, cdi_spec, prepare, spec_file_name
+from gpufrac.agent.dra.decide.reconcile import reconciled
+from gpufrac.agent.dra.decide.shared_claims import ClaimHolder, time_slicing_holders
+from gpufrac.agent.dra.decide.slices import DeviceName, SliceGpu, dropped_fields, parse_device_name, resource_slices
+from gpufrac.agent.dra.decide.tenants import claim_tenants
+from gpufrac.agent.nri.decide.creation import ContainerInfo, NodeFacts, PodInfo, Refusal, RefusalReason
+from gpufrac.agent.nri.decide.creation import decide as nri_decide
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import FrontDoor
 

@@ -27,16 +27,18 @@ from e2e.state import private_workdir
 from e2e.toolkit.errors import ClusterError, ToolsMissingError
 from e2e.toolkit.tools import Tools
 from e2e.toolkit.wait import wait_until
-from gpufrac.agent.decide.dra_claims import ClaimRef, read_claim
-from gpufrac.agent.decide.dra_prepare import DraNode
 from gpufrac.agent.decide.errors import ConfigError
 from gpufrac.agent.decide.model import GpuInfo, Inventory
-from gpufrac.agent.edges.dra.files import ClaimSpecs, StateFile
-from gpufrac.agent.edges.dra.kube import DraKube
-from gpufrac.agent.edges.dra.server import DraPlugin, plugin_paths
-from gpufrac.agent.edges.dra.stubs import dra_pb2, dra_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
+from gpufrac.agent.dra.decide.claims import ClaimRef, read_claim
+from gpufrac.agent.dra.decide.prepare import DraNode
+from gpufrac.agent.dra.driver import DraDriver, dra_node
+from gpufrac.agent.dra.files import ClaimSpecs, StateFile
+from gpufrac.agent.dra.kube import DraKube
+from gpufrac.agent.dra.plugin import DraPlugin, plugin_paths
+from gpufrac.agent.dra.service import DraService, dra_door
+from gpufrac.agent.dra.stubs import dra_pb2, dra_pb2_grpc
+from gpufrac.agent.kubelet_plugin.stubs import pluginregistration_pb2, pluginregistration_pb2_grpc
 from gpufrac.agent.programs import node_agent
-from gpufrac.agent.programs.dra_driver import DraDriver, dra_node, dra_service
 from gpufrac.core.contract import FRONT_DOOR_LABEL, FrontDoor
 from gpufrac.kube.client import load_api_client
 from testkit.agent import FakeNode
@@ -327,21 +329,23 @@ def test_each_registration_by_the_kubelet_makes_the_driver_write_its_slices_agai
 @contextlib.contextmanager
 def live_agent_with_dra(world: World, fake_node: FakeNode, tmp_path: Path, *flags: str) -> Iterator[tuple[Any, Any]]:
     """`gpufrac agent --dra` as node_agent.run wires it, over the fake node's running agent: (agent, DraService)."""
-    agent = fake_node.agent()
+    parser = argparse.ArgumentParser()
+    node_agent.add_arguments(parser)
+    args = parser.parse_args(["--node", fake_node.config.node, "--dra", "--kubelet-dir", str(world.sockets),
+                              "--dra-cdi-dir", str(tmp_path / "cdi"), "--dra-state-file", str(tmp_path / "s.json"),
+                              "--cdi-spec-dir", str(tmp_path / "no-specs"),
+                              "--dra-runtime-cdi-dir", str(tmp_path / "cdi"), *flags])
+    door = dra_door(args, load_api_client(str(world.plane.kubeconfigs["admin"])))
+    assert door is not None
+    agent = fake_node.agent(doors=[door])
+    [service] = agent.doors.all
+    assert isinstance(service, DraService)
     stop = threading.Event()
     loop = threading.Thread(target=agent.run, args=(stop,), daemon=True)
     loop.start()
     try:
         wait_until(lambda: agent.inventory is not None and all(s.up for s in agent.daemon_statuses().values())
                    and agent.audit.guarantee.labels, 20, "the agent's GPUs, daemons and usable memory", interval=0.05)
-        parser = argparse.ArgumentParser()
-        node_agent.add_arguments(parser)
-        args = parser.parse_args(["--node", fake_node.config.node, "--dra", "--kubelet-dir", str(world.sockets),
-                                  "--dra-cdi-dir", str(tmp_path / "cdi"), "--dra-state-file", str(tmp_path / "s.json"),
-                                  "--cdi-spec-dir", str(tmp_path / "no-specs"),
-                                  "--dra-runtime-cdi-dir", str(tmp_path / "cdi"), *flags])
-        service = dra_service(args, agent, load_api_client(str(world.plane.kubeconfigs["admin"])))
-        assert service is not None
         service.start()
         try:
             yield agent, service
@@ -374,7 +378,7 @@ def test_gpufrac_agent_dra_serves_the_live_agents_gpus_and_mps_daemons(world: Wo
         env = json.loads(ClaimSpecs(tmp_path / "cdi").path(uid).read_text())["devices"][0]["containerEdits"]["env"]
         assert f"CUDA_MPS_PIPE_DIRECTORY={fake_node.config.mps_root}/sm-sharing" in env
         # every GPU of a DRA node is one the NRI plugin refuses annotated fractions on
-        assert agent.dra_gpus()[UUID_C] == "its node's front door is DRA (the default front door (dra; node " \
+        assert agent.door_gpus()[UUID_C] == "its node's front door is DRA (the default front door (dra; node " \
             "label gpufrac.io/front-door unset))"
 
 
@@ -390,14 +394,14 @@ def test_a_node_labelled_for_annotations_publishes_no_devices_and_refuses_claims
             assert service.front_door.choice.door is FrontDoor.ANNOTATIONS
             service.driver.publish()
             assert slices(world) == {}
-            assert agent.dra_gpus() == {}
+            assert agent.door_gpus() == {}
             uid = allocated_claim(world, "ts", "gpu-2-time-slicing", "1Gi", pool=node)
             refused = service.driver.prepare(ClaimRef("default", "ts", uid))
             assert isinstance(refused, str) and refused.startswith(
                 f"node {node} hands its GPUs out through annotations (node label gpufrac.io/front-door=annotations)")
             world.kubectl("label", "node", node, f"{FRONT_DOOR_LABEL}=dra", "--overwrite")
             wait_until(lambda: len(slices(world)) == 2, 30, "the slices once the node is labelled dra", interval=0.2)
-            assert set(agent.dra_gpus()) == {gpu.uuid for gpu in agent.inventory.gpus}
+            assert set(agent.door_gpus()) == {gpu.uuid for gpu in agent.inventory.gpus}
             assert not isinstance(service.driver.prepare(ClaimRef("default", "ts", uid)), str)
             # a value that is neither door: the default is followed, and the node's condition says so
             world.kubectl("label", "node", node, f"{FRONT_DOOR_LABEL}=dar", "--overwrite")

@@ -9,12 +9,12 @@ from collections.abc import Iterator
 import pytest
 
 from e2e.toolkit.wait import wait_until
-from gpufrac.agent.decide.dra_prepare import DraNode
-from gpufrac.agent.decide.dra_slices import SliceGpu, resource_slices
-from gpufrac.agent.decide.gpu_health import GpuHealth, after_inventory, after_xid
 from gpufrac.agent.decide.model import GpuInfo
+from gpufrac.agent.dra.decide.gpu_health import GpuHealth, after_inventory, after_xid
+from gpufrac.agent.dra.decide.prepare import DraNode
+from gpufrac.agent.dra.decide.slices import SliceGpu, resource_slices
+from gpufrac.agent.dra.health_watch import GpuHealthWatch
 from gpufrac.agent.edges.nvml import NvmlSource
-from gpufrac.agent.programs.gpu_health_watch import GpuHealthWatch
 from testkit.agent import UUID_A, UUID_B
 from testkit.fakes.state import FakeGpuState
 

@@ -13,19 +13,31 @@ from typing import Any
 import pytest
 
 from e2e.toolkit.wait import wait_until
-from gpufrac.agent.decide.claim_tenants import ClaimTenants, claim_tenants
-from gpufrac.agent.decide.dra_claims import ClaimPod, ClaimRef
-from gpufrac.agent.decide.dra_prepare import PreparedClaim, PreparedDevice
+from gpufrac.agent.decide.claim_tenants import ClaimTenants
 from gpufrac.agent.decide.overlimit import OverLimitAction
 from gpufrac.agent.decide.reclaim import ReclaimPolicy, ReclaimSettings
+from gpufrac.agent.dra.decide.claims import ClaimPod, ClaimRef
+from gpufrac.agent.dra.decide.prepare import PreparedClaim, PreparedDevice
+from gpufrac.agent.dra.decide.tenants import claim_tenants
 from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.edges.nvml import NvmlSource
-from gpufrac.agent.programs.agent_config import AgentConfig
-from gpufrac.agent.programs.guarantee import GuaranteeConfig
-from gpufrac.agent.programs.node_loop import Agent
+from gpufrac.agent.node.agent_config import AgentConfig
+from gpufrac.agent.node.guarantee import GuaranteeConfig
+from gpufrac.agent.node.node_loop import Agent
 from gpufrac.core.contract import MIB, reclaim_backoff_label
 from gpufrac.kube.errors import KubeError
-from testkit.agent import UUID_A, UUID_B, FakeKube, canonical_annotations, cid, env_for, pod, scrape, value
+from testkit.agent import (
+    UUID_A,
+    UUID_B,
+    FakeKube,
+    canonical_annotations,
+    cid,
+    env_for,
+    placing,
+    pod,
+    scrape,
+    value,
+)
 from testkit.fakes.state import ProcRoot
 from testkit.pods import running_pod
 
@@ -134,7 +146,7 @@ def test_kill_newest_leaves_a_reused_pid_alone(node, monkeypatch):
     agent = node.agent(GuaranteeConfig(OverLimitAction.KILL_NEWEST))
     # between the read that chose it and the kill, the PID names a process started later
     starts = iter([100, 200])
-    monkeypatch.setattr("gpufrac.agent.programs.guarantee.read_start_time", lambda root, pid: next(starts))
+    monkeypatch.setattr("gpufrac.agent.node.guarantee.read_start_time", lambda root, pid: next(starts))
     agent.tick()
     assert child.poll() is None and node.events("GPUProcessKilled") == []
 
@@ -571,8 +583,7 @@ def test_a_claim_above_its_request_is_reclaimed_for_an_annotated_pod_and_its_use
                   pod_uid=CLAIM_POD_UID)
     node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000, "sm_util": 5},
                                  {"pid": 4009, "used_memory_mib": 55000, "sm_util": 50}])
-    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
-    agent.claims = lambda: claims
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT), doors=[placing(claims)])
     agent.tick()
     assert node.kube.evictions == [("team-a", "claimed")]
     [on_claimed] = node.events("GPUMemoryReclaimed")
@@ -590,8 +601,7 @@ def test_a_claim_owed_its_request_gets_an_annotated_burster_evicted_and_a_protec
     claims = claim_on_a(node, 30000, 30000)  # prepared, its container not started yet: owed all of its request
     node.proc.add(4002, cid(2), env_for("time-slicing", 60000, 10000, UUID_A), pod_uid="u-b")
     node.gpus.processes(UUID_A, [{"pid": 4002, "used_memory_mib": 60000}])
-    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
-    agent.claims = lambda: claims
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT), doors=[placing(claims)])
     agent.tick()
     assert node.kube.evictions == [("team-a", "b")]
     [on_claimed] = node.events("GPUMemoryReclaimedFor")
@@ -607,8 +617,8 @@ def test_a_claim_pods_priority_is_read_from_the_api_server(node):
     node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000},
                                  {"pid": 4009, "used_memory_mib": 55000}])
     guarantee = reclaiming(ReclaimPolicy.EVICT)
-    agent = node.agent(replace(guarantee, reclaim=replace(guarantee.reclaim, protected_priority=1000)))
-    agent.claims = lambda: claims
+    agent = node.agent(replace(guarantee, reclaim=replace(guarantee.reclaim, protected_priority=1000)),
+                       doors=[placing(claims)])
     agent.tick()
     assert node.kube.evictions == []
     [short] = node.events("GPUMemoryGuaranteeShort")
@@ -719,8 +729,7 @@ def test_f4_a_claims_pod_gets_no_back_off_label(node):
     node.proc.add(4001, cid(1), env_for("time-slicing", 30000, 30000, UUID_A), pod_uid="u-a")
     node.proc.add(4009, cid(9), {}, pod_uid=CLAIM_POD_UID)
     node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000}, {"pid": 4009, "used_memory_mib": 55000}])
-    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
-    agent.claims = lambda: claims
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT), doors=[placing(claims)])
     agent.tick()
     assert node.kube.evictions == [("team-a", "claimed")]
     assert reclaim_backoff_label("u-rs-b") not in node.kube.labels
@@ -736,8 +745,7 @@ def test_f5_a_claim_pod_that_cannot_be_read_is_not_evicted(node):
     node.proc.add(4009, cid(9), {}, pod_uid=CLAIM_POD_UID)
     node.gpus.processes(UUID_A, [{"pid": 4001, "used_memory_mib": 10000}, {"pid": 4009, "used_memory_mib": 55000}])
     node.kube.pod_errors["claimed"] = KubeError("reading pod team-a/claimed: 503 Service Unavailable")
-    agent = node.agent(reclaiming(ReclaimPolicy.EVICT))
-    agent.claims = lambda: claims
+    agent = node.agent(reclaiming(ReclaimPolicy.EVICT), doors=[placing(claims)])
     agent.tick()
     assert node.kube.evictions == []
     assert value(agent.metrics, "gpufrac_reclaims_total", outcome="unread") == 1

@@ -8,7 +8,7 @@ import pytest
 
 from e2e.toolkit.wait import wait_until
 from gpufrac.agent.decide.hard_limits import WithoutHardLimit, cgroup_dir, held_by
-from gpufrac.agent.programs.node_loop import Agent
+from gpufrac.agent.node.node_loop import Agent
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import UUID_A, UUID_B, FakeNode, cid, container, gpu_info
 from testkit.fakes.mps_client import ClientLimits, connect

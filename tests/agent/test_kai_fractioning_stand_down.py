@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from e2e.toolkit.wait import wait_until
 from gpufrac.agent.decide.kai_fractioning import KAI_FRACTIONING_PRESENT, kai_fractioning
-from gpufrac.agent.programs.kai_fractioning import KaiFractioningWatch
+from gpufrac.agent.node.doors import NodeChecks
+from gpufrac.agent.node.kai_fractioning import KaiFractioningWatch
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import FakeNode
 
@@ -21,11 +22,9 @@ def test_the_operator_is_recognised_by_its_node_label() -> None:
 
 
 def test_the_agent_stands_down_where_kai_s_operator_runs(fake_node: FakeNode) -> None:
-    agent = fake_node.start_agent()
     now = [0.0]
-    watch = KaiFractioningWatch(fake_node.kube, fake_node.kube, agent.config.node, clock=lambda: now[0])
-    agent.blockers.append(watch)
-    agent.publisher.own_condition_only = watch.standing_down
+    watch = KaiFractioningWatch(fake_node.kube, fake_node.kube, fake_node.config.node, clock=lambda: now[0])
+    agent = fake_node.start_agent(checks=NodeChecks(blockers=(watch,), standing_down=watch.standing_down))
     agent.tick()
     assert wait_until(lambda: all(s.up for s in agent.daemon_statuses().values()))
     agent.tick()

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from gpufrac.agent.decide.kubelet_allocations import NO_ALLOCATIONS, CheckpointError, parse_checkpoint
-from gpufrac.agent.decide.nri_decision import ContainerInfo, Injection, NodeFacts, Outcome, Refusal, RefusalReason
 from gpufrac.agent.edges.kubelet_checkpoint import KubeletCheckpoint
-from gpufrac.agent.edges.nri.config import NriConfig
-from gpufrac.agent.edges.nri.stubs import api_pb2
-from gpufrac.agent.edges.nri.wire import container_info
+from gpufrac.agent.nri.config import NriConfig
+from gpufrac.agent.nri.decide.creation import ContainerInfo, Injection, NodeFacts, Outcome, Refusal, RefusalReason
+from gpufrac.agent.nri.stubs import api_pb2
+from gpufrac.agent.nri.wire import container_info
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import UUID_A, UUID_B, gpu_info
 from testkit.nri_plugin import RecordingSink, halt_plugin, start_plugin

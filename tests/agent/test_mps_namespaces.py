@@ -13,7 +13,7 @@ from gpufrac.agent.decide.model import RunningContainer
 from gpufrac.agent.decide.mps_namespaces import Namespace, changes, claim_namespace_name, namespace_name, wanted
 from gpufrac.agent.edges.mps_control import invoke
 from gpufrac.agent.edges.supervisor import MpsSupervisor
-from gpufrac.agent.programs.mps_limits import FORCE_AFTER_S, DaemonSideLimits
+from gpufrac.agent.node.mps_limits import FORCE_AFTER_S, DaemonSideLimits
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import UUID_A, container, gpu_info
 from testkit.fakes.mps_client import ClientLimits, attached, connect, records

@@ -17,17 +17,17 @@ from typing import Any
 import pytest
 
 from e2e.toolkit.wait import wait_until
-from gpufrac.agent.decide.nri_decision import DeviceNode, NodeFacts, Refusal, RefusalReason
 from gpufrac.agent.decide.runtime_support import DeliveryFacts
 from gpufrac.agent.edges.metrics import AgentMetrics
-from gpufrac.agent.edges.nri.config import NriConfig
-from gpufrac.agent.edges.nri.plugin import NriPlugin
-from gpufrac.agent.edges.nri.stubs import api_pb2
 from gpufrac.agent.edges.nvml import NvmlSource
 from gpufrac.agent.edges.supervisor import RestartPolicy
-from gpufrac.agent.programs.node_agent import nri_service
-from gpufrac.agent.programs.node_loop import Agent
-from gpufrac.agent.programs.nri_service import NriService
+from gpufrac.agent.node.node_loop import Agent
+from gpufrac.agent.nri.config import NriConfig
+from gpufrac.agent.nri.decide.creation import DeviceNode, NodeFacts, Refusal, RefusalReason
+from gpufrac.agent.nri.plugin import NriPlugin
+from gpufrac.agent.nri.service import NriService
+from gpufrac.agent.nri.stubs import api_pb2
+from gpufrac.agent.programs.node_agent import nri_door
 from gpufrac.cli import build_parser
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import (
@@ -67,7 +67,7 @@ class World:
 
 @pytest.fixture
 def world(tmp_path: Path, fake_gpus: Any, mps_binary: str) -> Iterator[World]:
-    """The agent wired as `gpufrac agent --nri` wires it (node_agent.nri_service), CDI specs naming both GPUs."""
+    """The agent wired as `gpufrac agent --nri` wires it (node_agent.nri_door), CDI specs naming both GPUs."""
     fake_gpus.gpu(UUID_A, memory_total_mib=80000).gpu(UUID_B, memory_total_mib=80000)
     _, kube, config = two_pod_node(tmp_path, mps_binary, RestartPolicy(0.01, 0.05, 3, 300.0))
     write_cdi_spec(tmp_path / "cdi", ((0, UUID_A), (1, UUID_B)))
@@ -77,10 +77,12 @@ def world(tmp_path: Path, fake_gpus: Any, mps_binary: str) -> Iterator[World]:
         "--nri-lock-file", str(tmp_path / "nri.lock"), "--cdi-spec-dir", str(tmp_path / "cdi"),
         "--proc-root", str(config.proc_root)])
     metrics = AgentMetrics(node=config.node)
-    agent = Agent(config, kube, NvmlSource(), metrics)
+    door = nri_door(args, kube, metrics)
+    assert door is not None
+    agent = Agent(config, kube, NvmlSource(), metrics, doors=[door])
     agent.start()
-    service = nri_service(args, agent, kube, metrics)
-    assert service is not None
+    [service] = agent.doors.all
+    assert isinstance(service, NriService)
     assert service.plugin.config.proc_root == config.proc_root  # where it checks a process before stopping it
     service.start()
     yield World(tmp_path, kube, agent, service, runtime)

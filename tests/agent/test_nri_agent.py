@@ -16,14 +16,14 @@ import pytest
 
 from e2e.toolkit.wait import wait_until
 from gpufrac.agent.decide.mps_namespaces import namespace_name
+from gpufrac.agent.edges.cdi_specs import CdiSpecs
 from gpufrac.agent.edges.metrics import AgentMetrics
-from gpufrac.agent.edges.nri.config import NriConfig
-from gpufrac.agent.edges.nri.devices import CdiSpecs
-from gpufrac.agent.edges.nri.stubs import api_pb2
 from gpufrac.agent.edges.nvml import NvmlSource
 from gpufrac.agent.edges.supervisor import RestartPolicy
-from gpufrac.agent.programs.node_loop import Agent
-from gpufrac.agent.programs.nri_service import NriService
+from gpufrac.agent.node.node_loop import Agent
+from gpufrac.agent.nri.config import NriConfig
+from gpufrac.agent.nri.service import NriService
+from gpufrac.agent.nri.stubs import api_pb2
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import UUID_A, UUID_B, canonical_annotations, container, injected_env, two_pod_node, value
 from testkit.fakes.mps_client import connect, records
@@ -54,10 +54,12 @@ def world(tmp_path: Path, fake_gpus: Any, mps_binary: str) -> Iterator[World]:
     write_cdi_spec(tmp_path / "cdi")
     runtime = FakeRuntime(tmp_path / "nri.sock")
     metrics = AgentMetrics(node=config.node)
-    agent = Agent(config, kube, NvmlSource(), metrics)
+    agent = Agent(config, kube, NvmlSource(), metrics, doors=[
+        lambda node: NriService(NriConfig(runtime.path, lock_file=tmp_path / "nri.lock"), node, kube, metrics,
+                                cdi=CdiSpecs([tmp_path / "cdi"]), dev_root=tmp_path / "dev")])
     agent.start()
-    service = NriService(NriConfig(runtime.path, lock_file=tmp_path / "nri.lock"), agent, kube, metrics,
-                         cdi=CdiSpecs([tmp_path / "cdi"]), dev_root=tmp_path / "dev")
+    [service] = agent.doors.all
+    assert isinstance(service, NriService)
     service.start()
     yield World(tmp_path, kube, agent, service, runtime)
     service.stop()
@@ -174,10 +176,12 @@ def test_without_an_nri_socket_the_agent_says_so(tmp_path: Path, fake_gpus: Any,
     fake_gpus.gpu(UUID_A, memory_total_mib=80000)
     _, kube, config = two_pod_node(tmp_path, mps_binary, RestartPolicy(0.01, 0.05, 3, 300.0))
     metrics = AgentMetrics(node=config.node)
-    agent = Agent(replace(config), kube, NvmlSource(), metrics)
+    agent = Agent(replace(config), kube, NvmlSource(), metrics, doors=[
+        lambda node: NriService(NriConfig(tmp_path / "absent" / "nri.sock", lock_file=None, retry_interval=0.05,
+                                          env_fallback=env_fallback), node, kube, metrics, cdi=CdiSpecs([]))])
     agent.start()
-    service = NriService(NriConfig(tmp_path / "absent" / "nri.sock", lock_file=None, retry_interval=0.05,
-                                   env_fallback=env_fallback), agent, kube, metrics, cdi=CdiSpecs([]))
+    [service] = agent.doors.all
+    assert isinstance(service, NriService)
     service.start()
     try:
         serve_both_modes(agent)

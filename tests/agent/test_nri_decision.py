@@ -1,4 +1,4 @@
-"""The NRI plugin's decision (gpufrac.agent.decide.nri_decision), table-driven: what each container gets at creation."""
+"""The NRI plugin's decision (gpufrac.agent.nri.decide.creation), table-driven: what each container gets at creation."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from gpufrac.agent.decide.nri_decision import (
+from gpufrac.agent.nri.config import NriConfig
+from gpufrac.agent.nri.decide.creation import (
     MARK,
     ContainerInfo,
     DeviceNode,
@@ -22,8 +23,7 @@ from gpufrac.agent.decide.nri_decision import (
     gpu_identity,
     serving_container,
 )
-from gpufrac.agent.decide.nri_sweep import unserved
-from gpufrac.agent.edges.nri.config import NriConfig
+from gpufrac.agent.nri.decide.sweep import unserved
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import UUID_A, UUID_B, canonical_annotations, container, gpu_info, injected_env
 

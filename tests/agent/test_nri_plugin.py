@@ -1,4 +1,4 @@
-"""The NRI plugin's runner (gpufrac.agent.edges.nri.plugin): registration, reconnecting at once, one instance per
+"""The NRI plugin's runner (gpufrac.agent.nri.plugin): registration, reconnecting at once, one instance per
 node, and which GPU serves which mode, kept from Synchronize and the container events. Against the runtime stand-in."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gpufrac.agent.decide.nri_decision import MARK, NodeFacts, Refusal, RefusalReason
-from gpufrac.agent.edges.nri.config import NriConfig
-from gpufrac.agent.edges.nri.plugin import HEARTBEAT_S, PluginState
-from gpufrac.agent.edges.nri.stubs import api_pb2
+from gpufrac.agent.nri.config import NriConfig
+from gpufrac.agent.nri.decide.creation import MARK, NodeFacts, Refusal, RefusalReason
+from gpufrac.agent.nri.plugin import HEARTBEAT_S, PluginState
+from gpufrac.agent.nri.stubs import api_pb2
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import UUID_A, UUID_B, canonical_annotations, cid, container, gpu_info, injected_env
 from testkit.fakes.state import ProcRoot

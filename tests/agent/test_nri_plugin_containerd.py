@@ -22,7 +22,7 @@ from e2e.cri_harness import crictl, registered_plugin, started_cri_node
 from e2e.node import APP_IMAGE, GPU_UUIDS
 from e2e.toolkit.cri_node import CriNode
 from e2e.toolkit.wait import wait_until
-from gpufrac.agent.decide.nri_decision import MARK
+from gpufrac.agent.nri.decide.creation import MARK
 from testkit.agent import canonical_annotations, container, injected_env
 from testkit.nri_plugin import RecordingSink
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpufrac.agent.decide.nri_decision import (
+from gpufrac.agent.nri.decide.creation import (
     ContainerInfo,
     DeviceNode,
     Injection,
@@ -20,8 +20,8 @@ from gpufrac.agent.decide.nri_decision import (
     Refusal,
     RefusalReason,
 )
-from gpufrac.agent.edges.nri.stubs import api_pb2, request_pb2
-from gpufrac.agent.edges.nri.wire import (
+from gpufrac.agent.nri.stubs import api_pb2, request_pb2
+from gpufrac.agent.nri.wire import (
     MUX_MAX_PAYLOAD,
     NRI_VERSION,
     SUBSCRIBED,

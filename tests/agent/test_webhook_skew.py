@@ -9,7 +9,7 @@ from gpufrac.agent.decide.capabilities import node_condition
 from gpufrac.agent.decide.model import ConditionStatus, DaemonState, DaemonStatus, Inventory
 from gpufrac.agent.decide.version_skew import WEBHOOK_SKEW, minor_version, webhook_skew
 from gpufrac.agent.edges.metrics import AgentMetrics
-from gpufrac.agent.programs.webhook_skew import WebhookSkewWatch
+from gpufrac.agent.node.webhook_skew import WebhookSkewWatch
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import Enforcement
 from testkit.agent import UUID_A, gpu_info, value

@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 
 from gpufrac.agent.decide.kubelet_allocations import KubeletAllocations, parse_checkpoint, unknown
-from gpufrac.agent.decide.nri_decision import (
+from gpufrac.agent.decide.whole_gpus import Verdict, is_gpu_cdi_name, judge, named_gpus
+from gpufrac.agent.nri.decide.creation import (
     ContainerInfo,
     Injection,
     NodeFacts,
@@ -21,7 +22,6 @@ from gpufrac.agent.decide.nri_decision import (
     RefusalReason,
     decide,
 )
-from gpufrac.agent.decide.whole_gpus import Verdict, is_gpu_cdi_name, judge, named_gpus
 from gpufrac.core.annotations import ComputeMode
 from testkit.agent import UUID_A, UUID_B, canonical_annotations, container, gpu_info, injected_env
 

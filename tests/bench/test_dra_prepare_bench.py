@@ -12,7 +12,7 @@ import pytest
 from bench import dra_prepare
 from bench.__main__ import MODES
 from bench.report import Report
-from gpufrac.agent.decide.dra_claims import read_claim
+from gpufrac.agent.dra.decide.claims import read_claim
 
 SMOKE = MODES["smoke"]
 

@@ -664,7 +664,7 @@ def test_the_agent_may_evict_only_where_it_can_evict(values: tuple[str, ...]) ->
 def test_guarantee_values_reach_the_agent(default: list[dict[str, Any]]) -> None:
     from gpufrac.agent.decide.overlimit import OverLimitAction
     from gpufrac.agent.decide.reclaim import ReclaimPolicy
-    from gpufrac.agent.programs.guarantee import GuaranteeConfig
+    from gpufrac.agent.node.guarantee import GuaranteeConfig
     from gpufrac.agent.programs.node_agent import add_arguments, config_from_args
 
     def config(docs: list[dict[str, Any]]) -> GuaranteeConfig:

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from gpufrac.agent.decide.dra_cdi_dirs import cdi_dir_problem
-from gpufrac.agent.decide.dra_slices import SliceGpu, resource_slices
 from gpufrac.agent.decide.model import GpuInfo
+from gpufrac.agent.dra.decide.cdi_dirs import cdi_dir_problem
+from gpufrac.agent.dra.decide.slices import SliceGpu, resource_slices
 from testkit.cel import evaluate
 from testkit.chart import CHART, find, needs_helm, one, render, template
 

@@ -21,8 +21,9 @@ import pytest
 from e2e.agent_world import GPU_UUIDS, AgentWorld, metric_value
 from e2e.testing import unique
 from e2e.toolkit.wait import wait_until
-from gpufrac.agent.edges.csi import mounts
-from gpufrac.agent.edges.csi.stubs import csi_pb2, csi_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
+from gpufrac.agent.csi import mounts
+from gpufrac.agent.csi.stubs import csi_pb2, csi_pb2_grpc
+from gpufrac.agent.kubelet_plugin.stubs import pluginregistration_pb2, pluginregistration_pb2_grpc
 from testkit.pods import IMAGE
 
 pytestmark = pytest.mark.e2e

@@ -16,8 +16,8 @@ import pytest
 from e2e.toolkit.containerd import daemon_config
 from e2e.toolkit.tools import find_binary
 from e2e.toolkit.wait import wait_until
-from gpufrac.agent.edges.nri.config import NriConfig
-from gpufrac.agent.edges.nri.plugin import PluginState
+from gpufrac.agent.nri.config import NriConfig
+from gpufrac.agent.nri.plugin import PluginState
 from testkit.nri_plugin import RecordingSink, halt_plugin, start_plugin
 
 pytestmark = pytest.mark.e2e

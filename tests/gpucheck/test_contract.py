@@ -18,13 +18,14 @@ from gpucheck.cli import parse_args
 from gpucheck.run import Run
 from gpucheck.session import Session
 from gpufrac.agent.decide import capabilities, mps_limits, mps_namespaces
-from gpufrac.agent.decide.claim_tenants import claim_tenants
-from gpufrac.agent.decide.dra_claims import read_claim
-from gpufrac.agent.decide.dra_prepare import DraNode, cdi_spec, prepare
-from gpufrac.agent.decide.dra_slices import SliceGpu
 from gpufrac.agent.decide.model import GpuInfo, Inventory
 from gpufrac.agent.decide.mps_config import daemon_spec, render_config
-from gpufrac.agent.decide.nri_decision import (
+from gpufrac.agent.dra.decide.claims import read_claim
+from gpufrac.agent.dra.decide.prepare import DraNode, cdi_spec, prepare
+from gpufrac.agent.dra.decide.slices import SliceGpu
+from gpufrac.agent.dra.decide.tenants import claim_tenants
+from gpufrac.agent.node.agent_config import AgentConfig
+from gpufrac.agent.nri.decide.creation import (
     CDI_KINDS,
     ContainerInfo,
     Injection,
@@ -33,7 +34,6 @@ from gpufrac.agent.decide.nri_decision import (
     PodInfo,
     decide,
 )
-from gpufrac.agent.programs.agent_config import AgentConfig
 from gpufrac.core import contract
 from gpufrac.core.annotations import CANONICAL_PREFIX, NVIDIA_PREFIX, CanonicalField, ComputeMode
 from gpufrac.core.contract import DEFAULT_MPS_ROOT, Delivery, LimitEnv

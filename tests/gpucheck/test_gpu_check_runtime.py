@@ -20,8 +20,8 @@ from e2e.cri_harness import crictl, registered_plugin, started_cri_node
 from e2e.node import APP_IMAGE, GPU_UUIDS
 from e2e.toolkit.cri_node import CriNode
 from gpucheck.rows import FAIL, PASS, SKIPPED
-from gpufrac.agent.decide.nri_decision import ContainerInfo, Injection, PodInfo, Refusal
-from gpufrac.agent.edges.nri.plugin import PluginState
+from gpufrac.agent.nri.decide.creation import ContainerInfo, Injection, PodInfo, Refusal
+from gpufrac.agent.nri.plugin import PluginState
 from testkit.fakes.build import MPS_CONTROL, fake_nvml_library
 
 pytestmark = pytest.mark.e2e

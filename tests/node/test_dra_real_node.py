@@ -22,9 +22,9 @@ from e2e.node import APP_IMAGE, RealCluster
 from e2e.pods import events, exec_in, get_json, get_pod, release_pods, wait_running
 from e2e.testing import unique
 from e2e.toolkit.wait import wait_until
-from gpufrac.agent.decide.dra_prepare import spec_file_name
-from gpufrac.agent.decide.dra_slices import DRIVER
 from gpufrac.agent.decide.mps_namespaces import claim_namespace_name
+from gpufrac.agent.dra.decide.prepare import spec_file_name
+from gpufrac.agent.dra.decide.slices import DRIVER
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_node]
 

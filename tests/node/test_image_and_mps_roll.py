@@ -79,7 +79,7 @@ def skew(node: RealCluster) -> dict[str, float | None]:
 def test_a_clean_clone_built_with_plain_buildah_bud_runs_the_agent_ready_with_csi(node: RealCluster, tmp_path: Path):
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(REPO_ROOT), str(clone)], check=True, timeout=300)
-    assert not (clone / "gpufrac/agent/edges/csi/generated").exists() and not (clone / ".venv").exists()
+    assert not (clone / "gpufrac/agent/csi/generated").exists() and not (clone / ".venv").exists()
     # No registry is reachable here: the base goes by the name `make image` gave the one it made (BASE), instead
     # of the Dockerfile's digest pin. Everything else is the Dockerfile as a clean clone has it.
     if buildah("inspect", "--type", "image", BASE).returncode != 0:

@@ -48,13 +48,13 @@ def test_generate_needs_no_go(tmp_path: Path):
     assert {p.name for p in generated.iterdir()} >= {"__init__.py", "csi_pb2.py", "csi_pb2_grpc.py",
                                                       "pluginregistration_pb2.py", "pluginregistration_pb2_grpc.py"}
     assert "github.com/container-storage-interface/spec v1.13.0" in (generated / "__init__.py").read_text()
-    check = subprocess.run([sys.executable, "-c", "from gpufrac.agent.edges.csi.generated import csi_pb2_grpc, "
+    check = subprocess.run([sys.executable, "-c", "from gpufrac.agent.csi.generated import csi_pb2_grpc, "
                             "pluginregistration_pb2; print(pluginregistration_pb2.PluginInfo.DESCRIPTOR.name)"],
                            cwd=copy, capture_output=True, text=True, timeout=60,
                            env={**os.environ, "PYTHONPATH": str(copy)})
     assert check.stdout.strip() == "PluginInfo", check.stderr
     # NRI's messages: ttrpc's envelope imports google/rpc/status.proto, generated into the same package
-    nri = subprocess.run([sys.executable, "-c", "from gpufrac.agent.edges.nri.generated import api_pb2, request_pb2; "
+    nri = subprocess.run([sys.executable, "-c", "from gpufrac.agent.nri.generated import api_pb2, request_pb2; "
                           "r = request_pb2.Response(); r.status.code = 9; "
                           "print(r.status.code, api_pb2.CreateContainerResponse.DESCRIPTOR.name)"],
                          cwd=copy, capture_output=True, text=True, timeout=60,

@@ -23,7 +23,7 @@ from gpufrac.agent.decide import cdi_authors
 from gpufrac.agent.decide.errors import NvmlError
 from gpufrac.agent.decide.model import Inventory
 from gpufrac.agent.decide.node_check import CdiSpecFacts, HostFacts, Status, node_check
-from gpufrac.agent.edges.nri.devices import SPEC_SUFFIXES, spec_device_names
+from gpufrac.agent.edges.cdi_specs import SPEC_SUFFIXES, spec_device_names
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import MPS_CONTROL_SOCKET, mps_pipe_dir
 

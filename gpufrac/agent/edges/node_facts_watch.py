@@ -12,8 +12,8 @@ from gpufrac.agent.decide.capabilities import NRI_UNAVAILABLE
 from gpufrac.agent.decide.events import EventSink
 from gpufrac.agent.decide.model import Inventory
 from gpufrac.agent.decide.runtime_support import METRIC_REASONS, runtime_problem_event, runtime_problems
+from gpufrac.agent.edges.cdi_specs import CdiSpecs
 from gpufrac.agent.edges.metrics import AgentMetrics
-from gpufrac.agent.edges.nri.devices import CdiSpecs
 
 log = logging.getLogger(__name__)
 

@@ -16,20 +16,20 @@ from gpufrac.agent.decide.events import EventSink
 from gpufrac.agent.decide.hard_limits import WithoutHardLimit
 from gpufrac.agent.decide.overlimit import OverLimitAction
 from gpufrac.agent.decide.reclaim import ReclaimPolicy, ReclaimSettings
+from gpufrac.agent.dra.service import add_dra_arguments
+from gpufrac.agent.edges.cdi_specs import DEFAULT_CDI_DIRS, CdiSpecs
 from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.edges.node_facts import Where, log_node_check
-from gpufrac.agent.edges.node_facts_watch import RuntimeWatch
-from gpufrac.agent.edges.nri.config import NriConfig
-from gpufrac.agent.edges.nri.devices import DEFAULT_CDI_DIRS, CdiSpecs
-from gpufrac.agent.programs.agent_config import AgentConfig, DaemonOwner
+from gpufrac.agent.node.agent_config import AgentConfig, DaemonOwner
+from gpufrac.agent.node.doors import DoorFactory, FrontDoor, NodeChecks, NodeView
+from gpufrac.agent.node.guarantee import GuaranteeConfig
+from gpufrac.agent.node.kai_fractioning import KaiFractioningWatch
+from gpufrac.agent.node.node_loop import Agent
+from gpufrac.agent.node.webhook_skew import WebhookSkewWatch
+from gpufrac.agent.nri.config import NriConfig
 from gpufrac.agent.programs.daemon_options import add_daemon_arguments, restart_policy
-from gpufrac.agent.programs.dra_driver import add_dra_arguments, dra_service
-from gpufrac.agent.programs.guarantee import GuaranteeConfig
 from gpufrac.agent.programs.host_withdraw import DaemonSetApi, host_root, withdraw_from_host
-from gpufrac.agent.programs.kai_fractioning import KaiFractioningWatch
-from gpufrac.agent.programs.node_loop import Agent
 from gpufrac.agent.programs.stop_signal import stop_on_signals
-from gpufrac.agent.programs.webhook_skew import DeploymentApi, WebhookSkewWatch
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.buildinfo import version
 from gpufrac.core.contract import MIB
@@ -37,9 +37,8 @@ from gpufrac.core.jsonlog import add_log_arguments, setup_logging
 from gpufrac.probes.server import BindError, ProbeServer, registry_text
 
 if TYPE_CHECKING:
-    from gpufrac.agent.edges.csi.server import CsiPlugin
     from gpufrac.agent.edges.kube import KubeClient
-    from gpufrac.agent.programs.nri_service import NriService
+    from gpufrac.agent.nri.service import NriService
 
 DEFAULT_METRICS_BIND = ":9475"  # not 9400: DCGM exporter's port
 
@@ -173,18 +172,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_log_arguments(parser)
 
 
-def check_webhook_skew(args: argparse.Namespace, agent: Agent, kube: DeploymentApi,
-                       metrics: AgentMetrics) -> None:
+def node_checks(args: argparse.Namespace, kube: KubeClient, metrics: AgentMetrics, node: str) -> NodeChecks:
+    """KAI's gpu-fractioning operator on the node: the agent stands down (decide.kai_fractioning); a webhook of
+    another minor version: a remark on the node's condition."""
+    kai = KaiFractioningWatch(kube, kube, node)
     namespace = os.environ.get("POD_NAMESPACE", "")
-    if args.webhook_deployment and namespace:
-        agent.remarks.append(WebhookSkewWatch(kube, namespace, args.webhook_deployment, version(), metrics))
-
-
-def watch_kai_fractioning(agent: Agent, kube: KubeClient) -> None:
-    """KAI's gpu-fractioning operator on the node: the agent stands down (decide.kai_fractioning)."""
-    watch = KaiFractioningWatch(kube, kube, agent.config.node)
-    agent.blockers.append(watch)
-    agent.publisher.own_condition_only = watch.standing_down
+    skew = (WebhookSkewWatch(kube, namespace, args.webhook_deployment, version(), metrics),) \
+        if args.webhook_deployment and namespace else ()
+    return NodeChecks(blockers=(kai,), remarks=skew, standing_down=kai.standing_down)
 
 
 def withdraw_host(args: argparse.Namespace, kube: DaemonSetApi) -> None:
@@ -230,23 +225,12 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     )
 
 
-def csi_plugin(args: argparse.Namespace, agent: Agent) -> CsiPlugin | None:
-    if not args.csi:
-        return None
-    from gpufrac.agent.edges.csi.server import CsiConfig, CsiPlugin, plugin_paths
-
-    endpoint, registration = plugin_paths(args.kubelet_dir, args.csi_driver)
-    return CsiPlugin(CsiConfig(args.csi_driver, endpoint, registration), agent.node_dirs, agent.find_pod,
-                     agent.pods.synced.is_set)
-
-
-def nri_service(args: argparse.Namespace, agent: Agent, kube: EventSink, metrics: AgentMetrics) -> NriService | None:
+def nri_service(args: argparse.Namespace, agent: NodeView, kube: EventSink, metrics: AgentMetrics) -> NriService | None:
     if not args.nri:
         return None
     if not re.fullmatch(r"[0-9]{2}", args.nri_index):
         raise ConfigError(f"--nri-index {args.nri_index}: expected two digits, such as 10")
-    from gpufrac.agent.edges.nri.plugin import PluginState
-    from gpufrac.agent.programs.nri_service import NriService
+    from gpufrac.agent.nri.service import NriService
 
     trusted = set(_NRI.trusted_namespaces if args.nri_trusted_namespace is None else args.nri_trusted_namespace)
     if os.environ.get("POD_NAMESPACE"):  # the agent's and the MPS daemons' pods hold every GPU through their env
@@ -255,15 +239,32 @@ def nri_service(args: argparse.Namespace, agent: Agent, kube: EventSink, metrics
                        void_env_grants=args.nri_void_env_grants, trusted_namespaces=frozenset(trusted),
                        device_checkpoint=args.nri_device_checkpoint, proc_root=args.proc_root,
                        env_fallback=args.nri_env_fallback)
-    service = NriService(config, agent, kube, metrics, cdi=CdiSpecs(args.cdi_spec_dir or DEFAULT_CDI_DIRS))
+    return NriService(config, agent, kube, metrics, cdi=CdiSpecs(args.cdi_spec_dir or DEFAULT_CDI_DIRS),
+                      watch_runtime=True)
 
-    def no_socket() -> str | None:  # the runtime has no NRI (not: another agent holds the lock for a moment)
-        return service.problem() if service.plugin.state is PluginState.NO_SOCKET else None
 
-    agent.runtime_problems = RuntimeWatch(args.node, CdiSpecs(args.cdi_spec_dir or DEFAULT_CDI_DIRS),
-                                          lambda: service.plugin.runtime, no_socket, lambda: agent.inventory,
-                                          metrics, kube)
-    return service
+def front_doors(args: argparse.Namespace, kube: KubeClient, metrics: AgentMetrics) -> list[DoorFactory]:
+    """The doors the agent is built with, in the order they start: CSI, NRI, DRA."""
+    from gpufrac.agent.csi.service import csi_door
+    from gpufrac.agent.dra.service import dra_door
+
+    nri = nri_door(args, kube, metrics)
+    dra = dra_door(args, kube.api_client)
+    return [door for door in (csi_door(args.kubelet_dir) if args.csi else None, nri, dra) if door is not None]
+
+
+def nri_door(args: argparse.Namespace, kube: EventSink, metrics: AgentMetrics) -> DoorFactory | None:
+    if not args.nri:
+        return None
+    if not re.fullmatch(r"[0-9]{2}", args.nri_index):  # before the agent is built
+        raise ConfigError(f"--nri-index {args.nri_index}: expected two digits, such as 10")
+
+    def build(node: NodeView) -> FrontDoor:
+        service = nri_service(args, node, kube, metrics)
+        assert service is not None
+        return service
+
+    return build
 
 
 def node_check_where(args: argparse.Namespace) -> Where:
@@ -289,20 +290,11 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         metrics = AgentMetrics(node=config.node)
         kube = KubeClient.from_config(args.kubeconfig)
-        agent = Agent(config, kube, NvmlSource(), metrics)
+        agent = Agent(config, kube, NvmlSource(), metrics, doors=front_doors(args, kube, metrics),
+                      checks=node_checks(args, kube, metrics, config.node))
         server = probe_server(args.metrics_bind, metrics, agent)
-        plugin = csi_plugin(args, agent)
-        if plugin is not None:
-            plugin.start()
-        check_webhook_skew(args, agent, kube, metrics)
-        watch_kai_fractioning(agent, kube)
-        nri = nri_service(args, agent, kube, metrics)
         log_node_check(node_check_where(args), log)
-        if nri is not None:
-            nri.start()
-        dra = dra_service(args, agent, kube.api_client)
-        if dra is not None:
-            dra.start()
+        agent.doors.start()
     except AgentError as err:
         log.error("%s", err)
         return 2
@@ -315,11 +307,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         return agent.run(stop)
     finally:
-        if dra is not None:
-            dra.stop()
-        if nri is not None:
-            nri.stop()
-        if plugin is not None:
-            plugin.stop()
+        agent.doors.stop()
         server.stop()
         withdraw_host(args, kube)
