@@ -26,7 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 COPIED = ("gpufrac", "tests", "testkit", "e2e", "examples", "pyproject.toml")
-GUARANTEE = "gpufrac/agent/node/guarantee.py"
+RECLAIMER = "gpufrac/agent/node/reclaimer.py"
+TOTALS = "gpufrac/agent/node/container_totals.py"
 RECLAIM = "gpufrac/agent/decide/reclaim.py"
 BACKOFFS = "gpufrac/agent/node/backoffs.py"
 EVICTIONS = "gpufrac/agent/node/evictions.py"
@@ -50,7 +51,7 @@ G = "tests/agent/test_guarantee.py::"
 
 MUTATIONS = (
     Mutation("stop after the first refused candidate (the loop)", (
-        (GUARANTEE, '"pod again after reclaim.gracePeriodSeconds")\n',
+        (RECLAIMER, '"pod again after reclaim.gracePeriodSeconds")\n',
          '"pod again after reclaim.gracePeriodSeconds")\n                break\n'),
     )),
     Mutation("stop after the first refused candidate (the decision)", (
@@ -62,10 +63,10 @@ MUTATIONS = (
         (RECLAIM, "if c.pod_uid not in skip and not c.terminating)", "if c.pod_uid not in skip)"),
     )),
     Mutation("drop the no-candidate path", (
-        (GUARANTEE, "        if not plan.candidates:\n", "        if False:\n"),
+        (RECLAIMER, "        if not plan.candidates:\n", "        if False:\n"),
     )),
     Mutation("kill an already-killed process again", (
-        (GUARANTEE, "if pid is None or (pid, started[pid]) in self._killed:", "if pid is None:"),
+        (TOTALS, "if pid is None or (pid, started[pid]) in self._killed:", "if pid is None:"),
     )),
     # issue 45
     Mutation("a refused eviction of a second pod of a backed-off controller drops the running back-off", (
@@ -73,10 +74,10 @@ MUTATIONS = (
          "        if True:\n            self._until.pop(label, None)\n"),
     ), (G + "test_a_refused_eviction_keeps_the_controllers_running_back_off",)),
     Mutation("policy off reports every candidate instead of those it would evict", (
-        (GUARANTEE, "for candidate in reclaim.to_evict(plan):", "for candidate in plan.candidates:"),
+        (RECLAIMER, "for candidate in reclaim.to_evict(plan):", "for candidate in plan.candidates:"),
     ), (G + "test_off_reports_only_the_pods_it_would_evict",)),
     Mutation("reclaim's loop does not count the pass's evictions as going", (
-        (GUARANTEE, "going = self.evictions.this_pass ", "going = set(self.evictions.this_pass) "),
+        (RECLAIMER, "going = self.evictions.this_pass ", "going = set(self.evictions.this_pass) "),
     ), (G + "test_f3_one_eviction_per_pod_per_pass_across_gpus",), 20.0),  # it evicts the same pod for ever
     Mutation("over-limit evictions not remembered for reclaim", (
         (EVICTIONS, "            self.this_pass.add(uid)\n", "            pass\n"),
@@ -89,10 +90,10 @@ MUTATIONS = (
          "        self.publisher.try_publish_labels(self._labels(self._enforced))\n        return True"),
     ), (G + "test_f4_a_back_off_label_that_cannot_be_written_means_no_eviction",)),
     Mutation("a claim's pod gets a back-off label", (
-        (GUARANTEE, "owner = None if victim.pod_uid in self._claim_pods else victim.owner", "owner = victim.owner"),
+        (RECLAIMER, "owner = None if victim.pod_uid in self._claim_pods else victim.owner", "owner = victim.owner"),
     ), (G + "test_f4_a_claims_pod_gets_no_back_off_label",)),
     Mutation("an unread claim pod is a candidate (fail open)", (
-        (GUARANTEE, "PodFacts(tenant.pod, 0, 0.0, unread=True)", "PodFacts(tenant.pod, 0, 0.0)"),
+        (RECLAIMER, "PodFacts(tenant.pod, 0, 0.0, unread=True)", "PodFacts(tenant.pod, 0, 0.0)"),
     ), (G + "test_f5_a_claim_pod_that_cannot_be_read_is_not_evicted",)),
     Mutation("no UID precondition on an eviction", (
         (EVICTIONS, "uid=uid, grace_seconds=self._grace_seconds", "uid='', grace_seconds=self._grace_seconds"),
@@ -101,7 +102,7 @@ MUTATIONS = (
         (EVICTIONS, "uid=uid, grace_seconds=self._grace_seconds", "uid=uid, grace_seconds=None"),
     ), (G + "test_f7_every_eviction_names_the_pods_uid_and_the_victims_grace_period",)),
     Mutation("the driver-ended Event forgets who was above its request", (
-        (GUARANTEE, "self._above = soft_limits.above_request(shares, self._attributed)", "self._above = {}"),
+        (RECLAIMER, "self._above = soft_limits.above_request(shares, self._attributed)", "self._above = {}"),
     ), (G + "test_where_the_driver_holds_requests_a_process_gone_while_above_its_request_gets_an_event",)),
     Mutation("NVML's reading takes no reserve", (
         (NVML, "            reserved = int(info.reserved)\n", "            reserved = 0\n"),

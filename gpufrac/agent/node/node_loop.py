@@ -60,6 +60,13 @@ class KubeSink(NodeSink, AuditKube, PodSource, Protocol):
 
 
 class Agent:
+    # Every attribute is its own: a door or a command that needs the agent to answer something is built with it
+    # (its doors, its checks), never assigns to it (a late-bound slot) nor shadows one of its methods.
+    __slots__ = ("_backoffs_adopted", "_checks", "_clock", "_enforced", "_last_tick", "_started", "audit",
+                 "boundaries", "cgroup_limits", "compute_modes", "config", "daemon_limits", "daemons", "doors", "gpus",
+                 "inventory", "kube", "metrics", "not_served", "nvml_error", "pods", "publisher", "reclaim_by",
+                 "ticked")
+
     def __init__(
         self,
         config: AgentConfig,
