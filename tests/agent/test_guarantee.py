@@ -146,7 +146,7 @@ def test_kill_newest_leaves_a_reused_pid_alone(node, monkeypatch):
     agent = node.agent(GuaranteeConfig(OverLimitAction.KILL_NEWEST))
     # between the read that chose it and the kill, the PID names a process started later
     starts = iter([100, 200])
-    monkeypatch.setattr("gpufrac.agent.node.guarantee.read_start_time", lambda root, pid: next(starts))
+    monkeypatch.setattr("gpufrac.agent.node.container_totals.read_start_time", lambda root, pid: next(starts))
     agent.tick()
     assert child.poll() is None and node.events("GPUProcessKilled") == []
 
@@ -525,7 +525,7 @@ def test_a_shortage_must_last_the_window(node):
     now = [1000.0]
     agent_config = reclaiming(ReclaimPolicy.EVICT, grace=30.0)
     agent = node.agent(agent_config)
-    agent.audit.guarantee._clock = lambda: now[0]
+    agent.audit.guarantee.reclaimer._clock = lambda: now[0]
     fits = [{"pid": 4001, "used_memory_mib": 10000}, {"pid": 4002, "used_memory_mib": 40000}]  # 30000 free
     short = [{"pid": 4001, "used_memory_mib": 10000}, {"pid": 4002, "used_memory_mib": 55000}]
     for at, processes in ((1000.0, short), (1015.0, fits), (1030.0, short), (1045.0, fits), (1060.0, short)):

@@ -97,7 +97,10 @@ def test_the_agents_plugin_hands_out_gpus_and_refuses_with_an_event(world: World
     assert runtime is not None
     assert runtime.accept().plugin_name == "gpufrac"  # only after the first tick
     train, train_env = fraction(world, "u-train", "time-slicing", UUID_A)
-    runtime.handshake([train], [nri_container("c-train", "app", train, train_env, api_pb2.CONTAINER_RUNNING)])
+    # a deadline the fake MPS control commands meet on a loaded machine too (containerd's default, 2 s, leaves the
+    # daemon 1 s; the hold within its deadline is tests/agent/test_daemon_side_limits.py's)
+    runtime.handshake([train], [nri_container("c-train", "app", train, train_env, api_pb2.CONTAINER_RUNNING)],
+                      request_timeout_ms=10000)
     assert value(world.agent.metrics, "gpufrac_nri_plugin_state", state="registered") == 1
 
     infer, infer_env = fraction(world, "u-infer", "sm-sharing", "1")
