@@ -18,11 +18,13 @@ from hypothesis import strategies as st
 
 from gpufrac.webhook.decide import admission
 from gpufrac.webhook.decide.errors import BadReviewError
-from gpufrac.webhook.decide.fractions import resolve
 from gpufrac.webhook.decide.mutation import canonical_annotations
 from gpufrac.webhook.decide.policy import Policy, UserInfo
+from gpufrac.webhook.decide.resolve import resolve
 from gpufrac.webhook.decide.review import build_response, parse_review
-from gpufrac.webhook.decide.validation import _authorship, _boundaries, _webhook_output
+from gpufrac.webhook.decide.rules.catalog.boundaries import boundaries as _boundaries
+from gpufrac.webhook.decide.rules.catalog.webhook_output import webhook_output as _webhook_output
+from gpufrac.webhook.decide.validation import authorship as _authorship
 from testkit import strategies as s
 
 POLICIES = (Policy(), Policy(require_enforcing_node=True, scheduler_groups=frozenset({"system:authenticated"})))

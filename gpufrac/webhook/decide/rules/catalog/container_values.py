@@ -40,7 +40,8 @@ def cel() -> str:
 RULE = Rule(
     "containerValues", "per-container memory, mode, devices, compute portion and portion-limit values",
     Scope.POD, Phase.VALUE, 160,
-    (fr.read_container_request, fr.read_amount, fr.read_devices, fr.read_compute_portion),
+    None,
     cel(),
     webhook_only="partly: " + _DECIMAL_DIGITS,
+    reads=fr.read_container_request,
 )

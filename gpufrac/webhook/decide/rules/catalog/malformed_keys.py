@@ -32,6 +32,7 @@ def cel() -> str:
 RULE = Rule(
     "malformedKeys", "keys under gpufrac's prefixes follow the grammar",
     Scope.POD, Phase.VALUE, 10,
-    (fr.read_container_keys,),
+    None,
     cel(),
+    reads=fr.read_container_keys,
 )

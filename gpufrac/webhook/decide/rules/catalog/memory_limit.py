@@ -13,6 +13,7 @@ from gpufrac.webhook.decide.rules.values import (
 RULE = Rule(
     "memoryLimit", "gpu-memory.limit has a unit and is at least gpu-memory",
     Scope.POD, Phase.VALUE, 70,
-    (fr.read_memory_limit,),
+    None,
     shorthand_rule(ann.MEMORY_LIMIT, memory_limit_problem, "variables.memoryLimitOk"),
+    reads=fr.read_pod_request,
 )

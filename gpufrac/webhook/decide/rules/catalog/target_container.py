@@ -19,6 +19,7 @@ def cel() -> str:
 RULE = Rule(
     "targetContainer", "gpu-fraction-container-name names a container",
     Scope.POD, Phase.VALUE, 30,
-    (fr.read_target,),
+    None,
     cel(),
+    reads=fr.read_target,
 )

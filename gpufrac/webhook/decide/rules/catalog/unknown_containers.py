@@ -23,6 +23,7 @@ def cel() -> str:
 RULE = Rule(
     "unknownContainers", "a per-container key names a container of the pod",
     Scope.POD, Phase.VALUE, 20,
-    (fr.read_container_keys,),
+    None,
     cel(),
+    reads=fr.read_container_keys,
 )
