@@ -124,7 +124,7 @@ def test_an_accepted_create_patches_cleanly_once_and_validation_agrees(obj, user
     assert again is not None and again.allowed, f"a pod the webhook mutated is refused when mutated again: {again}"
     assert again.patch == [], f"mutating twice is not mutating once: {again.patch}"
     assert not again.warnings, again.warnings
-    # The validating webhook judges values exactly as the mutating one did (fractions.resolve), and it finds the
+    # The validating webhook judges values exactly as the mutating one did (resolve), and it finds the
     # mutation's output intact: it may only deny what mutation does not judge (authorship, boundaries).
     verdict = decide(s.envelope(copy.deepcopy(patched), user=user), admission.validate, policy)
     assert verdict is not None

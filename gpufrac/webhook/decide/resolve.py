@@ -8,8 +8,8 @@ Pure. No rule is named here: each value rule's module holds its check, and `Valu
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from gpufrac.core import annotations as ann

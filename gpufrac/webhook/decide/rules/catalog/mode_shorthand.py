@@ -1,4 +1,4 @@
-"""The rule `modeShorthand`: the webhook's Python check, its CEL for the policies, its messages."""
+"""The rule `modeShorthand`: the reader that finds it (`reads`), its CEL for the policies, its messages."""
 
 from __future__ import annotations
 
