@@ -124,3 +124,33 @@ def test_architecture_doc_lists_which_rule_runs_where() -> None:
     doc = (ROOT / "docs" / "architecture.md").read_text()
     assert policies.rule_table_markdown() in doc, ("docs/architecture.md's table is not the rule table's; paste "
                                                    "`gpufrac policies --format docs` into it")
+
+
+def _pod(annotations: dict[str, str], names: list[str]) -> dict[str, object]:
+    return {"metadata": {"name": "p", "annotations": annotations},
+            "spec": {"containers": [{"name": n, "image": "x"} for n in names]}}
+
+
+def test_the_run_keeps_the_webhooks_order_where_readers_and_checks_interleave() -> None:
+    """A reader's violations stand where the first of its rules does: the container values (read, rank 160) after
+    the portion limit's container (a check, rank 155), as the webhook listed them before the rules ran by rank."""
+    pod = _pod({"gpu-fraction": "0.5", "gpu-fraction.limit": "0.7",
+                "nvidia.com/container.b.gpu-compute.mode": "bogus"}, ["a", "b"])
+    _, violations = resolve.resolve(pod, bound=False)
+    assert [str(v) for v in violations] == [
+        "annotation gpu-fraction.limit: 0.7 applies to container b, which the nvidia.com/container.b.* annotations "
+        "name, but KAI reads a portion limit as the first container's (a) unless gpu-fraction-container-name says "
+        "otherwise: set gpu-fraction-container-name to b",
+        "annotation nvidia.com/container.b.gpu-compute.mode: bogus must be time-slicing or sm-sharing"]
+
+
+def test_the_rules_judged_by_fraction_list_each_fractions_messages_together() -> None:
+    long_a, long_b = "a" * 40, "b" * 40
+    pod = _pod({f"nvidia.com/container.{n}.{f}": v for n in (long_a, long_b)
+                for f, v in (("gpu-memory.request", "1Gi"), ("gpus.devices", "GPU-1,GPU-2"))}, [long_a, long_b])
+    _, violations = resolve.resolve(pod, bound=False, allow_multiple=True)
+    shown = [str(v) for v in violations]
+    assert [s.split(":")[0] for s in shown] == [
+        f"annotation nvidia.com/container.{long_a}.gpus.devices", f"container {long_a}",
+        f"annotation nvidia.com/container.{long_b}.gpus.devices", f"container {long_b}"]
+    assert "lists 2 devices" in shown[0] and "has a name longer than 30 characters" in shown[1]

@@ -37,6 +37,9 @@ def _ordered(rules: list[Rule]) -> tuple[Rule, ...]:
 
 MODULES = tuple(sorted(m.name for m in pkgutil.iter_modules(catalog.__path__)))
 RULES: tuple[Rule, ...] = _ordered([_rule_of(m) for m in MODULES])
+# Each phase's rules in their order, and those judged fraction by fraction: what `run` walks on every review.
+_PHASES = {phase: tuple(r for r in RULES if r.phase is phase) for phase in Phase}
+_BY_FRACTION = {phase: [r for r in rules if r.by_fraction] for phase, rules in _PHASES.items()}
 
 
 def run(phase: Phase, context: object, found: Mapping[Callable[..., Any], Sequence[Violation]] | None = None,
@@ -46,8 +49,8 @@ def run(phase: Phase, context: object, found: Mapping[Callable[..., Any], Sequen
     reading (`Rule.reads`) has what its reader `found`, once per reader; the rules judged fraction by fraction
     (`Rule.by_fraction`) are given each context `by_fraction` narrows `context` to, all of them for one fraction
     before the next, where the first of them stands."""
-    rules = [r for r in RULES if r.phase is phase and (scopes is None or r.scope in scopes)]
-    grouped = [r for r in rules if r.by_fraction]
+    rules = _PHASES[phase] if scopes is None else [r for r in _PHASES[phase] if r.scope in scopes]
+    grouped = _BY_FRACTION[phase] if scopes is None else [r for r in rules if r.by_fraction]
     out: list[Violation] = []
     reported: set[Callable[..., Any]] = set()
     for rule in rules:
