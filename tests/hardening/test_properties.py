@@ -18,11 +18,13 @@ from hypothesis import strategies as st
 
 from gpufrac.webhook.decide import admission
 from gpufrac.webhook.decide.errors import BadReviewError
-from gpufrac.webhook.decide.fractions import resolve
 from gpufrac.webhook.decide.mutation import canonical_annotations
 from gpufrac.webhook.decide.policy import Policy, UserInfo
+from gpufrac.webhook.decide.resolve import resolve
 from gpufrac.webhook.decide.review import build_response, parse_review
-from gpufrac.webhook.decide.validation import _authorship, _boundaries, _webhook_output
+from gpufrac.webhook.decide.rules.catalog.boundaries import boundaries as _boundaries
+from gpufrac.webhook.decide.rules.catalog.webhook_output import webhook_output as _webhook_output
+from gpufrac.webhook.decide.validation import authorship as _authorship
 from testkit import strategies as s
 
 POLICIES = (Policy(), Policy(require_enforcing_node=True, scheduler_groups=frozenset({"system:authenticated"})))
@@ -122,7 +124,7 @@ def test_an_accepted_create_patches_cleanly_once_and_validation_agrees(obj, user
     assert again is not None and again.allowed, f"a pod the webhook mutated is refused when mutated again: {again}"
     assert again.patch == [], f"mutating twice is not mutating once: {again.patch}"
     assert not again.warnings, again.warnings
-    # The validating webhook judges values exactly as the mutating one did (fractions.resolve), and it finds the
+    # The validating webhook judges values exactly as the mutating one did (resolve), and it finds the
     # mutation's output intact: it may only deny what mutation does not judge (authorship, boundaries).
     verdict = decide(s.envelope(copy.deepcopy(patched), user=user), admission.validate, policy)
     assert verdict is not None

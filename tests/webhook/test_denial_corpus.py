@@ -11,8 +11,8 @@ import pytest
 
 from e2e.denial_corpus import CORPUS, Case
 from gpufrac.webhook.decide import admission
-from gpufrac.webhook.decide.fractions import resolve
 from gpufrac.webhook.decide.mutation import mutate_create
+from gpufrac.webhook.decide.resolve import resolve
 from testkit.admission import POLICY
 from testkit.reviews import review
 

@@ -8,10 +8,10 @@ from typing import Any
 from gpufrac.webhook.decide import workloads
 from gpufrac.webhook.decide.default_mode import with_default_mode
 from gpufrac.webhook.decide.errors import Violation
-from gpufrac.webhook.decide.fractions import resolve
 from gpufrac.webhook.decide.mutation import Mutation, mutate_bind, mutate_create, mutate_ephemeral
 from gpufrac.webhook.decide.patch import diff
 from gpufrac.webhook.decide.policy import Policy
+from gpufrac.webhook.decide.resolve import resolve
 from gpufrac.webhook.decide.review import ReviewRequest
 from gpufrac.webhook.decide.validation import validate_binding, validate_pod, validate_status
 

@@ -207,12 +207,19 @@ def render_helm() -> str:
     return _HEADER + "---\n" + "---\n".join(parts) + "{{- end }}\n"
 
 
+def _webhook_side(rule: Rule) -> str:
+    """Where the webhook's Python of a rule is: its module's check, or the reader that finds its violations."""
+    if rule.check is not None:
+        return f"`{rule.check.__module__.rsplit('.', 1)[-1]}.check`"
+    return f"`fractions.{getattr(rule.reads, '__name__', '?')}`"
+
+
 def rule_table_markdown() -> str:
     """docs/architecture.md's table of which rule runs where."""
     lines = ["| rule | requests | webhook | ValidatingAdmissionPolicy | why not (all) in CEL |",
              "|---|---|---|---|---|"]
     for rule in RULES:
-        where = ", ".join(f"`{f.__name__}`" for f in rule.webhook)
+        where = _webhook_side(rule)
         policy = f"`{rule.name}`" if rule.cel is not None else "no"
         lines.append(f"| {rule.summary} | {rule.scope.value} | {where} | {policy} | {rule.webhook_only or '—'} |")
     return "\n".join(lines) + "\n"

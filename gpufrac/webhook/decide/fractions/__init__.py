@@ -1,17 +1,22 @@
 """From a pod's annotations to what each of its containers asked for: one typed value per fractional container.
 
-Pure. Every rule about the values themselves lives here (docs/architecture.md, "One review"), so the mutating and the
-validating webhook judge a pod the same way. Rules about who may change what live in `validation`.
+Pure. The values a pod's rules judge (docs/architecture.md, "One review"): `resolve` reads them with these readers
+and runs the value rules of `rules/catalog/` on them, so the mutating and the validating webhook judge a pod the
+same way.
 
 Shaped like KAI's shared validator (kai-scheduler/KAI-Scheduler pkg/common/resources/gpu_sharing_validation.go):
 one reader per source (the pod's containers, the pod-level shorthands, the per-container keys, the container the
-shorthands apply to), one small function per rule, and `resolve` composing them; one module each: `model` (the
-typed values), `read` (the readers), `rules`, `resolve` (composed, and memoized). Unlike KAI, which stops at the
-first error, every violation is collected. Where KAI judges the text (portion-limit digits, the strings its
+shorthands apply to); one module each: `model` (the typed values), `read` (the readers), `build` (the fractions
+from what was read). The rules are one module each in `rules/catalog/`. Unlike KAI, which stops at the first
+error, every violation is collected. Where KAI judges the text (portion-limit digits, the strings its
 admission writes and compares), so does gpufrac; where it judges a value, gpufrac reads the value the way KAI's
 scheduler and binder do (binary64 for portions, exact bytes for quantities).
 """
 
+from gpufrac.webhook.decide.fractions.build import (
+    build_fractions,
+    portion_container,
+)
 from gpufrac.webhook.decide.fractions.model import (
     COMPUTE_PORTION_RANGE,
     DEVICES_LIST,
@@ -56,30 +61,6 @@ from gpufrac.webhook.decide.fractions.read import (
     read_target,
     translate,
 )
-from gpufrac.webhook.decide.fractions.resolve import (
-    build_fractions,
-    portion_container,
-    resolve,
-)
-from gpufrac.webhook.decide.fractions.rules import (
-    keys_for,
-    keys_for_name,
-    lone_compute_mode,
-    longest_key,
-    rule_container_limit_needs_memory_limit,
-    rule_devices_follow_the_request,
-    rule_fraction_or_memory,
-    rule_keys_name_the_target,
-    rule_mode_and_devices_need_a_fraction,
-    rule_name_fits_the_keys,
-    rule_num_devices_need_a_fraction,
-    rule_one_compute_mode,
-    rule_one_fraction_container,
-    rule_portion_limit_names_the_first_container,
-    rule_portion_without_absolute_memory,
-    rule_request_within_limit,
-    rule_translation_agrees,
-)
 
 __all__ = [
     "COMPUTE_PORTION_RANGE",
@@ -106,10 +87,6 @@ __all__ = [
     "Target",
     "build_fractions",
     "keyed_container",
-    "keys_for",
-    "keys_for_name",
-    "lone_compute_mode",
-    "longest_key",
     "merged_keys",
     "portion_container",
     "read_amount",
@@ -127,19 +104,5 @@ __all__ = [
     "read_portion_limit",
     "read_shorthands",
     "read_target",
-    "resolve",
-    "rule_container_limit_needs_memory_limit",
-    "rule_devices_follow_the_request",
-    "rule_fraction_or_memory",
-    "rule_keys_name_the_target",
-    "rule_mode_and_devices_need_a_fraction",
-    "rule_name_fits_the_keys",
-    "rule_num_devices_need_a_fraction",
-    "rule_one_compute_mode",
-    "rule_one_fraction_container",
-    "rule_portion_limit_names_the_first_container",
-    "rule_portion_without_absolute_memory",
-    "rule_request_within_limit",
-    "rule_translation_agrees",
     "translate",
 ]

@@ -123,7 +123,7 @@ class Target:
     """The container the pod-level shorthands apply to, as KAI's GetFractionContainerRef picks it
     (kai-scheduler/api utilities/resources/gpu_sharing_container_ref.go): the one container the `nvidia.com/container.`
     keys name, else gpu-fraction-container-name, else the first container. When gpu-fraction-container-name names
-    another container than those keys, KAI denies the pod; so does gpufrac (`rule_keys_name_the_target`)."""
+    another container than those keys, KAI denies the pod; so does gpufrac (the rule `keysNameTheTarget`)."""
 
     container: str | None
     explicit: bool  # named by gpu-fraction-container-name

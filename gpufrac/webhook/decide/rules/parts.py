@@ -1,8 +1,9 @@
-"""CEL parts several rules share: their containers, the MPS directories, who wrote which key."""
+"""What several rules share: CEL parts (their containers, the MPS directories, who wrote which key), and the Python
+twin of those the webhook's checks use too."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from gpufrac.core import annotations as ann
 from gpufrac.core.contract import (
@@ -25,14 +26,24 @@ def same_label(before: str, after: str) -> str:
     return f"(({key} in {before}) == ({key} in {after}) && (!({key} in {before}) || {before}[{key}] == {after}[{key}]))"
 
 
+def user_fraction_keys(annotations: Mapping[str, str]) -> dict[str, str]:
+    """The fraction annotations users and the scheduler write (everything but the webhook's own)."""
+    return {k: v for k, v in annotations.items() if ann.is_fraction_key(k) and not k.startswith(ann.GPUFRAC_DOMAIN)}
+
+
 def user_keys(anns: str) -> str:
-    """`validation.user_fraction_keys`: the fraction annotations but the webhook's own, as a list of keys."""
+    """`user_fraction_keys` in CEL: the fraction annotations but the webhook's own, as a list of keys."""
     shorthand = " || ".join(f"k == {lit(s)}" for s in ann.SHORTHAND_KEYS)  # no list made per key
     return f"{anns}.filter(k, (k.startsWith({lit(NV)}) || k.startsWith({lit(KAI)}) || {shorthand}))"
 
 
+def is_bind_only(key: str) -> bool:
+    """Keys only the scheduler ever writes (devices, compute portion), whoever creates the pod."""
+    return key.startswith(ann.NVIDIA_PREFIX) and key.endswith(tuple(f".{f}" for f in ann.BIND_ONLY_FIELDS))
+
+
 def bind_only(k: str) -> str:
-    """`validation._bind_only`: keys only the scheduler ever writes."""
+    """`is_bind_only` in CEL: keys only the scheduler ever writes."""
     ends = " || ".join(f"{k}.endsWith({lit('.' + f)})" for f in ann.BIND_ONLY_FIELDS)
     return f"({k}.startsWith({lit(NV)}) && ({ends}))"
 

@@ -116,7 +116,7 @@ VARIABLES: tuple[tuple[str, str], ...] = (
     # other annotations are looked at once, here).
     ("prefixedKeys", f"variables.anns.filter(k, k.startsWith({lit(NV)}) || k.startsWith({lit(KAI)}) || "
                      f"k.startsWith({lit(ann.GPUFRAC_DOMAIN)}))"),
-    # `validation.user_fraction_keys` (parts.user_keys) of the object: the fraction annotations but the webhook's own.
+    # `parts.user_fraction_keys` (parts.user_keys) of the object: the fraction annotations but the webhook's own.
     ("userKeys", f"variables.prefixedKeys.filter(k, !k.startsWith({lit(ann.GPUFRAC_DOMAIN)})) + "
                  f"{str_list(ann.SHORTHAND_KEYS)}.filter(s, s in variables.anns)"),
     # The per-container keys users and the scheduler write that `fractions.read_container_keys` keeps.

@@ -1,4 +1,4 @@
-"""The rule `containerValues`: the webhook's Python check, its CEL for the policies, its messages."""
+"""The rule `containerValues`: the reader that finds it (`reads`), its CEL for the policies, its messages."""
 
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ def cel() -> str:
 RULE = Rule(
     "containerValues", "per-container memory, mode, devices, compute portion and portion-limit values",
     Scope.POD, Phase.VALUE, 160,
-    (fr.read_container_request, fr.read_amount, fr.read_devices, fr.read_compute_portion),
+    None,
     cel(),
     webhook_only="partly: " + _DECIMAL_DIGITS,
+    reads=fr.read_container_request,
 )

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from gpufrac.core import annotations as ann
-from gpufrac.webhook.decide import fractions as fr
+from gpufrac.core.annotations import Field
 from gpufrac.webhook.decide.cel import annotation_message
+from gpufrac.webhook.decide.errors import Violation, annotation
+from gpufrac.webhook.decide.rules.context import Values
 from gpufrac.webhook.decide.rules.rule import Phase, Rule, Scope
 from gpufrac.webhook.decide.rules.values import (
     DEV,
@@ -37,9 +39,28 @@ def cel() -> str:
             f".map(c, {annotation_message(key, shown, count)})")
 
 
+def check(values: Values) -> list[Violation]:
+    out = []
+    for fraction in values.fractions.values():
+        if not fraction.devices:
+            continue
+        name, key = fraction.container, ann.nvidia_key(fraction.container, Field.DEVICES)
+        shown = ",".join(fraction.devices)
+        if fraction.memory is None:
+            out.append(annotation(key, shown, f"assigns devices to container {name}, whose portion request has no "
+                                  f"memory in MiB yet: the scheduler writes "
+                                  f"{ann.nvidia_key(name, Field.MEMORY_REQUEST)} (and .limit) in the same update, or "
+                                  "the container would start without a memory limit"))
+        if len(fraction.devices) != fraction.num_devices:
+            out.append(annotation(key, shown, f"lists {len(fraction.devices)} devices, but the pod asks for "
+                                              f"{fraction.num_devices} ({ann.NUM_DEVICES})"))
+    return out
+
+
 RULE = Rule(
     "devicesFollowRequest", "devices come with memory, one per requested device",
     Scope.POD, Phase.VALUE, 220,
-    (fr.rule_devices_follow_the_request,),
+    check,
     cel(),
+    by_fraction=True,
 )

@@ -1,4 +1,4 @@
-"""The rule `fractionLimit`: the webhook's Python check, its CEL for the policies, its messages."""
+"""The rule `fractionLimit`: the reader that finds it (`reads`), its CEL for the policies, its messages."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ _DECIMAL_DIGITS = ("a number in scientific notation whose plain form has more th
 RULE = Rule(
     "fractionLimit", "gpu-fraction.limit lies strictly between gpu-fraction and 1, at most 5 digits",
     Scope.POD, Phase.VALUE, 60,
-    (fr.read_portion_limit,),
+    None,
     shorthand_rule(ann.FRACTION_LIMIT, portion_limit_problem, "variables.fractionLimitOk"),
     webhook_only="partly: " + _DECIMAL_DIGITS,
+    reads=fr.read_pod_request,
 )

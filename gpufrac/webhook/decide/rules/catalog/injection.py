@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import (
     SHM_MOUNT_PATH,
     LimitEnv,
 )
-from gpufrac.webhook.decide import validation as va
+from gpufrac.webhook.decide import pod as podview
 from gpufrac.webhook.decide.cel import lit, when
-from gpufrac.webhook.decide.mutation import injected_env, injected_mounts
+from gpufrac.webhook.decide.errors import Violation
+from gpufrac.webhook.decide.fractions import PodFractions
+from gpufrac.webhook.decide.mutation import injected_env, injected_mounts, injected_volumes
 from gpufrac.webhook.decide.policy import Policy
+from gpufrac.webhook.decide.rules.catalog.kai_older_sharing_mode import applies, kai_older_sharing_mode
+from gpufrac.webhook.decide.rules.context import PodReview
 from gpufrac.webhook.decide.rules.parts import REGULAR, mode_dir
 from gpufrac.webhook.decide.rules.rule import Phase, Rule, Scope
 
 
 def cel() -> str:
-    """`validation._injection` on CREATE with CSI delivery: each fractional container carries exactly the env and
+    """`injection` on CREATE with CSI delivery: each fractional container carries exactly the env and
     mounts the mutating webhook injects."""
     out = []
     for mode in ComputeMode:
@@ -50,10 +57,51 @@ def cel() -> str:
                 " + ".join(out))
 
 
+@functools.lru_cache(maxsize=256)
+def _expected_env(container: str, mode: ComputeMode, policy: Policy) -> tuple[dict[str, Any], ...]:
+    """What the mutation injects, to compare with (never written into a pod: shared between reviews)."""
+    return tuple(injected_env(container, mode, policy))
+
+
+@functools.lru_cache(maxsize=16)
+def _expected_mounts(mode: ComputeMode, policy: Policy) -> tuple[tuple[dict[str, Any], dict[str, Any]], ...]:
+    """(mount, the pod volume it mounts) the mutation injects for a container of this mode, to compare with."""
+    volumes = {v["name"]: v for v in injected_volumes(mode, policy)}
+    return tuple((mount, volumes[mount["name"]]) for mount in injected_mounts(mode, policy))
+
+
+def injection(obj: dict[str, Any], fractions: PodFractions, policy: Policy) -> list[Violation]:
+    """Each fractional container carries exactly the env and mount the mutating webhook injects."""
+    out: list[Violation] = []
+    volumes = {v["name"]: v for v in podview.volumes(obj)}
+    for ref in podview.containers(obj, podview.ContainerKind.CONTAINER, podview.ContainerKind.INIT):
+        fraction = fractions.containers.get(ref.name)
+        if fraction is None:
+            continue
+        env = {e["name"]: e for e in podview.env(ref)}
+        mounts = podview.volume_mounts(ref)
+        missing = [w["name"] for w in _expected_env(ref.name, fraction.mode, policy) if env.get(w["name"]) != w]
+        for mount, volume in _expected_mounts(fraction.mode, policy):
+            if mount not in mounts or volumes.get(mount["name"]) != volume:
+                missing.append(f"the {mount['name']} volume mount at {mount['mountPath']}")
+        if missing:
+            out.append(Violation(f"container {ref.name}", f"lacks what gpufrac injects ({', '.join(missing)}): the "
+                                 "gpufrac mutating webhook did not run or its changes were undone"))
+    return out
+
+
+def check(review: PodReview) -> list[Violation]:
+    """What KAI's older mode changed would otherwise read as gpufrac's injection undone: that rule names the cause,
+    this one stays silent."""
+    if not applies(review) or kai_older_sharing_mode(review.obj):
+        return []
+    return injection(review.obj, review.fractions, review.policy)
+
+
 RULE = Rule(
     "injection", "each fractional container carries the env and mounts gpufrac injects",
     Scope.CREATE, Phase.FRACTIONAL, 280,
-    (va.injection,),
+    check,
     cel(),
     webhook_only="partly: with hostPath delivery (mps.delivery) the policies leave it to the webhook",
 )

@@ -1,4 +1,4 @@
-"""The rule `malformedKeys`: the webhook's Python check, its CEL for the policies, its messages."""
+"""The rule `malformedKeys`: the reader that finds it (`reads`), its CEL for the policies, its messages."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ def cel() -> str:
 RULE = Rule(
     "malformedKeys", "keys under gpufrac's prefixes follow the grammar",
     Scope.POD, Phase.VALUE, 10,
-    (fr.read_container_keys,),
+    None,
     cel(),
+    reads=fr.read_container_keys,
 )

@@ -1,4 +1,4 @@
-"""The rule `memory`: the webhook's Python check, its CEL for the policies, its messages."""
+"""The rule `memory`: the reader that finds it (`reads`), its CEL for the policies, its messages."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from gpufrac.webhook.decide.rules.values import (
 RULE = Rule(
     "memory", "gpu-memory is a whole number of MiB",
     Scope.POD, Phase.VALUE, 50,
-    (fr.read_memory_mib,),
+    None,
     shorthand_rule(ann.MEMORY, memory_mib_problem, "variables.memoryOk"),
+    reads=fr.read_pod_request,
 )

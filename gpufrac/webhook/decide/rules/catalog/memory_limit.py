@@ -1,4 +1,4 @@
-"""The rule `memoryLimit`: the webhook's Python check, its CEL for the policies, its messages."""
+"""The rule `memoryLimit`: the reader that finds it (`reads`), its CEL for the policies, its messages."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from gpufrac.webhook.decide.rules.values import (
 RULE = Rule(
     "memoryLimit", "gpu-memory.limit has a unit and is at least gpu-memory",
     Scope.POD, Phase.VALUE, 70,
-    (fr.read_memory_limit,),
+    None,
     shorthand_rule(ann.MEMORY_LIMIT, memory_limit_problem, "variables.memoryLimitOk"),
+    reads=fr.read_pod_request,
 )

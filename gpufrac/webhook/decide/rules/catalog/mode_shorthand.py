@@ -1,4 +1,4 @@
-"""The rule `modeShorthand`: the webhook's Python check, its CEL for the policies, its messages."""
+"""The rule `modeShorthand`: the reader that finds it (`reads`), its CEL for the policies, its messages."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from gpufrac.webhook.decide.rules.values import (
 RULE = Rule(
     "modeShorthand", "the pod-level compute mode is a mode (on a pod with a fraction)",
     Scope.POD, Phase.VALUE, 90,
-    (fr.read_mode,),
+    None,
     when("size(variables.fractional) > 0", shorthand_rule(ann.COMPUTE_MODE, mode_value_problem, "variables.modeOk")),
     webhook_only=("partly: on a pod without a fraction the webhook judges the value only beside another wrong value (a "
-                  "lone mode is allowed with a warning, `fractions.lone_compute_mode`)"),
+                  "lone mode is allowed with a warning, `resolve.lone_compute_mode`)"),
+    reads=fr.read_pod_request,
 )

@@ -1,4 +1,4 @@
-"""The rule `numDevicesValue`: the webhook's Python check, its CEL for the policies, its messages."""
+"""The rule `numDevicesValue`: the reader that finds it (`reads`), its CEL for the policies, its messages."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from gpufrac.webhook.decide.rules.values import (
 RULE = Rule(
     "numDevicesValue", "gpu-fraction-num-devices is 1 to 64",
     Scope.POD, Phase.VALUE, 80,
-    (fr.read_num_devices,),
+    None,
     shorthand_rule(ann.NUM_DEVICES, num_devices_problem),
+    reads=fr.read_pod_request,
 )

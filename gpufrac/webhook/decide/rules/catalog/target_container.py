@@ -1,4 +1,4 @@
-"""The rule `targetContainer`: the webhook's Python check, its CEL for the policies, its messages."""
+"""The rule `targetContainer`: the reader that finds it (`reads`), its CEL for the policies, its messages."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ def cel() -> str:
 RULE = Rule(
     "targetContainer", "gpu-fraction-container-name names a container",
     Scope.POD, Phase.VALUE, 30,
-    (fr.read_target,),
+    None,
     cel(),
+    reads=fr.read_target,
 )

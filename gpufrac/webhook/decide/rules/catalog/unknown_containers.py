@@ -1,4 +1,4 @@
-"""The rule `unknownContainers`: the webhook's Python check, its CEL for the policies, its messages."""
+"""The rule `unknownContainers`: the reader that finds it (`reads`), its CEL for the policies, its messages."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ def cel() -> str:
 RULE = Rule(
     "unknownContainers", "a per-container key names a container of the pod",
     Scope.POD, Phase.VALUE, 20,
-    (fr.read_container_keys,),
+    None,
     cel(),
+    reads=fr.read_container_keys,
 )

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpufrac.core import annotations as ann
 from gpufrac.core.annotations import CanonicalField, ComputeMode
 from gpufrac.core.contract import (
     FRACTIONAL_LABEL,
     FRACTIONAL_VALUE,
 )
-from gpufrac.webhook.decide import validation as va
+from gpufrac.webhook.decide import pod as podview
 from gpufrac.webhook.decide.cel import annotation_message, cat, lit, one, when
+from gpufrac.webhook.decide.errors import Violation, annotation
+from gpufrac.webhook.decide.fractions import PodFractions
+from gpufrac.webhook.decide.mutation import canonical_annotations
+from gpufrac.webhook.decide.rules.context import PodReview
 from gpufrac.webhook.decide.rules.parts import active_thread_percent
 from gpufrac.webhook.decide.rules.rule import Phase, Rule, Scope
 from gpufrac.webhook.decide.rules.values import OURS
@@ -48,7 +54,7 @@ def _stray() -> str:
 
 
 def cel() -> str:
-    """`validation._webhook_output`, asked only when nothing above is denied (as the webhook does)."""
+    """`webhook_output`, asked only when nothing above is denied (as the webhook does)."""
     parts = []
     for field, (needed, value) in _expected("c").items():
         key = canonical_key("c", field)
@@ -73,9 +79,38 @@ def cel() -> str:
     return " + ".join(parts)
 
 
+def webhook_output(obj: dict[str, Any], fractions: PodFractions) -> list[Violation]:
+    """The `gpufrac.io/` annotations and label must be exactly what the webhook derives from the fraction keys."""
+    out: list[Violation] = []
+    expected = canonical_annotations(fractions)
+    actual = {k: v for k, v in podview.annotations(obj).items() if k.startswith(ann.GPUFRAC_DOMAIN)}
+    for key in sorted(expected.keys() | actual.keys()):
+        if actual.get(key) == expected.get(key):
+            continue
+        if key not in expected:
+            out.append(annotation(key, actual[key], "is not one gpufrac writes for this pod; remove it"))
+        else:
+            problem = f"must be {expected[key]}, as gpufrac computes it from the fraction annotations"
+            if key not in actual:
+                problem += ", but it is missing"
+            out.append(annotation(key, actual.get(key), problem + " (only the gpufrac webhook writes them)"))
+    label = podview.labels(obj).get(FRACTIONAL_LABEL)
+    if fractions.is_fractional and label != FRACTIONAL_VALUE:
+        out.append(Violation(f"label {FRACTIONAL_LABEL}", f"must be {FRACTIONAL_VALUE} on a pod with GPU fractions "
+                             "(the node agent finds them by it); it is set by the gpufrac mutating webhook"))
+    elif not fractions.is_fractional and label is not None:
+        out.append(Violation(f"label {FRACTIONAL_LABEL}", "is only for pods with GPU fractions; remove it"))
+    return out
+
+
+def check(review: PodReview) -> list[Violation]:
+    """Not on a workload's template, which nothing has written into yet."""
+    return [] if review.template else webhook_output(review.obj, review.fractions)
+
+
 RULE = Rule(
     "webhookOutput", "the canonical annotations and the label are exactly what gpufrac derives",
     Scope.POD, Phase.OUTPUT, 260,
-    (va.webhook_output,),
+    check,
     cel(),
 )
