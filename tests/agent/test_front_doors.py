@@ -12,11 +12,13 @@ from gpufrac.agent.decide.claim_tenants import NO_CLAIMS, ClaimTenants
 from gpufrac.agent.node.doors import DoorReport, Doors, HoldsNothing, NodeView
 from testkit.agent import UUID_A, UUID_B, FakeNode, container, placing
 
+QUIET = DoorReport()
+
 
 class Door(HoldsNothing):
     def __init__(self, name: str, log: list[str], *, gpus: dict[str, str] | None = None,
                  holders: dict[str, ClaimHolder] | None = None, tenants: ClaimTenants = NO_CLAIMS,
-                 report: DoorReport = DoorReport()) -> None:
+                 report: DoorReport = QUIET) -> None:
         self.name, self.log, self._gpus, self._holders = name, log, gpus or {}, holders or {}
         self._tenants, self._report = tenants, report
 
