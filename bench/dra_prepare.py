@@ -99,9 +99,9 @@ def serve_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from gpufrac.agent.decide.model import GpuInfo, Inventory
     from gpufrac.agent.dra.decide.slices import DRIVER
+    from gpufrac.agent.dra.driver import DraDriver, dra_node
     from gpufrac.agent.dra.files import ClaimSpecs, StateFile
     from gpufrac.agent.dra.plugin import DraPlugin
-    from gpufrac.agent.dra.service import DraDriver, dra_node
     from gpufrac.core.jsonlog import setup_logging
 
     setup_logging("info")  # as the agent logs, into /dev/null (stderr stays for a traceback)
