@@ -44,12 +44,15 @@ def test_generate_needs_no_go(tmp_path: Path):
     done = subprocess.run(["bash", str(copy / "hack" / "grpc-stubs.sh"), "generate"], capture_output=True, text=True,
                           env={**os.environ, "PATH": path, "PYTHON": sys.executable}, timeout=300)
     assert done.returncode == 0, done.stderr
-    generated = copy / "gpufrac" / "agent" / "edges" / "csi" / "generated"
-    assert {p.name for p in generated.iterdir()} >= {"__init__.py", "csi_pb2.py", "csi_pb2_grpc.py",
-                                                      "pluginregistration_pb2.py", "pluginregistration_pb2_grpc.py"}
+    generated = copy / "gpufrac" / "agent" / "csi" / "generated"
+    assert {p.name for p in generated.iterdir()} >= {"__init__.py", "csi_pb2.py", "csi_pb2_grpc.py"}
     assert "github.com/container-storage-interface/spec v1.13.0" in (generated / "__init__.py").read_text()
-    check = subprocess.run([sys.executable, "-c", "from gpufrac.agent.csi.generated import csi_pb2_grpc, "
-                            "pluginregistration_pb2; print(pluginregistration_pb2.PluginInfo.DESCRIPTOR.name)"],
+    registration = copy / "gpufrac" / "agent" / "kubelet_plugin" / "generated"  # once, for CSI and DRA
+    assert {p.name for p in registration.iterdir()} >= {"__init__.py", "pluginregistration_pb2.py",
+                                                         "pluginregistration_pb2_grpc.py"}
+    check = subprocess.run([sys.executable, "-c", "from gpufrac.agent.csi.generated import csi_pb2_grpc; "
+                            "from gpufrac.agent.kubelet_plugin.generated import pluginregistration_pb2; "
+                            "print(pluginregistration_pb2.PluginInfo.DESCRIPTOR.name)"],
                            cwd=copy, capture_output=True, text=True, timeout=60,
                            env={**os.environ, "PYTHONPATH": str(copy)})
     assert check.stdout.strip() == "PluginInfo", check.stderr
