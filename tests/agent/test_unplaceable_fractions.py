@@ -18,12 +18,13 @@ from gpufrac.agent.decide.unplaceable_fractions import (
     unplaceable,
     unplaceable_event,
 )
+from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.node.doors import NodeChecks
 from gpufrac.agent.node.unplaceable_fractions import UnplaceableFractionsWatch
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.webhook.decide.policy import Policy
 from testkit.admission import created
-from testkit.agent import FakeKube, FakeNode
+from testkit.agent import FakeKube, FakeNode, value
 from testkit.pods import pod
 
 TS, SM = "gpufrac.io/enforcement.time-slicing", "gpufrac.io/enforcement.sm-sharing"
@@ -97,20 +98,23 @@ def events(kube: FakeKube) -> list[dict[str, Any]]:
     return [e for e in kube.events.values() if e["reason"] == NO_NODE_SERVES_TIME_SLICING]
 
 
-def ticked(node: FakeNode, watch: UnplaceableFractionsWatch | None = None) -> FakeKube:
-    agent = node.start_agent(checks=NodeChecks(watches=(watch or UnplaceableFractionsWatch(node.kube,
-                                                                                          node.config.node),)))
+def ticked(node: FakeNode) -> tuple[FakeKube, AgentMetrics]:
+    metrics = AgentMetrics(node=node.config.node)
+    agent = node.start_agent(checks=NodeChecks(watches=(UnplaceableFractionsWatch(node.kube, node.config.node,
+                                                                                  metrics),)))
     agent.tick()
-    return node.kube
+    return node.kube, metrics
 
 
 def test_on_a_580_cluster_the_pod_gets_the_event_with_the_fix_once(old_cluster: FakeNode) -> None:
     kube = old_cluster.kube
     kube.pods.append(waiting())
-    watch = UnplaceableFractionsWatch(kube, old_cluster.config.node)
+    metrics = AgentMetrics(node=old_cluster.config.node)
+    watch = UnplaceableFractionsWatch(kube, old_cluster.config.node, metrics)
     agent = old_cluster.start_agent(checks=NodeChecks(watches=(watch,)))
     agent.tick()  # one agent interval
     [event] = events(kube)
+    assert value(metrics, "gpufrac_unplaceable_fractions") == 1
     assert event["involvedObject"]["name"] == "wait" and event["source"]["host"] == "gpu-node-1"
     assert "580" in event["message"] and all(fix in event["message"] for fix in FIX)
     assert kube.labels[TS] == "none"  # this node's own label, listed with the others
@@ -119,29 +123,33 @@ def test_on_a_580_cluster_the_pod_gets_the_event_with_the_fix_once(old_cluster: 
     agent.tick()
     assert kube.create_event_calls == calls and len(events(kube)) == 1  # told: not asked again
     # the agent of the other 580 node finds the same pod: the same Event, AlreadyExists, still one
-    UnplaceableFractionsWatch(kube, "gpu-node-2")(agent)
+    UnplaceableFractionsWatch(kube, "gpu-node-2", AgentMetrics(node="gpu-node-2"))(agent)
     assert kube.create_event_calls == calls + 1 and len(events(kube)) == 1
     # the pod bound or gone: forgotten; a new one is told at the next tick
     kube.pods[-1] = waiting(name="next", uid="u-next")
     agent.tick()
     assert sorted(e["involvedObject"]["name"] for e in events(kube)) == ["next", "wait"]
+    kube.pods.pop()  # bound elsewhere or deleted
+    agent.tick()
+    assert value(metrics, "gpufrac_unplaceable_fractions") == 0
 
 
 def test_no_event_where_some_node_serves_time_slicing(old_cluster: FakeNode) -> None:
     old_cluster.kube.other_nodes["gpu-node-3"] = dict(NEW_NODE)
     old_cluster.kube.pods.append(waiting())
-    kube = ticked(old_cluster)
+    kube, metrics = ticked(old_cluster)
     assert events(kube) == [] and kube.lists == ["unbound fractions", f"nodes {TS}"]
+    assert value(metrics, "gpufrac_unplaceable_fractions") == 0
 
 
 def test_no_event_where_the_pod_named_a_mode(old_cluster: FakeNode) -> None:
     old_cluster.kube.pods.append(waiting({"kai.scheduler/gpu-compute-sharing-mode": "time-slicing"}))
-    kube = ticked(old_cluster)
+    kube, _ = ticked(old_cluster)
     assert events(kube) == [] and kube.lists == ["unbound fractions"]  # no node list: nothing to tell
 
 
 def test_an_r615_node_lists_nothing(fake_node: FakeNode) -> None:
     fake_node.kube.other_nodes["gpu-node-2"] = dict(OLD_NODE)
     fake_node.kube.pods.append(waiting())
-    kube = ticked(fake_node)
+    kube, _ = ticked(fake_node)
     assert events(kube) == [] and kube.lists == []  # it serves time-slicing: not its to say, and no cost

@@ -2,7 +2,7 @@
 driver cannot serve time-slicing (no memory limits: before r615), and only there: one list of the fractional pods
 no node has; where some of them are time-slicing only because they name no mode, one list of gpufrac's nodes (at most
 once a minute while one of them serves time-slicing); then one Warning Event on each such pod, named so that the
-agents of every such node make it once."""
+agents of every such node make it once; gpufrac_unplaceable_fractions counts the pods told that no node has yet."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from gpufrac.agent.decide.unplaceable_fractions import (
     unplaceable,
     unplaceable_event,
 )
+from gpufrac.agent.edges.metrics import AgentMetrics
 from gpufrac.agent.node.doors import NodeView
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.core.contract import enforcement_label
@@ -37,8 +38,9 @@ class PendingFractionsApi(EventSink, Protocol):
 
 
 class UnplaceableFractionsWatch:
-    def __init__(self, kube: PendingFractionsApi, node: str, clock: Callable[[], float] = time.monotonic) -> None:
-        self._kube, self._node, self._clock = kube, node, clock
+    def __init__(self, kube: PendingFractionsApi, node: str, metrics: AgentMetrics,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._kube, self._node, self._metrics, self._clock = kube, node, metrics, clock
         self._told: set[str] = set()  # the UIDs of the pods whose Event exists
         self._served_seen_at: float | None = None  # when a node serving time-slicing was last listed
 
@@ -51,6 +53,7 @@ class UnplaceableFractionsWatch:
             self._tell(inventory.driver_version)
         except KubeError as err:  # the API unreachable: the next tick tries again
             log.warning("looking for fractions no node can place: %s", err)
+        self._metrics.unplaceable_fractions.set(len(self._told))
 
     def _tell(self, own_driver: str) -> None:
         pods = self._kube.list_unbound_fractions()

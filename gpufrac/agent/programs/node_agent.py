@@ -182,7 +182,7 @@ def node_checks(args: argparse.Namespace, kube: KubeClient, metrics: AgentMetric
     skew = (WebhookSkewWatch(kube, namespace, args.webhook_deployment, version(), metrics),) \
         if args.webhook_deployment and namespace else ()
     return NodeChecks(blockers=(kai,), remarks=skew, standing_down=kai.standing_down,
-                      watches=(UnplaceableFractionsWatch(kube, node),))
+                      watches=(UnplaceableFractionsWatch(kube, node, metrics),))
 
 
 def withdraw_host(args: argparse.Namespace, kube: DaemonSetApi) -> None:
