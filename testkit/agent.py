@@ -130,6 +130,8 @@ class FakeKube:
         self.label_error: KubeError | None = None  # what patching the node's labels raises (None: it works)
         self.pod_errors: dict[str, KubeError] = {}  # by pod name: what reading that pod raises
         self.list_error: KubeError | None = None  # what listing a namespace's pods by label raises
+        self.other_nodes: dict[str, dict[str, str]] = {}  # the cluster's other nodes, by name: their labels
+        self.lists: list[str] = []  # each cluster-wide list the agent made (unbound fractions, labelled nodes)
 
     def patch_node_labels(self, node: str, labels: Mapping[str, str | None]) -> None:
         if self.label_error is not None:
@@ -174,11 +176,23 @@ class FakeKube:
         self.evicted_after_patch.append(len(self.label_patches) - 1)
         return EvictionOutcome.EVICTED, ""
 
+    def _fractional(self) -> list[dict[str, Any]]:
+        return [p for p in self.pods if (p["metadata"].get("labels") or {}).get(FRACTIONAL_LABEL) == FRACTIONAL_VALUE]
+
     def list_pods(self, node: str) -> tuple[list[dict[str, Any]], str]:
-        """As the agent's selector lists them: the pods gpufrac labelled (a DRA claim's pod is read by get_pod)."""
-        labelled = [p for p in self.pods
-                    if (p["metadata"].get("labels") or {}).get(FRACTIONAL_LABEL) == FRACTIONAL_VALUE]
-        return labelled, "100"
+        """As the agent's selector lists them: the pods gpufrac labelled that a node has (spec.nodeName=<node> never
+        matches an unbound pod; a DRA claim's pod is read by get_pod)."""
+        return [p for p in self._fractional() if (p.get("spec") or {}).get("nodeName")], "100"
+
+    def list_unbound_fractions(self) -> list[dict[str, Any]]:
+        """The selector's `spec.nodeName=`: the labelled pods no node has."""
+        self.lists.append("unbound fractions")
+        return [p for p in self._fractional() if not (p.get("spec") or {}).get("nodeName")]
+
+    def labelled_nodes(self, label: str) -> list[dict[str, str]]:
+        """This node (its labels as patched) and the other nodes, where they carry `label`."""
+        self.lists.append(f"nodes {label}")
+        return [dict(labels) for labels in (self.labels, *self.other_nodes.values()) if label in labels]
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         if name in self.pod_errors:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -110,6 +111,14 @@ def portion_limit_key(container: str) -> str:
 
 def canonical_key(container: str, field: CanonicalField) -> str:
     return f"{CANONICAL_PREFIX}{container}.{field}"
+
+
+def names_a_mode(annotations: Mapping[str, object]) -> bool:
+    """Whether a pod's own annotations name a compute mode (KAI's pod-level key or a container's `gpu-compute.mode`):
+    where none does, the fraction is time-slicing (DEFAULT_MODE), or what the webhook's default mode writes."""
+    return COMPUTE_MODE in annotations or any(
+        isinstance(k, str) and k.startswith(NVIDIA_PREFIX) and k.endswith("." + Field.COMPUTE_MODE)
+        for k in annotations)
 
 
 def is_fraction_key(key: str) -> bool:

@@ -642,6 +642,7 @@ def test_agent_rbac(default: list[dict[str, Any]]) -> None:
         assert ("", "pods", verb, ()) in rules
     for res in ("nodes", "nodes/status"):
         assert ("", res, "get", ()) in rules and ("", res, "patch", ()) in rules
+    assert ("", "nodes", "list", ()) in rules  # whether any node serves time-slicing (unplaceable fractions)
     assert ("", "events", "create", ()) in rules and ("", "events", "patch", ()) in rules
     assert ("", "pods/eviction", "create", ()) not in rules  # the defaults never evict
     assert not any(v in {"delete", "*", "update"} for _, _, v, _ in rules)

@@ -2,7 +2,8 @@
 agent pod on node A, so it carries the `authentication.kubernetes.io/node-name` extra a kubelet-mounted token
 carries) writes its own node's Node and ResourceSlices and evicts pods on its node, and is refused the same on
 node B. The chart's own RBAC and ValidatingAdmissionPolicies (templates/agent/own-node-policy.yaml) are applied as
-`helm template` renders them; no kubelet is needed (Nodes and bound pods are plain API objects)."""
+`helm template` renders them; no kubelet is needed (Nodes and bound pods are plain API objects). Its reads beside:
+the fractional pods no node has and the nodes' labels, cluster-wide, and an Event on such a pod."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from e2e.cluster import ControlPlane
 from e2e.kubectl import KubectlResult, as_list, run_kubectl
 from e2e.toolkit import pki
 from e2e.toolkit.wait import wait_until
+from gpufrac.agent.decide.unplaceable_fractions import defaulted_time_slicing, unplaceable, unplaceable_event
+from gpufrac.agent.edges.kube import KubeClient
 from testkit.chart import CHART, HELM
 
 pytestmark = pytest.mark.e2e
@@ -167,3 +170,33 @@ def test_without_a_node_claim_the_agent_s_identity_writes_nothing(cluster: Contr
     refused = label(unbound, agent.nodes[0])
     assert refused.rc != 0 and "names no node" in refused.stderr
     assert evict(unbound, "work-a").rc != 0
+
+
+def test_the_agent_may_list_the_pods_no_node_has_and_the_nodes_and_tell_such_a_pod(agent: Agent) -> None:
+    """Where no node serves time-slicing, an agent on an old driver lists the fractional pods no node has and the
+    nodes' labels, and puts its Event on such a pod (decide/unplaceable_fractions.py), through its real edge and the
+    chart's RBAC: reads cluster-wide, the one write an Event."""
+    own, other = agent.nodes
+    ts = "gpufrac.io/enforcement.time-slicing"
+    admin(agent.plane, "label", "node", own, other, f"{ts}=none", "--overwrite")
+    waiting = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "waiting", "namespace": agent.ns, "labels": {"gpufrac.io/fractional": "true"},
+        "annotations": {"gpu-fraction": "0.5", "gpufrac.io/container.c.compute-mode": "time-slicing"}},
+        # what the webhook's affinity asks, as a selector no node meets: it stays unbound
+        "spec": {"nodeSelector": {ts: "driver"}, "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}
+    admin(agent.plane, "create", "-f", "-", input=json.dumps(waiting))
+    kube = KubeClient.from_config(str(agent.kubeconfig))
+    assert wait_until(lambda: any(p["metadata"]["name"] == "waiting" and p["metadata"]["namespace"] == agent.ns
+                                  for p in kube.list_unbound_fractions()), 30, "the pod in the watch cache")
+    pods = [p for p in kube.list_unbound_fractions() if p["metadata"]["namespace"] == agent.ns]
+    assert [p["metadata"]["name"] for p in pods] == ["waiting"]  # work-a and work-b have a node
+    nodes = [n for n in kube.labelled_nodes(ts) if n.get("test") == "least-privilege"]
+    assert len(nodes) == 2
+    [found] = unplaceable(pods, nodes)
+    assert defaulted_time_slicing(pods[0]) == found
+    assert kube.create_event(agent.ns, unplaceable_event(own, found, ["580.95.05"]))
+    assert not kube.create_event(agent.ns, unplaceable_event(other, found, ["580.95.05"]))  # the other agent's: once
+    events = admin(agent.plane, "get", "events", "-n", agent.ns, "--field-selector",
+                   "reason=NoNodeServesTimeSlicing", "-o", "json").stdout
+    [event] = json.loads(events)["items"]
+    assert event["involvedObject"]["name"] == "waiting" and "webhook.defaultMode=sm-sharing" in event["message"]

@@ -151,3 +151,18 @@ def refusal_event(node: str, namespace: str, pod: str, pod_uid: str, container: 
         message[:1024],
         now or dt.datetime.now(dt.UTC),
     )
+
+
+def pod_notice_event(node: str, namespace: str, pod: str, pod_uid: str, reason: str, message: str, *,
+                     label: str, now: dt.datetime | None = None) -> dict[str, Any]:
+    """A Warning Event on a pod about the pod as a whole, named by its UID and the reason: every agent that finds
+    the same thing makes the same Event, so the cluster gets it once (the others' create is AlreadyExists)."""
+    digest = hashlib.sha256("\0".join((pod_uid, reason)).encode()).hexdigest()[:16]
+    return _warning_event(
+        node,
+        {"name": f"{pod[:200]}.gpufrac-{digest}", "namespace": namespace, "labels": {label: reason}},
+        {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": pod, "uid": pod_uid},
+        reason,
+        message[:1024],
+        now or dt.datetime.now(dt.UTC),
+    )

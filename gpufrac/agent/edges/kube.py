@@ -249,6 +249,22 @@ class KubeClient:
         body = json.loads(resp.data)
         return body.get("items") or [], body["metadata"].get("resourceVersion", "")
 
+    def list_unbound_fractions(self) -> list[dict[str, Any]]:
+        """The fractional pods no node has yet (spec.nodeName empty), in every namespace, as the API server's watch
+        cache has them (resourceVersion 0: no read of etcd)."""
+        with translated("listing the fractional pods no node has"):
+            resp = self.core.list_pod_for_all_namespaces(
+                label_selector=f"{FRACTIONAL_LABEL}={FRACTIONAL_VALUE}", field_selector="spec.nodeName=",
+                resource_version="0", _preload_content=False)
+        items: list[dict[str, Any]] = json.loads(resp.data).get("items") or []
+        return items
+
+    def labelled_nodes(self, label: str) -> list[dict[str, str]]:
+        """The labels of every node that carries `label` (any value), from the API server's watch cache."""
+        with translated(f"listing the nodes labelled {label}"):
+            resp = self.core.list_node(label_selector=label, resource_version="0", _preload_content=False)
+        return [(node.get("metadata") or {}).get("labels") or {} for node in json.loads(resp.data).get("items") or []]
+
     def watch_pods(self, node: str, resource_version: str, timeout_seconds: int) -> Iterator[dict[str, Any]]:
         """Raw watch events; raises GoneError on 410 (as a status or an ERROR event)."""
         with translated(f"watching pods on {node}"):

@@ -149,6 +149,13 @@ class AgentMetrics:
             "match; a helm upgrade rolls both); 0 when they match or the webhook's version is not known",
             registry=self.registry,
         )
+        self.unplaceable_fractions = Gauge(
+            "gpufrac_unplaceable_fractions",
+            "Fractional pods no node has that are time-slicing only because they name no mode, while no node serves "
+            "time-slicing (each has the Event NoNodeServesTimeSlicing): as this agent last saw them, where its driver "
+            "cannot serve time-slicing; 0 elsewhere",
+            registry=self.registry,
+        )
         self.daemon_restarts = Counter(
             "gpufrac_mps_daemon_restarts",
             "Restarts of the mode's MPS control daemon after it exited unexpectedly",

@@ -22,16 +22,18 @@ from gpufrac.core.annotations import ComputeMode
 
 Found = tuple[str, str]  # (reason, message), said on the node's condition
 Check = Callable[[], "Found | None"]
+Watch = Callable[["NodeView"], None]  # run at each tick, after the node's condition, with the agent's view
 
 
 @dataclass(frozen=True)
 class NodeChecks:
     """Checks of the node's own beside the doors': what makes it not Ready (KAI's gpu-fractioning operator here: the
-    agent stands down, and publishes its own condition only), and remarks said on a Ready one (a webhook of another
-    minor version)."""
+    agent stands down, and publishes its own condition only), remarks said on a Ready one (a webhook of another
+    minor version), and watches that tell the cluster what the node sees (fractions no node can place)."""
 
     blockers: tuple[Check, ...] = ()
     remarks: tuple[Check, ...] = ()
+    watches: tuple[Watch, ...] = ()
     standing_down: Callable[[], bool] = lambda: False
 
 

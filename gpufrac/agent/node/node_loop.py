@@ -173,6 +173,8 @@ class Agent:
                                    self._condition(enforced, statuses, skew_message, daemon_side))
         if self.inventory is not None and self.pods.synced.is_set():
             self.audit.run(self.inventory)
+        for watch in self._checks.watches:
+            watch(self)
         self._last_tick = self._clock()
         self.ticked.set()
 

@@ -25,6 +25,7 @@ from gpufrac.agent.node.doors import DoorFactory, FrontDoor, NodeChecks, NodeVie
 from gpufrac.agent.node.guarantee import GuaranteeConfig
 from gpufrac.agent.node.kai_fractioning import KaiFractioningWatch
 from gpufrac.agent.node.node_loop import Agent
+from gpufrac.agent.node.unplaceable_fractions import UnplaceableFractionsWatch
 from gpufrac.agent.node.webhook_skew import WebhookSkewWatch
 from gpufrac.agent.nri.config import NriConfig
 from gpufrac.agent.programs.daemon_options import add_daemon_arguments, restart_policy
@@ -174,12 +175,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def node_checks(args: argparse.Namespace, kube: KubeClient, metrics: AgentMetrics, node: str) -> NodeChecks:
     """KAI's gpu-fractioning operator on the node: the agent stands down (decide.kai_fractioning); a webhook of
-    another minor version: a remark on the node's condition."""
+    another minor version: a remark on the node's condition; fractions no node can place (a driver before r615 on
+    every node, and no mode named): an Event on each (decide.unplaceable_fractions)."""
     kai = KaiFractioningWatch(kube, kube, node)
     namespace = os.environ.get("POD_NAMESPACE", "")
     skew = (WebhookSkewWatch(kube, namespace, args.webhook_deployment, version(), metrics),) \
         if args.webhook_deployment and namespace else ()
-    return NodeChecks(blockers=(kai,), remarks=skew, standing_down=kai.standing_down)
+    return NodeChecks(blockers=(kai,), remarks=skew, standing_down=kai.standing_down,
+                      watches=(UnplaceableFractionsWatch(kube, node, metrics),))
 
 
 def withdraw_host(args: argparse.Namespace, kube: DaemonSetApi) -> None:

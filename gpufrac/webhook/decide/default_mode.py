@@ -10,7 +10,14 @@ import copy
 from typing import Any
 
 from gpufrac.core import annotations as ann
-from gpufrac.core.annotations import ComputeMode, Field, MalformedKeyError, nvidia_key, parse_container_key
+from gpufrac.core.annotations import (
+    ComputeMode,
+    Field,
+    MalformedKeyError,
+    names_a_mode,
+    nvidia_key,
+    parse_container_key,
+)
 
 # Pod-level shorthands that ask for a fraction (the pod-level mode shorthand goes with them)
 _POD_LEVEL = (ann.FRACTION, ann.MEMORY)
@@ -19,7 +26,7 @@ _POD_LEVEL = (ann.FRACTION, ann.MEMORY)
 def with_default_mode(obj: dict[str, Any], mode: ComputeMode | None) -> dict[str, Any]:
     """`obj` with `mode` written where it asks for a fraction and names no mode anywhere; `obj` itself otherwise."""
     annotations = (obj.get("metadata") or {}).get("annotations")
-    if mode is None or not isinstance(annotations, dict) or _names_a_mode(annotations):
+    if mode is None or not isinstance(annotations, dict) or names_a_mode(annotations):
         return obj
     added = {ann.COMPUTE_MODE: str(mode)} if any(k in annotations for k in _POD_LEVEL) else {
         nvidia_key(container, Field.COMPUTE_MODE): str(mode) for container in _per_container(annotations)}
@@ -28,12 +35,6 @@ def with_default_mode(obj: dict[str, Any], mode: ComputeMode | None) -> dict[str
     result = copy.deepcopy(obj)
     result["metadata"]["annotations"].update(added)
     return result
-
-
-def _names_a_mode(annotations: dict[str, Any]) -> bool:
-    return ann.COMPUTE_MODE in annotations or any(
-        isinstance(k, str) and k.startswith(ann.NVIDIA_PREFIX) and k.endswith("." + Field.COMPUTE_MODE)
-        for k in annotations)
 
 
 def _per_container(annotations: dict[str, Any]) -> list[str]:
