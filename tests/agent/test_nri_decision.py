@@ -269,6 +269,30 @@ def test_a_fraction_created_while_the_plugin_was_away_is_stopped(pair: tuple[Pod
     assert unserved([pair], None) == []  # since when is not known: nothing is stopped
 
 
+def judged(pod: PodInfo, info: ContainerInfo) -> Outcome:
+    return decide(pod, info, CDI_NODE, Policy(trusted_namespaces=frozenset({"nvidia-device-plugin"}))).outcome
+
+
+@pytest.mark.parametrize(("pair", "stopped"), [
+    (created(plain({"NVIDIA_VISIBLE_DEVICES": "all"}), AWAY_SINCE + 5), True),  # its env may have had every GPU
+    (created(plain({"NVIDIA_VISIBLE_DEVICES": "void"}), AWAY_SINCE + 5), False),  # voided: by the plugin, or itself
+    (created(plain({"MODEL": "small"}), AWAY_SINCE + 5), False),  # asked for no GPU
+    (created(plain({"NVIDIA_VISIBLE_DEVICES": "all"}), AWAY_SINCE - 5), False),  # before the plugin went away
+    ((PodInfo("nvidia-device-plugin", "dp", "u7", {}),  # the GPU stack's own keeps its env
+      replace(ContainerInfo("c7", "plugin", {"NVIDIA_VISIBLE_DEVICES": "all"}), created_at=AWAY_SINCE + 5)), False),
+])
+def test_a_plain_container_that_asked_for_a_gpu_while_the_plugin_was_away_is_stopped(
+        pair: tuple[PodInfo, ContainerInfo], stopped: bool) -> None:
+    found = unserved([pair], AWAY_SINCE, judged)
+    assert [u.container.id for u in found] == ([pair[1].id] if stopped else [])
+    if stopped:
+        assert found[0].message == (
+            "container app of pod team-a/plain is no GPU fraction and its env asks for a GPU; it was created at "
+            "2027-01-15T08:00:05Z, while the gpufrac NRI plugin was away (from about 2027-01-15T08:00:00Z): its env "
+            "may have given it a GPU without limits, which the plugin voids")
+    assert unserved([pair], AWAY_SINCE) == []  # no judge: a container that is no fraction is left alone
+
+
 # ---- a single-user MPS daemon serves one UID at a time (creation_escapes.mps_user_conflict, row 5) ----
 
 def as_user(pair: tuple[PodInfo, ContainerInfo], uid: int | None) -> tuple[PodInfo, ContainerInfo]:

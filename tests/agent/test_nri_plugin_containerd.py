@@ -64,10 +64,23 @@ class Pods:
         self.call("start", container_id)
         return container_id
 
-    def configs(self, name: str, uid: int | None) -> tuple[Path, Path]:
-        annotations = canonical_annotations("app", request_mib=1024, limit_mib=2048, devices=[GPU_UUIDS[1]])
-        env = {k: v for k, v in injected_env(container("app", request_mib=1024, limit_mib=2048,
-                                                       devices=(GPU_UUIDS[1],))).items() if k != "PATH"}
+    def plain(self, name: str, env: dict[str, str]) -> str:
+        """A pod that is no fraction, its running container with `env`; the container's ID."""
+        sandbox, config = self.configs(name, None, fraction=False, env=env)
+        container_id = self.call("create", self.call("runp", str(sandbox)), str(config), str(sandbox))
+        self.call("start", container_id)
+        return container_id
+
+    def env(self, container_id: str) -> list[str]:
+        return list(json.loads(self.call("inspect", container_id))["info"]["runtimeSpec"]["process"]["env"])
+
+    def configs(self, name: str, uid: int | None, *, fraction: bool = True,
+                env: dict[str, str] | None = None) -> tuple[Path, Path]:
+        annotations = canonical_annotations("app", request_mib=1024, limit_mib=2048, devices=[GPU_UUIDS[1]]) \
+            if fraction else {}
+        if env is None:
+            env = {k: v for k, v in injected_env(container("app", request_mib=1024, limit_mib=2048,
+                                                           devices=(GPU_UUIDS[1],))).items() if k != "PATH"}
         sandbox = self.workdir / f"{name}-pod.json"
         sandbox.write_text(json.dumps({
             "metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}", "attempt": 0},
@@ -144,3 +157,30 @@ def test_a_fraction_of_another_uid_than_the_single_user_daemon_serves_is_refused
         assert ("container app of pod team-a/as-2000 runs as UID 2000, but this node's time-slicing MPS daemon serves "
                 "one user at a time and serves UID 1000 (container app of pod team-a/as-1000)") in refused.stderr
         assert pods.fraction("also-1000", uid=1000)  # its own UID is served
+
+
+def test_containerd_stops_a_plain_container_that_asked_for_a_gpu_while_the_plugin_was_away(
+        node: CriNode, tmp_path: Path) -> None:
+    """Issue 43, the away window for plain pods: a container that is no fraction, created while no plugin was
+    registered with the CUDA image's NVIDIA_VISIBLE_DEVICES=all (which NVIDIA's runtime turns into every GPU), is
+    stopped when the plugin is back; one that asked for no GPU (the image's `all` voided in its spec), and one the
+    plugin voided, keep running."""
+    pods = Pods(node, tmp_path)
+    lock = tmp_path / "nri.lock"
+    lock.write_text(f"4242\n{time.time():.3f}\n")  # a plugin was registered here until now, then went away
+    greedy = pods.plain("greedy-while-away", {})
+    modest = pods.plain("modest-while-away", {"NVIDIA_VISIBLE_DEVICES": "void"})
+
+    sink = RecordingSink()
+    with registered_plugin(node, sink, "sweep-test", lock):
+        wait_until(lambda: pods.state(greedy) == "CONTAINER_EXITED", 60, "the greedy container stopped",
+                   interval=0.2)
+        [found] = sink.unserved
+        assert found.container.id == greedy and "is no GPU fraction and its env asks for a GPU" in found.message
+        assert pods.state(modest) == "CONTAINER_RUNNING"
+        voided = pods.plain("greedy-through-the-plugin", {})
+        assert "NVIDIA_VISIBLE_DEVICES=void" in pods.env(voided)
+    sink = RecordingSink()
+    with registered_plugin(node, sink, "sweep-test", lock):  # a restart: what the plugin voided is left alone
+        time.sleep(2)
+        assert sink.unserved == [] and pods.state(voided) == "CONTAINER_RUNNING"

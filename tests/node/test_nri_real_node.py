@@ -390,6 +390,10 @@ def test_with_the_agent_stopped_no_container_gets_a_gpu_without_limits(node: Rea
     wait_until(lambda: plugin_registered(node), 180, "the agent back, its plugin registered", interval=1)
     wait_running(node, new, timeout=240)
     assert inside(node, new)[0] == {"nvidia3", *CONTROL_DEVICES}, "creation works again, with the plugin"
+    # the plain container that asked for every GPU while the plugin was away is found and stopped (issue 43)
+    swept = wait_until(lambda: agent_event(node, plain, "GPUCreatedWithoutPlugin"), 120, "the plain pod swept",
+                       interval=1)
+    assert "is no GPU fraction" in swept["message"] and "so the plugin stopped it" in swept["message"], swept
     delete(node, running, new, plain)
 
 

@@ -36,6 +36,7 @@ from gpufrac.agent.nri.decide.creation import (
     ContainerInfo,
     Injection,
     NodeFacts,
+    Outcome,
     PodInfo,
     Policy,
     Refusal,
@@ -131,7 +132,7 @@ class NriPlugin:
         away_since = None if self.present_until is None else \
             self.present_until - self._request_timeout_s - HEARTBEAT_S - 1.0
         self._away_since = away_since
-        for each in unserved([(s.pod, s.container) for s in containers if s.live], away_since):
+        for each in unserved([(s.pod, s.container) for s in containers if s.live], away_since, self._judge):
             if each.container.pid <= 0:
                 log.info("NRI: %s; it has not started: its start is refused", each.message)
                 continue  # start_container refuses it, with the Event
@@ -152,10 +153,17 @@ class NriPlugin:
             return str(err)
         return None
 
+    def _judge(self, pod: PodInfo, container: ContainerInfo) -> Outcome:
+        """What a creation of this container would get now (the sweep's question for one that is no fraction)."""
+        with self._lock:
+            return decide(pod, container, self._creation_facts(), self._policy).outcome
+
+    def _creation_facts(self) -> NodeFacts:
+        return replace(self._facts(), serving=tuple(self._serving.values()), allocations=self._checkpoint.allocations())
+
     def create_container(self, pod: PodInfo, container: ContainerInfo) -> Injection | Refusal:
         with self._lock:  # one decision at a time: two creations must not both take a GPU for different modes
-            facts = replace(self._facts(), serving=tuple(self._serving.values()),
-                            allocations=self._checkpoint.allocations())
+            facts = self._creation_facts()
             result = decide(pod, container, facts, self._policy)
             if isinstance(result, Injection) and result.serving is not None:
                 # half the runtime's deadline: an answer later than it lets the container through unchanged
@@ -174,7 +182,7 @@ class NriPlugin:
         """A fraction created while the plugin was away and not started when it came back (the sweep had no process
         to stop): its start is refused, and the kubelet creates it again, through the plugin. One the plugin served
         carries its mark."""
-        found = unserved([(pod, container)], self._away_since)
+        found = unserved([(pod, container)], self._away_since, self._judge)
         if not found:
             return None
         refused = replace(found[0], message=found[0].message + "; so the plugin refused its start, and the kubelet "
