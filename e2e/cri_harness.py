@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -42,16 +42,18 @@ def missing() -> str | None:
 
 
 @contextmanager
-def started_cri_node(tag: str, skip: Callable[[str], Any]) -> Iterator[CriNode]:
+def started_cri_node(tag: str, skip: Callable[[str], Any], *, nri_required_plugins: Sequence[str] = (),
+                     nri_tolerate_annotation: str = "") -> Iterator[CriNode]:
     """The node, started; stopped, its pods removed, on leaving. Where it cannot run here, `skip(why)` (a test's
-    pytest.skip) is called instead."""
+    pytest.skip) is called instead. `nri_required_plugins`: containerd's NRI default validator requires them."""
     why = missing()
     if why:
         skip(why)
         raise RuntimeError(why)  # a skip that returned
     # a short path: a unix socket's path must stay under 108 bytes
     root = Path(f"/tmp/gpufrac-{tag}-{os.getpid()}-{time.monotonic_ns() % 100000}")
-    node = CriNode(root, PAUSE_IMAGE, GPU_UUIDS)
+    node = CriNode(root, PAUSE_IMAGE, GPU_UUIDS, nri_required_plugins=nri_required_plugins,
+                   nri_tolerate_annotation=nri_tolerate_annotation)
     try:
         node.start(IMAGES_DIR)
         yield node

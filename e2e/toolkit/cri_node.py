@@ -23,13 +23,17 @@ IMAGE_ARCHIVES = ("pause.oci.tar", "app.oci.tar")
 
 
 class CriNode:
-    def __init__(self, root: Path, pause_image: str, uuids: Sequence[str]) -> None:
-        """`root`: keep it short, a unix socket's path must stay under 108 bytes."""
+    def __init__(self, root: Path, pause_image: str, uuids: Sequence[str], *,
+                 nri_required_plugins: Sequence[str] = (), nri_tolerate_annotation: str = "") -> None:
+        """`root`: keep it short, a unix socket's path must stay under 108 bytes. `nri_required_plugins`: NRI's
+        default validator refuses containers while one of them is not connected (Containerd's)."""
         self.root = root
         self.dev = root / "dev"
         self.uuids = tuple(uuids)
         # the network only fills containerd's CNI config, which host-network pods never use
-        self.containerd = Containerd(root / "containerd", pause_image, NodeNetwork(bridge="gpufraccri0"))
+        self.containerd = Containerd(root / "containerd", pause_image, NodeNetwork(bridge="gpufraccri0"),
+                                     nri_required_plugins=nri_required_plugins,
+                                     nri_tolerate_annotation=nri_tolerate_annotation)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property

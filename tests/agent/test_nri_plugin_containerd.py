@@ -64,9 +64,9 @@ class Pods:
         self.call("start", container_id)
         return container_id
 
-    def plain(self, name: str, env: dict[str, str]) -> str:
-        """A pod that is no fraction, its running container with `env`; the container's ID."""
-        sandbox, config = self.configs(name, None, fraction=False, env=env)
+    def plain(self, name: str, env: dict[str, str], annotations: dict[str, str] | None = None) -> str:
+        """A pod that is no fraction (with `annotations`), its running container with `env`; the container's ID."""
+        sandbox, config = self.configs(name, None, fraction=False, env=env, annotations=annotations)
         container_id = self.call("create", self.call("runp", str(sandbox)), str(config), str(sandbox))
         self.call("start", container_id)
         return container_id
@@ -74,10 +74,10 @@ class Pods:
     def env(self, container_id: str) -> list[str]:
         return list(json.loads(self.call("inspect", container_id))["info"]["runtimeSpec"]["process"]["env"])
 
-    def configs(self, name: str, uid: int | None, *, fraction: bool = True,
-                env: dict[str, str] | None = None) -> tuple[Path, Path]:
-        annotations = canonical_annotations("app", request_mib=1024, limit_mib=2048, devices=[GPU_UUIDS[1]]) \
-            if fraction else {}
+    def configs(self, name: str, uid: int | None, *, fraction: bool = True, env: dict[str, str] | None = None,
+                annotations: dict[str, str] | None = None) -> tuple[Path, Path]:
+        annotations = {**(canonical_annotations("app", request_mib=1024, limit_mib=2048, devices=[GPU_UUIDS[1]])
+                          if fraction else {}), **(annotations or {})}
         if env is None:
             env = {k: v for k, v in injected_env(container("app", request_mib=1024, limit_mib=2048,
                                                            devices=(GPU_UUIDS[1],))).items() if k != "PATH"}
@@ -100,6 +100,29 @@ class Pods:
         """The container's OCI spec annotations, where an NRI adjustment's land."""
         spec = json.loads(self.call("inspect", container_id))["info"]["runtimeSpec"]
         return dict(spec.get("annotations") or {})
+
+
+TOLERATE = "gpufrac.io/tolerate-missing-nri-plugin"  # the chart's nri.tolerateMissingPluginsAnnotation
+
+
+def test_with_gpufrac_required_containerd_refuses_creations_while_the_plugin_is_away(tmp_path: Path) -> None:
+    """docs/install.md's `required_plugins = ["gpufrac"]` (containerd 2.2+) on containerd 2.4.2: while the plugin is
+    away a container is refused, but in a pod with the tolerate annotation (the agent's and the MPS daemons'); with
+    the plugin registered it is created, through the plugin."""
+    with started_cri_node("rq", pytest.skip, nri_required_plugins=("gpufrac",),
+                          nri_tolerate_annotation=TOLERATE) as node:
+        pods = Pods(node, tmp_path)
+        sandbox, config = pods.configs("refused-while-away", None)
+        refused = pods.run("create", pods.call("runp", str(sandbox)), str(config), str(sandbox))
+        # crictl quotes containerd's error, its quotes escaped
+        said = refused.stderr.replace('\\"', '"')
+        assert refused.returncode != 0 and 'required plugin "gpufrac" not present' in said, refused.stderr
+        tolerated = pods.plain("tolerated-while-away", {"NVIDIA_VISIBLE_DEVICES": "void"},
+                               annotations={TOLERATE: "true"})
+        assert pods.state(tolerated) == "CONTAINER_RUNNING"
+        with registered_plugin(node, RecordingSink(), "gpufrac"):
+            served = pods.fraction("made-through-the-plugin")
+            assert pods.annotations(served)[MARK] == f"time-slicing k8s.device-plugin.nvidia.com/gpu={GPU_UUIDS[1]}"
 
 
 def test_containerd_stops_a_fraction_created_while_the_plugin_was_away_and_keeps_the_ones_it_served(
