@@ -113,12 +113,12 @@ def dra_door(args: argparse.Namespace, api_client: Any) -> DoorFactory | None:
     return (lambda node: dra_service(args, node, api_client)) if args.dra else None
 
 
-def dra_service(args: argparse.Namespace, agent: NodeView, api_client: Any) -> DraService:
+def dra_service(args: argparse.Namespace, view: NodeView, api_client: Any) -> DraService:
     from gpufrac.agent.dra.health_watch import GpuHealthWatch
     from gpufrac.agent.dra.kube import DraKube
     from gpufrac.agent.dra.plugin import DraPlugin, plugin_paths
 
-    config = agent.config
+    config = view.config
     cdi = CdiSpecs(args.cdi_spec_dir or DEFAULT_CDI_DIRS)
     kube = DraKube(api_client)
     door = FrontDoorWatch(lambda: kube.node_labels(config.node), FrontDoor(args.dra_default_front_door))
@@ -128,34 +128,34 @@ def dra_service(args: argparse.Namespace, agent: NodeView, api_client: Any) -> D
     checkpoint = KubeletCheckpoint(args.nri_device_checkpoint)
 
     def listed() -> tuple[str, ...]:
-        return tuple(sorted(gpu.uuid for gpu in agent.inventory.gpus)) if agent.inventory is not None else ()
+        return tuple(sorted(gpu.uuid for gpu in view.inventory.gpus)) if view.inventory is not None else ()
 
     health = GpuHealthWatch(listed)
 
     def holds() -> NodeHolds:
         # before the agent's first pass has judged a mode, it is not offered
-        unenforced = {str(mode): agent.not_served.get(mode, "the agent has not judged it yet") for mode in ComputeMode}
+        unenforced = {str(mode): view.not_served.get(mode, "the agent has not judged it yet") for mode in ComputeMode}
         ids = checkpoint.allocations().allocated()
-        gpus = agent.inventory.gpus if agent.inventory is not None else ()
+        gpus = view.inventory.gpus if view.inventory is not None else ()
         plugin = {g.uuid: "allocated whole by the kubelet, its device checkpoint says" for g in gpus
                   if g.uuid in ids or str(g.index) in ids}
         # as the agent's MPS limits give namespaces (Agent.hold_now): a claim's spec mounts its own
-        namespaces = agent.inventory is not None and capabilities.has_driver_memory_limits(agent.inventory) and \
+        namespaces = view.inventory is not None and capabilities.has_driver_memory_limits(view.inventory) and \
             too_long(mps_pipe_dir(str(config.mps_root), ComputeMode.SM_SHARING)) is None
         return NodeHolds({mode: why for mode, why in unenforced.items() if why}, plugin, health.lost(), cdi_problem,
                          namespaces)
 
     def node() -> DraNode | None:
-        served = [str(mode) for mode, status in agent.daemon_statuses().items() if status.up]
-        placed = agent.pod_fractions() if agent.pods_synced() else ()
-        return dra_node(config.node, agent.inventory, agent.guarantee_labels(), str(config.mps_root), served,
+        served = [str(mode) for mode, status in view.daemon_statuses().items() if status.up]
+        placed = view.pod_fractions() if view.pods_synced() else ()
+        return dra_node(config.node, view.inventory, view.guarantee_labels(), str(config.mps_root), served,
                         cdi.names(), front_door=door.choice, placed=placed, holds=holds())
 
     def driver_version() -> str:
-        return agent.inventory.driver_version if agent.inventory is not None else ""
+        return view.inventory.driver_version if view.inventory is not None else ""
 
     driver = DraDriver(node, kube, ClaimSpecs(args.dra_cdi_dir), StateFile(args.dra_state_file), driver_version,
-                       hold=agent.hold_now)
+                       hold=view.hold_now)
     endpoint, registration = plugin_paths(args.kubelet_dir, DRIVER)
     plugin = DraPlugin(DRIVER, endpoint, registration, driver, on_registered=driver.republish)
-    return DraService(driver, plugin, max(config.interval, 5.0), door, health, node=agent, cdi_problem=cdi_problem)
+    return DraService(driver, plugin, max(config.interval, 5.0), door, health, node=view, cdi_problem=cdi_problem)

@@ -43,9 +43,9 @@ EVENT_QUEUE = 256  # refusals waiting for the API server; more are logged, not q
 
 
 class NriService(HoldsNothing):
-    def __init__(self, config: NriConfig, agent: NodeView, events: EventSink, metrics: AgentMetrics, *,
+    def __init__(self, config: NriConfig, node: NodeView, events: EventSink, metrics: AgentMetrics, *,
                  cdi: CdiSpecs | None = None, dev_root: Path = Path("/dev"), watch_runtime: bool = False) -> None:
-        self.agent = agent
+        self.node = node
         self._config = config
         self._events = events
         self._metrics = metrics
@@ -59,32 +59,32 @@ class NriService(HoldsNothing):
             metrics.nri_containers.labels(outcome=str(outcome))
         self.state_changed(self.plugin.state)
         # the delivery path's problems (containerd < 2.1, a GPU without CDI spec), checked at each tick
-        self._runtime = RuntimeWatch(agent.config.node, self._cdi, lambda: self.plugin.runtime, self._no_socket,
-                                     lambda: agent.inventory, metrics, events) if watch_runtime else None
+        self._runtime = RuntimeWatch(node.config.node, self._cdi, lambda: self.plugin.runtime, self._no_socket,
+                                     lambda: node.inventory, metrics, events) if watch_runtime else None
 
     def facts(self) -> NodeFacts:
-        inventory = self.agent.inventory
+        inventory = self.node.inventory
         gpus = inventory.gpus if inventory is not None else ()
         runtime = self.plugin.runtime  # as the runtime named itself in Configure; "" before the first registration
-        return NodeFacts(gpus, self._cdi.names(), gpu_device_nodes(gpus, self._dev_root), dict(self.agent.not_served),
-                         delivery=DeliveryFacts(runtime) if runtime else None, dra_gpus=self.agent.door_gpus(),
+        return NodeFacts(gpus, self._cdi.names(), gpu_device_nodes(gpus, self._dev_root), dict(self.node.not_served),
+                         delivery=DeliveryFacts(runtime) if runtime else None, dra_gpus=self.node.door_gpus(),
                          multi_user_modes=multi_user_modes(inventory),
-                         usable_mib=self.agent.usable_mib(),
-                         owed=owed_by_gpu(self.agent.placed(), gpus) if self.agent.pods_synced() else {},
-                         claim_holders=self.agent.claim_holders())
+                         usable_mib=self.node.usable_mib(),
+                         owed=owed_by_gpu(self.node.placed(), gpus) if self.node.pods_synced() else {},
+                         claim_holders=self.node.claim_holders())
 
     def hold(self, pod: PodInfo, serving: ServingContainer, within_s: float) -> str | None:
         """An sm-sharing fraction's limits told to the MPS daemon before its creation is answered (Agent.hold_now)."""
         if serving.mode is not ComputeMode.SM_SHARING:
             return None  # time-slicing: the toolkit's hook sets its cgroup limit as the container starts
         metadata = {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid, "annotations": dict(pod.annotations)}
-        return self.agent.hold_now({"metadata": metadata}, within_s)
+        return self.node.hold_now({"metadata": metadata}, within_s)
 
     def route(self, pod: PodInfo, serving: ServingContainer) -> str | None:
         """The host directory of an sm-sharing fraction's own MPS namespace (Agent.pipe_route), None: none."""
         if serving.mode is not ComputeMode.SM_SHARING:
             return None
-        found = self.agent.pipe_route(pod.uid, serving.container)
+        found = self.node.pipe_route(pod.uid, serving.container)
         return str(found) if found is not None else None
 
     # ---- the plugin's DecisionSink ----
@@ -98,7 +98,7 @@ class NriService(HoldsNothing):
                 log.info("NRI: %s/%s container %s: %s", pod.namespace, pod.name, container.name, result.note)
             return
         log.warning("NRI refused %s/%s container %s: %s", pod.namespace, pod.name, container.name, result.message)
-        self._queue_event(refusal_event(self.agent.config.node, pod.namespace, pod.name, pod.uid, container.name,
+        self._queue_event(refusal_event(self.node.config.node, pod.namespace, pod.name, pod.uid, container.name,
                                         str(result.reason), result.message))
 
     def _daemonset_pod(self, pod: PodInfo, container: ContainerInfo, result: Injection | Refusal) -> None:
@@ -109,7 +109,7 @@ class NriService(HoldsNothing):
         if isinstance(result, Injection):  # a refusal has its own Event
             log.warning("NRI voided the GPU env of %s/%s container %s, a DaemonSet's pod", pod.namespace, pod.name,
                         container.name)
-            self._queue_event(refusal_event(self.agent.config.node, pod.namespace, pod.name, pod.uid, container.name,
+            self._queue_event(refusal_event(self.node.config.node, pod.namespace, pod.name, pod.uid, container.name,
                                             VOIDED_DAEMONSET_REASON,
                                             voided_daemonset_message(container.name, result.note),
                                             label="gpufrac.io/voided"))
@@ -122,7 +122,7 @@ class NriService(HoldsNothing):
 
     def swept(self, found: Unserved) -> None:
         self._metrics.nri_containers.labels(outcome=SWEPT).inc()
-        self._queue_event(refusal_event(self.agent.config.node, found.pod.namespace, found.pod.name, found.pod.uid,
+        self._queue_event(refusal_event(self.node.config.node, found.pod.namespace, found.pod.name, found.pod.uid,
                                         found.container.name, REASON, found.message))
 
     def state_changed(self, state: PluginState) -> None:
@@ -183,7 +183,7 @@ class NriService(HoldsNothing):
             thread.join(timeout)
 
     def _run_plugin(self) -> None:
-        while not self._stop.is_set() and not self.agent.ticked.wait(0.2):
+        while not self._stop.is_set() and not self.node.ticked.wait(0.2):
             pass
         if not self._stop.is_set():
             self.plugin.run(self._stop)
