@@ -324,29 +324,32 @@ def refuse_cgroup_v1(node: RealCluster, refused: bool) -> None:
     assert res.rc == 0, res.stderr
 
 
-def test_where_the_driver_holds_no_cgroup_limit_no_boundary_is_labelled_hard(node: RealCluster, after_each):
-    """NVIDIA's driver holds no limit on a cgroup v1 path: the agent's probe finds it, the boundaries say none
-    (time-slicing) and cooperative (sm-sharing), and a time-slicing fraction placed anyway (withoutHardLimit report)
-    gets no limit on its cgroup; with the driver able again, hard comes back."""
+def enforcement_labels(node: RealCluster) -> dict[str, str]:
+    labels = get_json(node, "get", "node", NODE_NAME)["metadata"]["labels"]
+    return {key: value for key, value in labels.items() if key.startswith("gpufrac.io/enforcement.")}
+
+
+def test_where_the_driver_holds_no_cgroup_limit_no_mode_is_labelled_driver_nor_hard(node: RealCluster, after_each):
+    """NVIDIA's driver holds no limit on a cgroup v1 path (the fake NVML's switch, as the real driver refuses one):
+    the agent's probe finds it, so time-slicing, whose one driver limit that is, is labelled enforced `none` and its
+    boundary `none`, sm-sharing `mps` and `cooperative`, and the condition says why; with the driver able again,
+    `driver` and `hard` come back."""
     refuse_cgroup_v1(node, True)
     try:
         wait_until(lambda: boundary_labels(node) == {"gpufrac.io/boundary.time-slicing": "none",
                                                      "gpufrac.io/boundary.sm-sharing": "cooperative"},
                    180, "the boundaries of a driver without cgroup limits", interval=1)
+        assert enforcement_labels(node) == {"gpufrac.io/enforcement.time-slicing": "none",
+                                            "gpufrac.io/enforcement.sm-sharing": "mps"}
+        said = readiness(node)
+        assert said["status"] == "True" and "the driver holds no memory limit on a container's cgroup here" in \
+            said["message"], said
         wait_until(lambda: plugin_registered(node), 180, "the restarted agent's plugin registered", interval=1)
-        gpu, name = GPU_UUIDS[1], unique("nri-unheld")
-        pod = start_bound(node, fraction_pod(name, "time-slicing"), gpu)
-        container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://")[-1]
-        unheld = f"{USER_NAMESPACE}/{name}/app: the driver holds no limit on its cgroup"
-        wait_until(lambda: unheld in readiness(node).get("message", ""), 120, "the node's condition on it",
-                   interval=1)
-        assert not [hard for _, hard, where in cgroup_limits(node) if container_id in where]
-        assert boundary_labels(node)["gpufrac.io/boundary.time-slicing"] == "none"
-        delete(node, name)
     finally:
         refuse_cgroup_v1(node, False)
-    wait_until(lambda: boundary_labels(node).get("gpufrac.io/boundary.time-slicing") == "hard", 180,
-               "the hard boundary back", interval=1)
+    wait_until(lambda: enforcement_labels(node).get("gpufrac.io/enforcement.time-slicing") == "driver" and
+               boundary_labels(node).get("gpufrac.io/boundary.time-slicing") == "hard", 180,
+               "driver and hard back", interval=1)
 
 
 # ---- the agent away ------------------------------------------------------------------------------------------

@@ -67,13 +67,16 @@ def modes_to_serve(inventory: Inventory, enabled: Collection[ComputeMode]) -> tu
 
 
 def enforcement(
-    inventory: Inventory, enabled: Collection[ComputeMode], daemons: Mapping[ComputeMode, DaemonStatus]
+    inventory: Inventory, enabled: Collection[ComputeMode], daemons: Mapping[ComputeMode, DaemonStatus],
+    cgroup_unable: str | None = None,
 ) -> dict[ComputeMode, Enforcement]:
-    """Per mode, what is really enforced right now. Never claims more than the node has."""
+    """Per mode, what is really enforced right now. Never claims more than the node has: `driver` only where the
+    driver holds a memory limit on a container's cgroup, as the agent's probe set and read one back (`cgroup_unable`:
+    why it does not, None: it does), since that limit is the driver's only one (NVIDIA: the toolkit's hook sets it)."""
     result = dict.fromkeys(ComputeMode, Enforcement.NONE)
     if not inventory.gpus:
         return result
-    driver = has_driver_memory_limits(inventory)
+    driver = has_driver_memory_limits(inventory) and cgroup_unable is None
 
     def daemon_up(mode: ComputeMode) -> bool:
         status = daemons.get(mode)
@@ -127,6 +130,7 @@ def node_condition(
     reclaim: str | None = None,
     blocking: Sequence[tuple[str, str]] = (),
     remarks: Sequence[tuple[str, str]] = (),
+    cgroup_unable: str | None = None,
 ) -> NodeCondition:
     """The gpufrac.io/Ready condition: True when every enabled mode is enforced, or every one this driver can
     enforce (a pre-r615 driver: sm-sharing, not time-slicing, whose fractions the NRI plugin then refuses).
@@ -153,9 +157,9 @@ def node_condition(
         )])
     if not inventory.gpus:
         return _condition([("NoGpus", "NVML reports no GPUs on this node; check the driver and device nodes")])
-    gap = _driver_gap(inventory, enabled)
+    gap = _driver_gap(inventory, enabled, cgroup_unable)
     # the driver blocks the node only where it leaves no enabled mode to enforce
-    driver = [(DRIVER_WITHOUT_LIMITS, gap)] if gap and not modes_to_serve(inventory, enabled) else []
+    driver = [(DRIVER_WITHOUT_LIMITS, gap)] if gap and not enforceable(inventory, enabled, cgroup_unable) else []
     problems = [
         *blocking,
         *_failed_daemons(daemons),
@@ -197,10 +201,24 @@ def _failed_daemons(daemons: Mapping[ComputeMode, DaemonStatus]) -> list[tuple[s
     ]
 
 
-def _driver_gap(inventory: Inventory, enabled: Collection[ComputeMode]) -> str | None:
-    """Why time-slicing, enabled, cannot be enforced with this driver (None: it can, or it is not enabled)."""
-    if has_driver_memory_limits(inventory) or ComputeMode.TIME_SLICING not in enabled:
+def enforceable(inventory: Inventory, enabled: Collection[ComputeMode],
+                cgroup_unable: str | None = None) -> tuple[ComputeMode, ...]:
+    """The served modes this node can enforce: time-slicing only where the driver holds a cgroup limit."""
+    return tuple(m for m in modes_to_serve(inventory, enabled)
+                 if not (m is ComputeMode.TIME_SLICING and cgroup_unable is not None))
+
+
+def _driver_gap(inventory: Inventory, enabled: Collection[ComputeMode], cgroup_unable: str | None = None) -> str | None:
+    """Why time-slicing, enabled, cannot be enforced with this driver, or on this node's cgroups (None: it can, or it
+    is not enabled)."""
+    if ComputeMode.TIME_SLICING not in enabled:
         return None
+    if has_driver_memory_limits(inventory):
+        return None if cgroup_unable is None else (
+            f"the driver holds no memory limit on a container's cgroup here ({cgroup_unable}), the only limit it "
+            "has for time-slicing: time-slicing fractions cannot be enforced on this node and are refused here "
+            f"(node label {enforcement_label(ComputeMode.TIME_SLICING)}=none); run the node on cgroup v2 with the "
+            "dmem controller (kernel 6.14+)")
     return (f"driver {inventory.driver_version} (CUDA {cuda_version_text(inventory.cuda_driver_version)}) has no "
             "CUDA 13.4 memory limits: time-slicing fractions cannot be enforced on this node and are refused here "
             f"(node label {enforcement_label(ComputeMode.TIME_SLICING)}=none); upgrade to r{MIN_DRIVER_MAJOR}+")
@@ -251,6 +269,7 @@ def unserved_reason(
     enabled: Collection[ComputeMode],
     enforced: Mapping[ComputeMode, Enforcement],
     daemons: Mapping[ComputeMode, DaemonStatus],
+    cgroup_unable: str | None = None,
 ) -> str | None:
     """Why this node cannot hand a pod the mode's MPS directories right now (None: it can). For the CSI plugin."""
     if mode not in enabled:
@@ -269,5 +288,6 @@ def unserved_reason(
         state = "not started" if status is None else str(status.state)
         return f"its MPS control daemon is {state}{f' ({status.failure})' if status and status.failure else ''}"
     if enforced.get(mode, Enforcement.NONE) is Enforcement.NONE:
-        return "its memory limits are not enforced"
+        gap = _driver_gap(inventory, enabled, cgroup_unable) if mode is ComputeMode.TIME_SLICING else None
+        return gap or "its memory limits are not enforced"
     return None

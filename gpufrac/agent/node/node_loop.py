@@ -203,7 +203,7 @@ class Agent:
         if self.inventory is None or not self.pods.synced.is_set():
             return None
         placed = self.placed()
-        unable = self.cgroup_limits.probe(self.inventory.gpus, self.inventory.driver_version)
+        unable = self._cgroup_unable()
         problem = self.cgroup_limits.apply(placed, self.inventory.gpus, unable)
         self.boundaries = self.cgroup_limits.boundaries(placed, self.config.modes, capable=unable is None)
         return problem
@@ -270,6 +270,7 @@ class Agent:
             reclaim=reclaim_note(self.reclaim_by, self.config.guarantee.reclaim.policy),
             blocking=[*doors.blocking, *(found for check in self._checks.blockers if (found := check()) is not None)],
             remarks=[found for check in self._checks.remarks if (found := check()) is not None],
+            cgroup_unable=self._cgroup_unable(),
         )
 
     def _labels(self, enforced: dict[ComputeMode, Enforcement]) -> dict[str, str]:
@@ -316,7 +317,14 @@ class Agent:
     def _enforcement(self, statuses: Mapping[ComputeMode, DaemonStatus]) -> dict[ComputeMode, Enforcement]:
         if self.inventory is None:
             return dict.fromkeys(ComputeMode, Enforcement.NONE)
-        return capabilities.enforcement(self.inventory, self.config.modes, statuses)
+        return capabilities.enforcement(self.inventory, self.config.modes, statuses, self._cgroup_unable())
+
+    def _cgroup_unable(self) -> str | None:
+        """Why the driver holds no memory limit on a container's cgroup here (the probe, once per driver), None: it
+        does (node.hard_limits)."""
+        if self.inventory is None:
+            return None
+        return self.cgroup_limits.probe(self.inventory.gpus, self.inventory.driver_version)
 
     def _memory_problem(self) -> str | None:
         if self.inventory is None:
@@ -351,7 +359,8 @@ class Agent:
     def _not_served(self, enforced: Mapping[ComputeMode, Enforcement],
                     statuses: Mapping[ComputeMode, DaemonStatus]) -> dict[ComputeMode, str | None]:
         refusal = self._hard_limit_refusal()
-        return {mode: capabilities.unserved_reason(mode, self.inventory, self.config.modes, enforced, statuses)
+        unable = self._cgroup_unable()
+        return {mode: capabilities.unserved_reason(mode, self.inventory, self.config.modes, enforced, statuses, unable)
                 or refusal for mode in ComputeMode}
 
     def _hard_limit_refusal(self) -> str | None:
