@@ -23,11 +23,21 @@ import yaml
 from e2e.install import Helm
 from e2e.names import KAI_CONDITIONS, NODE_NAME, RELEASE_NAMESPACE, USER_NAMESPACE
 from e2e.node import APP_IMAGE, DEFAULT_STRATEGY, GPU_UUIDS, RealCluster
-from e2e.pods import SEED_BINDS, SEED_ENV, SEED_EXAMPLES, bind, exec_in, get_json, release_pods, wait_running
+from e2e.pods import (
+    SEED_BINDS,
+    SEED_ENV,
+    SEED_EXAMPLES,
+    bind,
+    exec_in,
+    get_json,
+    not_running_reasons,
+    release_pods,
+    wait_running,
+)
 from e2e.pods import create as create_as
 from e2e.testing import example, unique
 from e2e.toolkit import gpu_devices, nvidia_device_plugin, nvidia_toolkit
-from e2e.toolkit.wait import wait_until
+from e2e.toolkit.wait import WaitTimeoutError, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_node]
 
@@ -229,7 +239,12 @@ def running_device_plugin_pod(node: RealCluster, *, not_uid: str = "") -> dict:
                 return pod
         return None
 
-    pod = wait_until(registered, 120, "NVIDIA's device plugin pod running and registered", interval=1)
+    try:
+        pod = wait_until(registered, 120, "NVIDIA's device plugin pod running and registered", interval=1)
+    except WaitTimeoutError as exc:  # say why (gpufrac refusing it shows as CreateContainerError and its reason)
+        found = get_json(node, "get", "node", NODE_NAME)
+        pods = get_json(node, "get", "pods", "-n", NVIDIA_DP_NAMESPACE, "-l", NVIDIA_DP_SELECTOR)["items"]
+        raise WaitTimeoutError(f"{exc}: {[not_running_reasons(p, found) for p in pods]}") from None
     # the kubelet's node status catches up with the registration a few seconds later
     wait_until(lambda: node.allocatable().get(nvidia_device_plugin.RESOURCE) == str(len(GPU_UUIDS)), 60,
                "nvidia.com/gpu allocatable from the device plugin's pod", interval=0.5)
