@@ -161,9 +161,10 @@ device_plugin_config() {
   cp /bin/busybox "$mnt/busybox/busybox"
   for cmd in sh ls cat env grep sleep; do ln -sf busybox "$mnt/busybox/$cmd"; done
   bah umount "$ctr" >/dev/null
+  bah config --cmd '' "$ctr"  # the base's `python3` first: no argument to the entrypoint
   bah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/busybox \
     --env NVIDIA_DISABLE_REQUIRE=true --env NVIDIA_VISIBLE_DEVICES=all \
-    --env NVIDIA_DRIVER_CAPABILITIES=compute,utility --entrypoint '["nvidia-device-plugin"]' --cmd '' \
+    --env NVIDIA_DRIVER_CAPABILITIES=compute,utility --entrypoint '["nvidia-device-plugin"]' \
     --label 'io.k8s.display-name=NVIDIA Device Plugin' "$ctr"
 }
 device_plugin=$(bash e2e/build-nvidia.sh)/nvidia-device-plugin  # the cache's binary (built once, if missing)
