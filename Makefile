@@ -50,10 +50,12 @@ tools:
 	bash e2e/build-tools.sh node
 	bash e2e/build-nvidia.sh
 
-# The gpufrac image from ./Dockerfile (and the local cluster's app and pause images) as OCI archives in
-# .e2e/images, built with buildah on a base made from Debian packages: no registry involved. See e2e/build-image.sh.
+# The gpufrac image from ./Dockerfile (and the local cluster's app, pause and NVIDIA device plugin images) as OCI
+# archives in .e2e/images, built with buildah on a base made from Debian packages: no registry involved. See
+# e2e/build-image.sh.
 # Built again only when what goes into it changed (`make cluster-up` and `make demo` after `make image` reuse it).
-IMAGES := .e2e/images/gpufrac.oci.tar .e2e/images/app.oci.tar .e2e/images/pause.oci.tar
+IMAGES := .e2e/images/gpufrac.oci.tar .e2e/images/app.oci.tar .e2e/images/pause.oci.tar \
+	.e2e/images/nvidia-device-plugin.oci.tar
 IMAGE_INPUTS := Dockerfile .dockerignore constraints.txt pyproject.toml README.md LICENSE e2e/build-image.sh \
 	hack/grpc-stubs.sh hack/sbom.py $(shell find proto -type f 2>/dev/null) \
 	$(shell find gpufrac -type f -not -name '*.pyc' -not -path 'gpufrac/agent/*/generated/*' 2>/dev/null)

@@ -5,6 +5,9 @@
 #   app.oci.tar       the tests' stand-in for the seed examples' CUDA base image: busybox (Debian's static one)
 #                     with that image's env, which NVIDIA's runtime reads (NVIDIA_VISIBLE_DEVICES=all, CUDA_VERSION)
 #   pause.oci.tar     the pod sandbox image: catatonit -P (Debian's static init, waits for SIGTERM, reaps)
+#   nvidia-device-plugin.oci.tar
+#                     NVIDIA's device plugin image as its deployments/container/Dockerfile makes it (the binary
+#                     e2e/build-nvidia.sh built, busybox, the image's ENV), on the Debian base below
 # The Dockerfile's base (a slim Python 3.11 on bookworm) cannot be pulled here: it is made once from Debian's
 # packages with mmdebstrap and imported into buildah under the base's own name; Python packages come from PyPI
 # during the build. mmdebstrap, buildah, busybox-static and catatonit are Debian packages, installed when
@@ -20,6 +23,7 @@ BASE=docker.io/library/python:3.11-slim-bookworm
 IMAGE=${GPUFRAC_IMAGE:-localhost/gpufrac:dev}
 APP_IMAGE=nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04
 PAUSE_IMAGE=localhost/gpufrac-e2e/pause:catatonit
+DEVICE_PLUGIN_IMAGE=nvcr.io/nvidia/k8s-device-plugin:v0.18.0
 mkdir -p "$OUT" "$CACHE"
 
 log() { echo "[build-image] $*" >&2; }
@@ -100,8 +104,15 @@ bah push -q "$IMAGE" "oci-archive:$OUT/gpufrac.oci.tar:$IMAGE" >&2
 # function's text) is kept as a label: an image an older recipe made is made again.
 static_image() {
   local name=$1 out=$2 binary=$3; shift 3
+  binary_image scratch "$name" "$out" "$binary" "/bin/$(basename "$binary")" "" "$@"
+}
+
+# `binary` at `dest` in an image made from `from`; `extra` goes into the recipe (a binary's digest: a new build of
+# it makes the image again).
+binary_image() {
+  local from=$1 name=$2 out=$3 binary=$4 dest=$5 extra=$6; shift 6
   local recipe
-  recipe=$(declare -f "$1" | sha256sum | cut -c1-16)
+  recipe=$({ declare -f "$1"; printf %s "$extra"; } | sha256sum | cut -c1-16)
   if has_image "$name" && [[ $(bah inspect --type image --format '{{index .OCIv1.Config.Labels "io.gpufrac.recipe"}}' \
       "$name" 2>/dev/null) != "$recipe" ]]; then
     log "$name was made by an older recipe: making it again"
@@ -111,8 +122,8 @@ static_image() {
   if ! has_image "$name"; then
     log "making $name from $binary"
     local ctr
-    ctr=$(bah from scratch)
-    bah copy "$ctr" "$binary" "/bin/$(basename "$binary")" >/dev/null
+    ctr=$(bah from --pull=never "$from")
+    bah copy "$ctr" "$binary" "$dest" >/dev/null
     "$@" "$ctr"
     bah config --label "io.gpufrac.recipe=$recipe" "$ctr"
     bah commit -q "$ctr" "$name" >/dev/null
@@ -140,6 +151,27 @@ app_config() {
 }
 pause_config() { bah config --entrypoint '["/bin/catatonit", "-P"]' --cmd '' "$1"; }
 
+# NVIDIA's deployments/container/Dockerfile (k8s-device-plugin v0.18): the plugin at /usr/bin, busybox on PATH as
+# the image's shell, the image's own env (every GPU asked for, as NVIDIA's runtime reads it) and its entrypoint. On
+# the Debian base above instead of NVIDIA's distroless one: the binary is linked against glibc.
+device_plugin_config() {
+  local ctr=$1 mnt
+  mnt=$(bah mount "$ctr")
+  mkdir -p "$mnt/busybox"
+  cp /bin/busybox "$mnt/busybox/busybox"
+  for cmd in sh ls cat env grep sleep; do ln -sf busybox "$mnt/busybox/$cmd"; done
+  bah umount "$ctr" >/dev/null
+  bah config --cmd '' "$ctr"  # the base's `python3` first: no argument to the entrypoint
+  bah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/busybox \
+    --env NVIDIA_DISABLE_REQUIRE=true --env NVIDIA_VISIBLE_DEVICES=all \
+    --env NVIDIA_DRIVER_CAPABILITIES=compute,utility --entrypoint '["nvidia-device-plugin"]' \
+    --label 'io.k8s.display-name=NVIDIA Device Plugin' "$ctr"
+}
+device_plugin=$(bash e2e/build-nvidia.sh)/nvidia-device-plugin  # the cache's binary (built once, if missing)
+
 static_image "$APP_IMAGE" "$OUT/app.oci.tar" /bin/busybox app_config
 static_image "$PAUSE_IMAGE" "$OUT/pause.oci.tar" /usr/bin/catatonit pause_config
-log "images in $OUT: gpufrac.oci.tar ($IMAGE), app.oci.tar ($APP_IMAGE), pause.oci.tar ($PAUSE_IMAGE)"
+binary_image "$BASE" "$DEVICE_PLUGIN_IMAGE" "$OUT/nvidia-device-plugin.oci.tar" "$device_plugin" \
+  /usr/bin/nvidia-device-plugin "$(sha256sum "$(readlink -f "$device_plugin")" | cut -c1-16)" device_plugin_config
+log "images in $OUT: gpufrac.oci.tar ($IMAGE), app.oci.tar ($APP_IMAGE), pause.oci.tar ($PAUSE_IMAGE)," \
+  "nvidia-device-plugin.oci.tar ($DEVICE_PLUGIN_IMAGE)"

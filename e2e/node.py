@@ -56,10 +56,13 @@ IMAGE = "localhost/gpufrac:dev"
 PAUSE_IMAGE = "localhost/gpufrac-e2e/pause:catatonit"
 APP_IMAGE = "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"
 ARCHIVES = ("pause.oci.tar", "app.oci.tar", "gpufrac.oci.tar")
+# NVIDIA's device plugin image (e2e/build-image.sh): imported only by the tests that run the plugin as NVIDIA's pod.
+DEVICE_PLUGIN_ARCHIVE = "nvidia-device-plugin.oci.tar"
 # Machine-wide paths the kubelet and containerd use whatever they are told; removed on the way out when the
 # node created them.
 MACHINE_PATHS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/run/containerd",
-                 "/var/lib/cni", "/run/gpufrac", "/var/log/gpufrac", str(nvidia_device_plugin.HOST_CDI_DIR))
+                 "/var/lib/cni", "/run/gpufrac", "/var/log/gpufrac", str(nvidia_device_plugin.HOST_CDI_DIR),
+                 nvidia_device_plugin.MPS_ROOT_PARENT)
 GPU_UUIDS = tuple(f"GPU-10ca{i}{i}{i}{i}-0000-0000-0000-00000000000{i}" for i in range(4))
 DEVICE_PLUGIN = "nvidia-device-plugin"
 # NVIDIA's device plugin's device list strategy by default: a CDI one, as the GPU Operator runs it since 25.10
@@ -81,7 +84,7 @@ class ImagesMissingError(ClusterError):
 
 
 def images_missing(images_dir: Path = IMAGES_DIR) -> list[str]:
-    return [name for name in ARCHIVES if not (images_dir / name).is_file()]
+    return [name for name in (*ARCHIVES, DEVICE_PLUGIN_ARCHIVE) if not (images_dir / name).is_file()]
 
 
 class RealCluster(ControlPlane):
@@ -306,6 +309,12 @@ class RealCluster(ControlPlane):
             return registered and self.allocatable().get(nvidia_device_plugin.RESOURCE) == str(len(GPU_UUIDS))
 
         wait_ready(self.procs[DEVICE_PLUGIN], ready, timeout, interval=0.5)
+
+    def import_device_plugin_image(self) -> str:
+        """NVIDIA's device plugin image in containerd (imported once: most tests run the plugin on the host)."""
+        if not any(nvidia_device_plugin.IMAGE in line for line in self.containerd.images()):
+            self.containerd.import_image(self.images_dir / DEVICE_PLUGIN_ARCHIVE)
+        return nvidia_device_plugin.IMAGE
 
     def stop_device_plugin(self) -> None:
         proc = self.procs.pop(DEVICE_PLUGIN, None)

@@ -15,6 +15,9 @@ The plugin writes its CDI spec to /var/run/cdi, a path compiled into it. It runs
 onto /run/cdi: the host's /run/cdi is only the mount point (made, and removed on cleanup, when absent). The
 kubelet's socket is the machine-wide /var/lib/kubelet/device-plugins/kubelet.sock, where every device plugin
 registers.
+
+NVIDIA's own deployment, its Helm chart's DaemonSet in the namespace `nvidia-device-plugin` with its image
+(IMAGE), is tests/node/resources/nvidia-device-plugin.yaml; a test runs it in place of the host process.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from pathlib import Path
 from e2e.toolkit.nvidia_toolkit import nvidia_binaries
 
 RESOURCE = "nvidia.com/gpu"
+IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.18.0"  # NVIDIA's image name, made locally by e2e/build-image.sh
+MPS_ROOT_PARENT = "/run/nvidia"  # NVIDIA's chart mounts its MPS root /run/nvidia/mps (DirectoryOrCreate)
 CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
 STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
 HOST_CDI_DIR = Path("/run/cdi")  # = /var/run/cdi, the plugin's compiled-in spec directory

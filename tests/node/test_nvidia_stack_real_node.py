@@ -23,11 +23,21 @@ import yaml
 from e2e.install import Helm
 from e2e.names import KAI_CONDITIONS, NODE_NAME, RELEASE_NAMESPACE, USER_NAMESPACE
 from e2e.node import APP_IMAGE, DEFAULT_STRATEGY, GPU_UUIDS, RealCluster
-from e2e.pods import SEED_BINDS, SEED_ENV, SEED_EXAMPLES, bind, exec_in, get_json, release_pods, wait_running
+from e2e.pods import (
+    SEED_BINDS,
+    SEED_ENV,
+    SEED_EXAMPLES,
+    bind,
+    exec_in,
+    get_json,
+    not_running_reasons,
+    release_pods,
+    wait_running,
+)
 from e2e.pods import create as create_as
 from e2e.testing import example, unique
 from e2e.toolkit import gpu_devices, nvidia_device_plugin, nvidia_toolkit
-from e2e.toolkit.wait import wait_until
+from e2e.toolkit.wait import WaitTimeoutError, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_node]
 
@@ -187,6 +197,133 @@ def test_the_device_plugins_cdi_strategy_writes_its_spec_of_the_fake_gpus(stack:
     spec = json.loads(nvidia_device_plugin.spec_path(stack.cdi_dir).read_text())
     assert spec["kind"] == nvidia_device_plugin.CDI_KIND
     assert sorted(d["name"] for d in spec["devices"]) == sorted(GPU_UUIDS)
+
+
+# ---- NVIDIA's device plugin as NVIDIA's pod ----------------------------------------------------------------------
+
+NVIDIA_DP_NAMESPACE = "nvidia-device-plugin"  # where NVIDIA's README installs its chart
+NVIDIA_DP_SELECTOR = "app.kubernetes.io/name=nvidia-device-plugin"
+REGISTERED = "Registered device plugin for 'nvidia.com/gpu' with Kubelet"
+
+
+def device_plugin_daemonset(node: RealCluster) -> list[dict]:
+    """tests/node/resources/nvidia-device-plugin.yaml (NVIDIA's chart's DaemonSet), its driver root and CDI
+    directory pointed at the node's."""
+    objs = list(yaml.safe_load_all((RESOURCES / "nvidia-device-plugin.yaml").read_text()))
+    [ds] = [o for o in objs if o["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    host_paths = {"driver-root": node.driver_root, "gpu-fakes": node.gpu_fakes, "cdi-root": node.cdi_dir}
+    for volume in pod["volumes"]:
+        if volume["name"] in host_paths:
+            volume["hostPath"]["path"] = str(host_paths[volume["name"]])
+    [ctr] = pod["containers"]
+    assert ctr["image"] == nvidia_device_plugin.IMAGE
+    for var in ctr["env"]:
+        if var["name"] == "NVIDIA_DRIVER_ROOT":
+            var["value"] = str(node.driver_root)
+    return objs
+
+
+def running_device_plugin_pod(node: RealCluster, *, not_uid: str = "") -> dict:
+    """The DaemonSet's pod, once it runs, its plugin registered `nvidia.com/gpu` with the kubelet and the node has
+    its GPUs allocatable (a pod other than `not_uid`'s: the one the DaemonSet made again)."""
+    def registered() -> dict | None:
+        pods = get_json(node, "get", "pods", "-n", NVIDIA_DP_NAMESPACE, "-l", NVIDIA_DP_SELECTOR)["items"]
+        for pod in pods:
+            if pod["metadata"]["uid"] == not_uid or pod["metadata"].get("deletionTimestamp"):
+                continue
+            if pod["status"].get("phase") != "Running":
+                continue
+            logs = node.kubectl("logs", "-n", NVIDIA_DP_NAMESPACE, pod["metadata"]["name"], user="admin").stdout
+            if REGISTERED in logs:
+                return pod
+        return None
+
+    try:
+        pod = wait_until(registered, 120, "NVIDIA's device plugin pod running and registered", interval=1)
+    except WaitTimeoutError as exc:  # say why (gpufrac refusing it shows as CreateContainerError and its reason)
+        found = get_json(node, "get", "node", NODE_NAME)
+        pods = get_json(node, "get", "pods", "-n", NVIDIA_DP_NAMESPACE, "-l", NVIDIA_DP_SELECTOR)["items"]
+        raise WaitTimeoutError(f"{exc}: {[not_running_reasons(p, found) for p in pods]}") from None
+    # the kubelet's node status catches up with the registration a few seconds later
+    wait_until(lambda: node.allocatable().get(nvidia_device_plugin.RESOURCE) == str(len(GPU_UUIDS)), 60,
+               "nvidia.com/gpu allocatable from the device plugin's pod", interval=0.5)
+    return pod
+
+
+def container_env(node: RealCluster, pod: dict, name: str) -> list[str]:
+    """Every `name=` entry of the pod's first container's env, read from inside it (NVIDIA's image has busybox)."""
+    out = node.kubectl("exec", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"], "--", "sh", "-c",
+                       "tr '\\0' '\\n' < /proc/1/environ", user="admin", check=True).stdout
+    return [line.split("=", 1)[1] for line in out.splitlines() if line.startswith(f"{name}=")]
+
+
+@pytest.fixture
+def device_plugin_pod(stack: RealCluster) -> Iterator[dict]:
+    """NVIDIA's device plugin as NVIDIA deploys it, its chart's DaemonSet in `nvidia-device-plugin`, in place of
+    the node's host process for the test (which is started again after). The host process is gone first and the
+    node's `nvidia.com/gpu` with it, so what the node advertises after is the pod's."""
+    stack.import_device_plugin_image()
+    stack.stop_device_plugin()
+    objs = device_plugin_daemonset(stack)
+    try:
+        wait_until(lambda: stack.allocatable().get(nvidia_device_plugin.RESOURCE) == "0", 60,
+                   "nvidia.com/gpu allocatable 0 without the host's device plugin", interval=0.5)
+        res = stack.kubectl("apply", "-f", "-", user="admin", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                                               "items": objs}))
+        assert res.rc == 0, res.stderr
+        yield running_device_plugin_pod(stack)
+    finally:
+        stack.kubectl("delete", "daemonset", "-n", NVIDIA_DP_NAMESPACE, objs[1]["metadata"]["name"], "--wait=true",
+                      "--timeout=60s", user="admin")
+        wait_until(lambda: not get_json(stack, "get", "pods", "-n", NVIDIA_DP_NAMESPACE, "-l",
+                                        NVIDIA_DP_SELECTOR)["items"], 60, "the device plugin's pods gone", interval=1)
+        stack.start_device_plugin(DEFAULT_STRATEGY)
+
+
+def test_nvidias_device_plugin_pod_comes_back_after_a_delete_and_serves_a_whole_gpu(stack: RealCluster,
+                                                                                    device_plugin_pod: dict):
+    """Issue 44: NVIDIA's device plugin as NVIDIA's chart installs it (its namespace, its image's and its
+    DaemonSet's NVIDIA_VISIBLE_DEVICES=all, the kubelet's device-plugins directory bound in), with gpufrac installed:
+    it runs with the env it asked for, is deleted, comes back (gpufrac's NRI plugin neither refuses nor voids it),
+    and the node's `nvidia.com/gpu` it serves goes to a whole-GPU pod."""
+    assert stack.allocatable().get(nvidia_device_plugin.RESOURCE) == str(len(GPU_UUIDS))
+    # as the image and the DaemonSet both asked (containerd keeps one entry of the name): gpufrac voiding it would
+    # read `void`; refusing the container (GPUEnvDuplicated) would leave no pod running
+    assert container_env(stack, device_plugin_pod, "NVIDIA_VISIBLE_DEVICES") == ["all"]
+
+    res = stack.kubectl("delete", "pod", "-n", NVIDIA_DP_NAMESPACE, device_plugin_pod["metadata"]["name"],
+                        "--wait=false", user="admin")
+    assert res.rc == 0, res.stderr
+    again = running_device_plugin_pod(stack, not_uid=device_plugin_pod["metadata"]["uid"])
+    assert container_env(stack, again, "NVIDIA_VISIBLE_DEVICES") == ["all"]
+
+    # the chart's default device list strategy (envvar): the grant reaches the container through NVIDIA's runtime
+    namespace = fresh_namespace(stack, unique("tenant-nvdp"))
+    try:
+        seen, _ = run_probe(stack, probe_pod("whole", namespace, gpus=1,
+                                             runtime_class=nvidia_toolkit.RUNTIME_HANDLER))
+    finally:
+        stack.kubectl("delete", "namespace", namespace, "--wait=false", user="admin")
+    assert_exactly_gpus(seen, 1)
+
+
+def test_a_dcgm_shaped_pod_binding_the_device_plugins_directory_keeps_its_env(stack: RealCluster):
+    """A pod shaped like NVIDIA's DCGM exporter or GPU feature discovery, in a namespace of its own (not one of
+    NVIDIA's): the kubelet's device-plugins directory bound in and NVIDIA_VISIBLE_DEVICES=all in its image and its
+    env. gpufrac recognises the GPU stack by that bind: the pod runs with the env it asked for."""
+    namespace = fresh_namespace(stack, unique("dcgm-exporter"))
+    manifest = probe_pod(unique("dcgm"), namespace, env={"NVIDIA_VISIBLE_DEVICES": "all"})
+    manifest["spec"]["volumes"] = [{"name": "pod-gpu-resources",
+                                    "hostPath": {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}}]
+    manifest["spec"]["containers"][0]["volumeMounts"] = [{"name": "pod-gpu-resources",
+                                                          "mountPath": "/var/lib/kubelet/device-plugins",
+                                                          "readOnly": True}]
+    try:
+        _, env = run_probe(stack, manifest, refusal_ok=True)
+    finally:
+        stack.kubectl("delete", "namespace", namespace, "--wait=false", user="admin")
+    assert env == "all"
 
 
 # ---- whole GPUs from the device plugin --------------------------------------------------------------------------
