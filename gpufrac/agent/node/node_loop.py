@@ -1,6 +1,6 @@
 """The agent's loop: wires the pure decisions to the edges. One `tick()` is one reconciliation: the GPUs (NVML), the
 MPS daemons (node/daemons.py), the node's labels and condition, then an audit pass (node/audit_pass.py).
-It also answers the CSI node plugin and the probes."""
+It is built with its front doors (node/doors.py), whose read-only view of the node it is, and answers the probes."""
 
 from __future__ import annotations
 

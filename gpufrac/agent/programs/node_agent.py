@@ -228,7 +228,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     )
 
 
-def nri_service(args: argparse.Namespace, agent: NodeView, kube: EventSink, metrics: AgentMetrics) -> NriService | None:
+def nri_service(args: argparse.Namespace, node: NodeView, kube: EventSink, metrics: AgentMetrics) -> NriService | None:
     if not args.nri:
         return None
     if not re.fullmatch(r"[0-9]{2}", args.nri_index):
@@ -242,7 +242,7 @@ def nri_service(args: argparse.Namespace, agent: NodeView, kube: EventSink, metr
                        void_env_grants=args.nri_void_env_grants, trusted_namespaces=frozenset(trusted),
                        device_checkpoint=args.nri_device_checkpoint, proc_root=args.proc_root,
                        env_fallback=args.nri_env_fallback)
-    return NriService(config, agent, kube, metrics, cdi=CdiSpecs(args.cdi_spec_dir or DEFAULT_CDI_DIRS),
+    return NriService(config, node, kube, metrics, cdi=CdiSpecs(args.cdi_spec_dir or DEFAULT_CDI_DIRS),
                       watch_runtime=True)
 
 
