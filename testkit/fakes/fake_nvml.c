@@ -36,7 +36,7 @@
  * symbol (a loud failure, never a made-up answer). What clients set (nvmlDeviceSetComputeMode, the CUDA 13.4
  * memory limits nvmlDeviceSetMemoryLimits_v1 per cgroup) is kept beside the state file, $GPUFRAC_FAKE_NVML.<what>,
  * for every process to read ($GPUFRAC_FAKE_NVML_SETTINGS=<dir>: there instead), and the limits are shared with the fake libcuda.so.1 through
- * $GPUFRAC_FAKE_GPU_PROCESSES/memory-limits. $GPUFRAC_FAKE_NVML_REFUSE_CGROUP_V1=1: a cgroup v1 path is refused
+ * $GPUFRAC_FAKE_GPU_PROCESSES/memory-limits. $GPUFRAC_FAKE_NVML_REFUSE_CGROUP_V1=1: a cgroup v1 path (any path on a non-v2 host) is refused
  * as the real driver refuses it (otherwise accepted, as the driver accepts a v2 path: these machines are v1).
  */
 #include <ctype.h>
@@ -47,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statfs.h>
 #include <sys/time.h>
 #include <time.h>
 
@@ -735,7 +736,8 @@ int nvmlDeviceSetComputeMode(fake_device *device, int mode) {
 /* Whether a cgroup path is a cgroup v1 hierarchy's (/sys/fs/cgroup/<controller>/...): the driver's dmem limit
  * lives on cgroup v2 only (`dmem.max`/`dmem.min`, kernel 6.14+). This fake ACCEPTS a v1 path as the real driver
  * accepts a v2 one (the test machines are cgroup v1), unless $GPUFRAC_FAKE_NVML_REFUSE_CGROUP_V1=1, where it
- * answers NVML_ERROR_NOT_SUPPORTED as the real driver does on v1. */
+ * answers NVML_ERROR_NOT_SUPPORTED as the real driver does on v1: for a v1 path, and for any path on a host whose
+ * /sys/fs/cgroup is not cgroup v2 (a hybrid host's `0::` path too). */
 static int cgroup_v1_path(const char *path) {
     static const char *controllers[] = {"memory/", "cpu/", "cpuacct/", "cpu,cpuacct/", "cpuset/", "devices/",
                                         "freezer/", "blkio/", "pids/", "hugetlb/", "perf_event/", "net_cls/",
@@ -751,10 +753,18 @@ static int cgroup_v1_path(const char *path) {
  * apply-cuda-memory-limits hook calls at creation): soft and hard limits per (GPU, cgroup path), kept in
  * $GPUFRAC_FAKE_NVML.memory-limits as `<uuid> <hard> <soft> <path>` lines so every process sees them (the agent
  * sets, a test reads back). Unset reads as 0 / MAX, like NVML. A driver before r615 answers NOT_SUPPORTED. */
+/* Whether /sys/fs/cgroup is a cgroup v2 mount (statfs's CGROUP2_SUPER_MAGIC): on a v1 or hybrid host the unified
+ * entry of /proc/<pid>/cgroup (`0::<path>`) names no dmem controller either, so the real driver holds no limit
+ * whatever the path looks like. */
+static int host_is_cgroup_v2(void) {
+    struct statfs fs;
+    return statfs("/sys/fs/cgroup", &fs) == 0 && fs.f_type == 0x63677270;
+}
+
 static int limits_supported(const fake_state *st, const char *path) {
     if (atoi(st->driver_version) < 615) return 0;
-    if (cgroup_v1_path(path) && getenv("GPUFRAC_FAKE_NVML_REFUSE_CGROUP_V1") &&
-        !strcmp(getenv("GPUFRAC_FAKE_NVML_REFUSE_CGROUP_V1"), "1"))
+    const char *refuse = getenv("GPUFRAC_FAKE_NVML_REFUSE_CGROUP_V1");
+    if (refuse && !strcmp(refuse, "1") && (cgroup_v1_path(path) || !host_is_cgroup_v2()))
         return 0;
     return 1;
 }
