@@ -755,7 +755,8 @@ static int cgroup_v1_path(const char *path) {
  * sets, a test reads back). Unset reads as 0 / MAX, like NVML. A driver before r615 answers NOT_SUPPORTED. */
 /* Whether /sys/fs/cgroup is a cgroup v2 mount (statfs's CGROUP2_SUPER_MAGIC): on a v1 or hybrid host the unified
  * entry of /proc/<pid>/cgroup (`0::<path>`) names no dmem controller either, so the real driver holds no limit
- * whatever the path looks like. */
+ * whatever the path looks like. Source: NVIDIA's MPS v3 memory partitioning (r615) maps limits to dmem.max/dmem.min,
+ * and dmem needs cgroup v2 (kernel 6.14+ for the dmem controller): ../shared/reference/nvidia-stack.md, "MPS limits". */
 static int host_is_cgroup_v2(void) {
     struct statfs fs;
     return statfs("/sys/fs/cgroup", &fs) == 0 && fs.f_type == 0x63677270;
