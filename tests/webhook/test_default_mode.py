@@ -11,6 +11,7 @@ import pytest
 from gpufrac.core.annotations import ComputeMode
 from gpufrac.webhook.decide import admission
 from gpufrac.webhook.decide.default_mode import with_default_mode
+from gpufrac.webhook.decide.errors import BadReviewError
 from gpufrac.webhook.decide.policy import Policy
 from testkit.pods import pod
 from testkit.reviews import review
@@ -66,3 +67,12 @@ def test_a_pod_without_a_fraction_is_left_alone() -> None:
     obj = pod({"team": "a"})
     assert with_default_mode(obj, SM) is obj
     assert admission.mutate(review(obj), OLD_DRIVERS).patch == []
+
+
+@pytest.mark.parametrize("metadata", [-1, "x", [], {"annotations": 7}, {"annotations": {"gpu-fraction": 0.5}}])
+def test_a_malformed_pod_is_refused_as_a_bad_review_not_a_crash(metadata: object) -> None:
+    """Found by the fuzz: `metadata: -1` under a default mode was an AttributeError (a 500), not a 400."""
+    obj = pod({"gpu-fraction": "0.5"})
+    obj["metadata"] = metadata
+    with pytest.raises(BadReviewError, match=r"object\.metadata"):
+        admission.mutate(review(obj), OLD_DRIVERS)

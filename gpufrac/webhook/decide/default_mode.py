@@ -18,6 +18,7 @@ from gpufrac.core.annotations import (
     nvidia_key,
     parse_container_key,
 )
+from gpufrac.webhook.decide import pod as podview
 
 # Pod-level shorthands that ask for a fraction (the pod-level mode shorthand goes with them)
 _POD_LEVEL = (ann.FRACTION, ann.MEMORY)
@@ -25,8 +26,10 @@ _POD_LEVEL = (ann.FRACTION, ann.MEMORY)
 
 def with_default_mode(obj: dict[str, Any], mode: ComputeMode | None) -> dict[str, Any]:
     """`obj` with `mode` written where it asks for a fraction and names no mode anywhere; `obj` itself otherwise."""
-    annotations = (obj.get("metadata") or {}).get("annotations")
-    if mode is None or not isinstance(annotations, dict) or names_a_mode(annotations):
+    if mode is None:
+        return obj
+    annotations = podview.annotations(obj)  # a malformed pod is a 400 here, as it is in every later read
+    if names_a_mode(annotations):
         return obj
     added = {ann.COMPUTE_MODE: str(mode)} if any(k in annotations for k in _POD_LEVEL) else {
         nvidia_key(container, Field.COMPUTE_MODE): str(mode) for container in _per_container(annotations)}
