@@ -167,8 +167,41 @@ def test_failing_closed_the_pods_policy_leaves_the_schedulers_updates_to_the_val
 
 
 @needs_helm
-@pytest.mark.parametrize("failing_open", [["--set", "webhook.failurePolicy=Ignore"],
-                                          ["--set", "webhook.validating.failurePolicy=Ignore"]])
+@pytest.mark.parametrize("failing_open", [
+    ["--set", "webhook.failurePolicy=Ignore"],
+    ["--set", "webhook.validating.failurePolicy=Ignore", "--set", "webhook.mutating.failurePolicy=Ignore"],
+    ["--set", "webhook.validating.failurePolicy=Ignore", "--set", "webhook.mutating.reinvocationPolicy=Never"]])
 def test_failing_open_the_pods_policy_judges_the_schedulers_updates(failing_open: list[str]) -> None:
     assert SCHEDULER_SKIP not in _pods_policy_conditions(*failing_open)
     assert "has-fraction-keys" in _pods_policy_conditions(*failing_open)
+
+
+# The binder's UPDATE, one webhook call: the mutating webhook, failing closed and called again after a later mutating
+# webhook, judges the scheduler's UPDATEs whole (tests/webhook/test_mutation.py), so the validating one is not called.
+MUTATING_JUDGES = "not-a-scheduler-update-the-mutating-webhook-judges"
+
+
+@needs_helm
+def test_failing_closed_the_mutating_webhook_alone_judges_the_schedulers_updates() -> None:
+    from testkit import cel
+
+    cfg = next(o for o in render("--set", "webhook.schedulerGroups={kai:binders}")
+               if o["kind"] == "ValidatingWebhookConfiguration")
+    conditions = {c["name"]: c["expression"] for c in cfg["webhooks"][0]["matchConditions"]}
+    assert conditions[MUTATING_JUDGES] == _pods_policy_conditions(
+        "--set", "webhook.schedulerGroups={kai:binders}")[SCHEDULER_SKIP]
+
+    def called(request: dict[str, Any]) -> bool:
+        return bool(cel.evaluate(conditions[MUTATING_JUDGES], request=request))
+
+    assert not called(_request("UPDATE", "system:serviceaccount:kai-scheduler:binder"))
+    assert not called(_request("UPDATE", "someone", ["kai:binders"]))
+    assert called(_request("UPDATE", "alice", ["system:authenticated"]))
+    assert called(_request("CREATE", "system:serviceaccount:kai-scheduler:binder", sub="binding"))
+    assert called(_request("UPDATE", "system:serviceaccount:kai-scheduler:binder", sub="ephemeralcontainers"))
+    # the validating webhook failing open changes nothing: the mutating one still judges, and the policy skips them
+    assert MUTATING_JUDGES in _validating_conditions(render("--set", "webhook.validating.failurePolicy=Ignore"))
+    assert SCHEDULER_SKIP in _pods_policy_conditions("--set", "webhook.validating.failurePolicy=Ignore")
+    for mutating_may_miss in (["--set", "webhook.mutating.failurePolicy=Ignore"],
+                              ["--set", "webhook.mutating.reinvocationPolicy=Never"]):
+        assert MUTATING_JUDGES not in _validating_conditions(render(*mutating_may_miss)), mutating_may_miss

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from e2e.names import RELEASE_NAMESPACE, RS_CONTROLLER_USER
-from e2e.testing import create, get_pod, metric_total, pod, unique
+from e2e.testing import create, example, get_pod, metric_total, pod, unique
 from testkit.pods import IMAGE
 
 pytestmark = pytest.mark.e2e
@@ -31,6 +31,27 @@ def test_pod_without_fraction_keys_is_never_sent_to_the_webhook(cluster, alice, 
     rc, _, err = create(alice, pod(unique("counted"), {"gpu-fraction": "0.5"}, namespace=ns))
     assert rc == 0, err
     assert metric_total(cluster.webhook_metrics()) >= before + 1
+
+
+def _reviews(cluster, webhook: str) -> float:
+    lines = [line for line in cluster.webhook_metrics().splitlines() if f'webhook="{webhook}"' in line]
+    return metric_total("\n".join(lines))
+
+
+def test_a_fractional_pods_create_and_its_bind_call_one_webhook_each(cluster, alice, binder, ns):
+    """Issue 47: failing closed (the chart's defaults), the mutating webhook judges a pod's CREATE and the scheduler's
+    bind-time UPDATE whole; the validating webhook is not called on either."""
+    name = unique("one-call")
+    before = {w: _reviews(cluster, w) for w in ("mutate", "validate")}
+    rc, _, err = create(alice, example("notebook-time-slicing.yaml", name, namespace=ns))
+    assert rc == 0, err
+    rc, _, err = binder("patch", "pod", name, "--type=merge", "-p", json.dumps({"metadata": {"annotations": {
+        "nvidia.com/container.app.gpus.devices": "GPU-a", "nvidia.com/container.app.gpu-memory.request": "71885Mi",
+        "nvidia.com/container.app.gpu-memory.limit": "115016Mi"}}}))
+    assert rc == 0, err
+    assert get_pod(alice, name)["metadata"]["annotations"][C + "gpu-memory.limit-mib"] == "115016"
+    # Without the validating webhook's not-a-scheduler-update gate the bind-time UPDATE reads validate: 1 here.
+    assert {w: _reviews(cluster, w) - before[w] for w in before} == {"mutate": 2, "validate": 0}
 
 
 def test_webhook_down_plain_pods_still_created_fractional_refused(cluster, alice, ns):

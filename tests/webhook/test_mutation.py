@@ -250,3 +250,34 @@ def test_debug_containers_added_to_a_fractional_pod_get_no_gpu():
 def test_pods_without_fraction_keys_are_untouched():
     outcome = admission.mutate(review(pod({"team": "a"})), POLICY)
     assert outcome.allowed and outcome.patch == []
+
+
+@pytest.mark.parametrize("change", [
+    {"nvidia.com/container.app.gpus.devices": "GPU-a1b2c3d4"},  # the devices changed after the bind
+    {"nvidia.com/container.app.gpu-memory.limit": "999999Mi"},  # a limit above what the GPU has
+    {"gpufrac.io/unlimited": "true"},  # a key of gpufrac's own
+])
+def test_a_bad_update_by_the_scheduler_is_denied_by_the_mutating_webhook_as_the_validating_one_would(change):
+    """Issue 47: failing closed, the validating webhook is not called on the scheduler's UPDATEs; the mutating one
+    judges them whole and says what the validating one would."""
+    created, _ = mutated(pod(NOTEBOOK))
+    bind = {"nvidia.com/container.app.gpus.devices": "GPU-a1b2c3d4,GPU-e5f6a7b8",
+            "nvidia.com/container.app.gpu-memory.request": "71885Mi",
+            "nvidia.com/container.app.gpu-memory.limit": "115016Mi"}
+    bound_outcome = admission.mutate(review(_annotated(created, bind), operation="UPDATE", old=created, user=BINDER),
+                                     POLICY)
+    assert bound_outcome.allowed, bound_outcome.message
+    bound = jsonpatch.apply_patch(_annotated(created, bind), bound_outcome.patch)
+    changed = _annotated(bound, change)
+    outcome = admission.mutate(review(changed, operation="UPDATE", old=bound, user=BINDER), POLICY)
+    validated = admission.validate(review(changed, operation="UPDATE", old=bound, user=BINDER), POLICY)
+    assert not validated.allowed
+    assert not outcome.allowed and not outcome.patch
+    assert outcome.message == validated.message
+    assert next(iter(change)) in outcome.message
+
+
+def _annotated(obj, annotations):
+    result = copy.deepcopy(obj)
+    result["metadata"]["annotations"].update(annotations)
+    return result

@@ -291,13 +291,31 @@ Failing open, the policy judges them as before.
 */}}
 {{- define "gpufrac.podsPolicyMatchConditions" -}}
 {{- include "gpufrac.matchConditions" (list . false) }}
-{{- if eq (default .Values.webhook.failurePolicy .Values.webhook.validating.failurePolicy) "Fail" }}
+{{- if or (eq (default .Values.webhook.failurePolicy .Values.webhook.validating.failurePolicy) "Fail") (include "gpufrac.mutatingJudgesSchedulerUpdates" .) }}
 - name: not-a-scheduler-update-the-webhook-judges
   expression: |-
-    !(request.operation == "UPDATE" && !has(request.subResource)
-      && (request.userInfo.username in {{ .Values.webhook.schedulerUsers | sortAlpha | toJson }}
-          || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ .Values.webhook.schedulerGroups | sortAlpha | toJson }}))))
+    {{- include "gpufrac.cel.notASchedulerUpdate" . | nindent 4 }}
 {{- end }}
+{{- end }}
+
+{{/*
+Whether the mutating webhook alone judges the scheduler's UPDATEs (issue 47: one webhook call per bind, not two): it
+fails closed and is called again after a later mutating webhook changed the pod, and it runs every validating rule on
+the pod as it will be stored. Then the validating webhook is not called on them (not-a-scheduler-update-the-mutating-
+webhook-judges), nor the pods policy.
+*/}}
+{{- define "gpufrac.mutatingJudgesSchedulerUpdates" -}}
+{{- $failure := default .Values.webhook.failurePolicy .Values.webhook.mutating.failurePolicy -}}
+{{- if and (eq $failure "Fail") (eq .Values.webhook.mutating.reinvocationPolicy "IfNeeded") -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/* CEL: true but for an UPDATE of a pod itself (no subresource) by the scheduler's users or groups. */}}
+{{- define "gpufrac.cel.notASchedulerUpdate" -}}
+!(request.operation == "UPDATE" && !has(request.subResource)
+  && (request.userInfo.username in {{ .Values.webhook.schedulerUsers | sortAlpha | toJson }}
+      || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ .Values.webhook.schedulerGroups | sortAlpha | toJson }}))))
 {{- end }}
 
 {{/* The operations of the pods policy: a pod's CREATE only where the mutating webhook does not judge it alone. */}}

@@ -65,10 +65,17 @@ def mutate(request: ReviewRequest, policy: Policy) -> Outcome:
     # fraction annotations is left for the validating webhook to deny, not quietly repaired.
     if not policy.is_scheduler(request.user):
         return Outcome()
+    # The scheduler's UPDATE is judged here, whole, on the pod as it will be stored, as a CREATE is: where this
+    # webhook fails closed the validating webhook is not called on it (issue 47: one call per bind, not two).
+    old = request.old_obj or {}
     fractions, violations = resolve(obj, bound=True, allow_multiple=policy.allow_multiple_fraction_containers)
+    if violations:  # with who changed what as well as why it is wrong, as the validating webhook says it
+        return Outcome(violations=validate_pod(obj, old, request.user, policy) or violations)
+    mutation = mutate_bind(obj, fractions)
+    violations = validate_pod(mutation.obj, old, request.user, policy)
     if violations:
-        return Outcome()  # the validating webhook denies it, with who changed what as well as why it is wrong
-    return _patch(obj, mutate_bind(obj, fractions))
+        return Outcome(violations=violations)
+    return _patch(obj, mutation)
 
 
 def validate(request: ReviewRequest, policy: Policy) -> Outcome:
