@@ -153,3 +153,16 @@ def test_an_r615_node_lists_nothing(fake_node: FakeNode) -> None:
     fake_node.kube.pods.append(waiting())
     kube, _ = ticked(fake_node)
     assert events(kube) == [] and kube.lists == []  # it serves time-slicing: not its to say, and no cost
+
+
+def test_a_watch_that_fails_stops_neither_the_other_watches_nor_the_tick(old_cluster: FakeNode,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    def failing(_view: object) -> None:
+        raise ConnectionResetError("the API server went away")
+
+    seen: list[object] = []
+    agent = old_cluster.start_agent(checks=NodeChecks(watches=(failing, seen.append)))
+    agent.ticked.clear()
+    agent.tick()
+    assert seen == [agent] and agent.ticked.is_set()  # the next watch ran, the tick counted for liveness
+    assert "agent watch failing failed" in caplog.text

@@ -174,7 +174,10 @@ class Agent:
         if self.inventory is not None and self.pods.synced.is_set():
             self.audit.run(self.inventory)
         for watch in self._checks.watches:
-            watch(self)
+            try:
+                watch(self)
+            except Exception:  # one watch's failure (the API server away) stops neither the others nor the tick
+                log.exception("agent watch %s failed", getattr(watch, "__name__", type(watch).__name__))
         self._last_tick = self._clock()
         self.ticked.set()
 
