@@ -46,7 +46,8 @@ def test_a_fractional_pods_create_and_its_bind_call_one_webhook_each(cluster, al
     rc, _, err = create(alice, example("notebook-time-slicing.yaml", name, namespace=ns))
     assert rc == 0, err
     rc, _, err = binder("patch", "pod", name, "--type=merge", "-p", json.dumps({"metadata": {"annotations": {
-        "nvidia.com/container.app.gpus.devices": "GPU-a", "nvidia.com/container.app.gpu-memory.request": "71885Mi",
+        "nvidia.com/container.app.gpus.devices": "GPU-a,GPU-b",
+        "nvidia.com/container.app.gpu-memory.request": "71885Mi",
         "nvidia.com/container.app.gpu-memory.limit": "115016Mi"}}}))
     assert rc == 0, err
     assert get_pod(alice, name)["metadata"]["annotations"][C + "gpu-memory.limit-mib"] == "115016"
