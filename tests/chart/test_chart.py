@@ -372,7 +372,7 @@ def changed(annotations: dict[str, str] | None = None, labels: dict[str, str] | 
 def test_an_update_is_judged_only_when_it_changes_a_fraction_key_or_the_label(
         default: list[dict[str, Any]], operation: str, sub: str | None, obj: dict[str, Any],
         old: dict[str, Any] | None, judged: bool) -> None:
-    request = {"operation": operation, **({"subResource": sub} if sub else {})}
+    request = {"operation": operation, "userInfo": {"username": "alice"}, **({"subResource": sub} if sub else {})}
     gated = [mutating(default), validating(default), *(p["spec"] for p in pod_policies(default))]
     for gate in gated:
         [condition] = [c for c in gate["matchConditions"] if c["name"] == "changes-fraction-keys"]
@@ -889,3 +889,21 @@ def test_external_ca_bundle_in_service_mode() -> None:
     assert mutating(objs)["clientConfig"]["caBundle"] == CA_BUNDLE
     assert "service" in mutating(objs)["clientConfig"]
     assert not certificate_jobs(objs)
+
+
+@pytest.mark.parametrize(("user", "called"), [("system:serviceaccount:kai-scheduler:binder", False), ("alice", True)])
+def test_the_schedulers_bind_update_meets_the_gates_of_the_mutating_webhook_alone(
+        default: list[dict[str, Any]], user: str, called: bool) -> None:
+    """Issue 47: the validating webhook and the pods policy keep the scheduler's UPDATE out (the mutating webhook
+    judges it whole), and their key-by-key comparison passes it without reading every key, as the API server
+    evaluates every condition. A user's change of the same key is judged by all three."""
+    bind = changed({"nvidia.com/container.app.gpus.devices": "GPU-1"})
+    request = {"operation": "UPDATE", "userInfo": {"username": user, "groups": ["system:authenticated"]}}
+
+    def all_true(gate: dict[str, Any]) -> bool:
+        return all(bool(cel.evaluate(c["expression"], object=bind, oldObject=FRACTIONAL, request=request))
+                   for c in gate["matchConditions"])
+
+    assert all_true(mutating(default))
+    assert all_true(validating(default)) is called
+    assert all(all_true(p["spec"]) is called for p in pod_policies(default) if p["metadata"]["name"].endswith("-pods"))

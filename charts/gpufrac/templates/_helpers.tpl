@@ -220,10 +220,13 @@ The matchConditions of a webhook: include "gpufrac.matchConditions" (list . ALL_
 null. ALL_BINDINGS (validating only, opt-in): also every pods/binding request, whose object is a Binding that
 carries no pod labels, so a fractional pod's bind is seen even when the Binding has no fraction annotations.
 request.subResource is absent (not "") on requests without one: unguarded, it is a CEL error, i.e. failurePolicy
-for every pod (seen on kube-apiserver 1.36.3).
+for every pod (seen on kube-apiserver 1.36.3). SCHEDULER_ELSEWHERE (optional): the scheduler's UPDATEs are kept out
+by a condition of their own after these; changes-fraction-keys then passes them without comparing every key, since
+the API server evaluates every condition (a bind's comparison cost ~0.1 ms per gate, issue 47).
 */}}
 {{- define "gpufrac.matchConditions" -}}
 {{- $root := index . 0 -}}
+{{- $schedulerElsewhere := and (gt (len .) 2) (index . 2) -}}
 - name: has-fraction-keys
   expression: |-
     {{- if index . 1 }}
@@ -242,6 +245,9 @@ for every pod (seen on kube-apiserver 1.36.3).
   expression: |-
     request.operation != "UPDATE" || oldObject == null
     || (has(request.subResource) && request.subResource != "status")
+    {{- if $schedulerElsewhere }}
+    || {{ include "gpufrac.cel.isASchedulerUpdate" $root | nindent 4 | trim }}
+    {{- end }}
     || {{ include "gpufrac.cel.fractionKeysChanged" . | nindent 4 | trim }}
 {{- with $root.Values.webhook.extraMatchConditions }}
 {{ toYaml . }}
@@ -290,8 +296,9 @@ closed it refuses them when it is down: judged again in CEL they cost the API se
 Failing open, the policy judges them as before.
 */}}
 {{- define "gpufrac.podsPolicyMatchConditions" -}}
-{{- include "gpufrac.matchConditions" (list . false) }}
-{{- if or (eq (default .Values.webhook.failurePolicy .Values.webhook.validating.failurePolicy) "Fail") (include "gpufrac.mutatingJudgesSchedulerUpdates" .) }}
+{{- $skip := or (eq (default .Values.webhook.failurePolicy .Values.webhook.validating.failurePolicy) "Fail") (include "gpufrac.mutatingJudgesSchedulerUpdates" .) }}
+{{- include "gpufrac.matchConditions" (list . false $skip) }}
+{{- if $skip }}
 - name: not-a-scheduler-update-the-webhook-judges
   expression: |-
     {{- include "gpufrac.cel.notASchedulerUpdate" . | nindent 4 }}
@@ -311,11 +318,16 @@ true
 {{- end -}}
 {{- end }}
 
-{{/* CEL: true but for an UPDATE of a pod itself (no subresource) by the scheduler's users or groups. */}}
+{{/* CEL: an UPDATE of a pod itself (no subresource) by the scheduler's users or groups. */}}
+{{- define "gpufrac.cel.isASchedulerUpdate" -}}
+(request.operation == "UPDATE" && !has(request.subResource)
+ && (request.userInfo.username in {{ .Values.webhook.schedulerUsers | sortAlpha | toJson }}
+     || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ .Values.webhook.schedulerGroups | sortAlpha | toJson }}))))
+{{- end }}
+
+{{/* CEL: true but for the scheduler's UPDATEs. */}}
 {{- define "gpufrac.cel.notASchedulerUpdate" -}}
-!(request.operation == "UPDATE" && !has(request.subResource)
-  && (request.userInfo.username in {{ .Values.webhook.schedulerUsers | sortAlpha | toJson }}
-      || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ .Values.webhook.schedulerGroups | sortAlpha | toJson }}))))
+!{{ include "gpufrac.cel.isASchedulerUpdate" . }}
 {{- end }}
 
 {{/* The operations of the pods policy: a pod's CREATE only where the mutating webhook does not judge it alone. */}}
