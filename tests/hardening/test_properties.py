@@ -146,8 +146,9 @@ def _fractions(obj: dict[str, Any]):
     st.lists(st.sampled_from(s.DEVICE_IDS[:4]), min_size=1, max_size=2, unique=True)), max_size=2))
 @s.examples(100)
 def test_the_scheduler_bind_is_mutated_into_a_pod_validation_accepts_or_is_denied(created, bind):
-    """CREATE, then the scheduler's bind UPDATE: mutate either writes canonical values validation accepts, or
-    writes nothing, and then validation must deny (the pod never runs with values nobody checked)."""
+    """CREATE, then the scheduler's bind UPDATE: the mutating webhook, which judges it alone where it fails closed
+    (issue 47), either writes canonical values validation accepts or denies it as validation would (the pod never
+    runs with values nobody checked)."""
     policy = Policy()
     result = _mutated(s.envelope(created), policy)
     if result is None:
@@ -160,18 +161,23 @@ def test_the_scheduler_bind_is_mutated_into_a_pod_validation_accepts_or_is_denie
             new["metadata"]["annotations"][f"nvidia.com/container.{name}.gpu-memory.limit"] = limit
         new["metadata"]["annotations"][f"nvidia.com/container.{name}.gpus.devices"] = ",".join(devices)
     update = s.envelope(new, operation="UPDATE", old=old, user=s.BINDER)
+    denial = decide(copy.deepcopy(update), admission.mutate, policy)
+    assert denial is not None
+    if not denial.allowed:  # the mutating webhook denies what validation denies, in its words
+        unmutated = decide(copy.deepcopy(update), admission.validate, policy)
+        assert unmutated is not None and not unmutated.allowed and unmutated.message == denial.message
+        check_denials(denial)
+        return
     mutation = _mutated(update, policy)
-    assert mutation is not None, "the mutating webhook never denies an UPDATE"
+    assert mutation is not None
     bound, _ = mutation
     verdict = decide(s.envelope(bound, operation="UPDATE", old=old, user=s.BINDER), admission.validate, policy)
     assert verdict is not None
-    check_denials(verdict)
+    assert verdict.allowed, f"the mutating webhook let through a bind validation denies: {verdict.message}"
     fractions, problems = resolve(copy.deepcopy(bound), bound=True)
-    if problems:
-        assert not verdict.allowed, "validation let through bind values the value rules reject"
-    if verdict.allowed:
-        canonical = {k: v for k, v in bound["metadata"]["annotations"].items() if k.startswith("gpufrac.io/")}
-        assert canonical == canonical_annotations(fractions), "the pod runs with canonical values that do not match"
+    assert not problems, "the mutating webhook let through bind values the value rules reject"
+    canonical = {k: v for k, v in bound["metadata"]["annotations"].items() if k.startswith("gpufrac.io/")}
+    assert canonical == canonical_annotations(fractions), "the pod runs with canonical values that do not match"
 
 
 @given(body=s.raw_bodies())
