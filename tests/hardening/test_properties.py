@@ -64,6 +64,15 @@ def check_denials(outcome: admission.Outcome) -> None:
         assert outcome.message and not outcome.patch
 
 
+def check_denied_as_validation_denies(denial: admission.Outcome, unmutated: admission.Outcome | None) -> None:
+    """The mutating webhook's denial of the scheduler's UPDATE is one validation makes of the same request: every
+    problem it names, validation names too (validation may name more: the canonical values the mutation would
+    have written are still missing from the unmutated pod)."""
+    assert unmutated is not None and not unmutated.allowed, f"denied only by the mutating webhook: {denial.message}"
+    missing = {str(v) for v in denial.violations} - {str(v) for v in unmutated.violations}
+    assert not missing, f"the mutating webhook names problems validation does not: {missing}"
+
+
 def respond(outcome: admission.Outcome, uid: str) -> None:
     response = build_response(uid, allowed=outcome.allowed, message=outcome.message, patch=outcome.patch,
                               warnings=outcome.warnings)
@@ -87,8 +96,11 @@ def test_decisions_answer_or_refuse_and_never_crash(body, policy):
             assert outcome.allowed and not outcome.patch
         if request.sub_resource == "status":
             assert not outcome.patch, "pods/status is judged (its metadata), never patched"
-        if decision is admission.mutate and request.operation != "CREATE":
-            assert outcome.allowed, "the mutating webhook only denies on CREATE"
+        if decision is admission.mutate and request.operation != "CREATE" and not outcome.allowed:
+            # It judges the scheduler's UPDATE whole (issue 47) and then denies it exactly as validation would.
+            assert policy.is_scheduler(request.user) and not request.sub_resource, \
+                "the mutating webhook denies only a CREATE or the scheduler's UPDATE"
+            check_denied_as_validation_denies(outcome, decide(copy.deepcopy(original), admission.validate, policy))
         if decision is admission.validate:
             assert not outcome.patch
 
@@ -163,9 +175,8 @@ def test_the_scheduler_bind_is_mutated_into_a_pod_validation_accepts_or_is_denie
     update = s.envelope(new, operation="UPDATE", old=old, user=s.BINDER)
     denial = decide(copy.deepcopy(update), admission.mutate, policy)
     assert denial is not None
-    if not denial.allowed:  # the mutating webhook denies what validation denies, in its words
-        unmutated = decide(copy.deepcopy(update), admission.validate, policy)
-        assert unmutated is not None and not unmutated.allowed and unmutated.message == denial.message
+    if not denial.allowed:
+        check_denied_as_validation_denies(denial, decide(copy.deepcopy(update), admission.validate, policy))
         check_denials(denial)
         return
     mutation = _mutated(update, policy)
