@@ -97,7 +97,7 @@ def test_decisions_answer_or_refuse_and_never_crash(body, policy):
         if request.sub_resource == "status":
             assert not outcome.patch, "pods/status is judged (its metadata), never patched"
         if decision is admission.mutate and request.operation != "CREATE" and not outcome.allowed:
-            # It judges the scheduler's UPDATE whole (issue 47) and then denies it exactly as validation would.
+            # It judges the scheduler's UPDATE whole (issue 47), and denies only for problems validation names too.
             assert policy.is_scheduler(request.user) and not request.sub_resource, \
                 "the mutating webhook denies only a CREATE or the scheduler's UPDATE"
             check_denied_as_validation_denies(outcome, decide(copy.deepcopy(original), admission.validate, policy))
