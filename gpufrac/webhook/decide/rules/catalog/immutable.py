@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -73,12 +74,13 @@ def authorship_on_update(old: dict[str, Any], new: dict[str, Any], user: UserInf
     # The scheduler adding keys (its bind) needs only which container of the old pod holds a portion.
     binding = policy.is_scheduler(user) and bool(new_keys.keys() - old_keys.keys())
     portion = portion_container(old) if binding else None
+    holders = functools.cache(lambda: ", ".join(sorted(old_fractions().names())) or "no container")  # once
     for key in sorted(old_keys.keys() | new_keys.keys()):
         if key not in new_keys:
             out.append(annotation(key, old_keys[key], f"was removed; {IMMUTABLE}"))
         elif key not in old_keys:
             if not (binding and _is_bind_key(key, portion)):
-                why = _not_a_bind_key(key, old_fractions) if binding else _not_the_scheduler(key)
+                why = _not_a_bind_key(key, old_fractions, holders) if binding else _not_the_scheduler(key)
                 out.append(annotation(key, new_keys[key], f"cannot be added by {user.username or 'this user'}: {why}"))
         elif old_keys[key] != new_keys[key]:
             out.append(annotation(key, new_keys[key], f"was changed from {old_keys[key]}; {IMMUTABLE}"))
@@ -92,7 +94,7 @@ def _not_the_scheduler(key: str) -> str:
     return "only the scheduler may add it, at bind" if _bind_shape(key) else IMMUTABLE
 
 
-def _not_a_bind_key(key: str, old_fractions: Callable[[], PodFractions]) -> str:
+def _not_a_bind_key(key: str, old_fractions: Callable[[], PodFractions], holders: Callable[[], str]) -> str:
     """Why the scheduler may not add this key (it is the scheduler: "only the scheduler may" would not help)."""
     try:
         parsed = ann.parse_container_key(key)
@@ -103,7 +105,7 @@ def _not_a_bind_key(key: str, old_fractions: Callable[[], PodFractions]) -> str:
     name = parsed.container
     if name not in old_fractions().containers:
         return (f"container {name} holds no GPU fraction, so there is nothing to bind for it; "
-                f"{', '.join(sorted(old_fractions().names())) or 'no container'} of this pod holds one")
+                f"{holders()} of this pod holds one")
     return (f"container {name} asked for absolute memory, which is written on create; the scheduler adds "
             f"gpu-memory.request and .limit at bind only for a portion ({ann.FRACTION})")
 

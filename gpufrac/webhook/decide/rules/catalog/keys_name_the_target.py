@@ -37,6 +37,7 @@ def check(values: Values) -> list[Violation]:
         return []
     out = []
     several = keyed_container(keys) is None and len(keys) > 1
+    keyed_listing = ", ".join(sorted(keys))  # once: every key's message names them all
     for name in sorted(keys.keys() - {target.container}):
         for key, value in keys[name].items():
             if target.explicit:
@@ -44,7 +45,7 @@ def check(values: Values) -> list[Violation]:
                            "annotations of a pod name one container")
             elif several:
                 problem = (f"names container {name}, but the fraction annotations of this pod name "
-                           f"{', '.join(sorted(keys))}; they name one container, which {targeting[0]} applies to")
+                           f"{keyed_listing}; they name one container, which {targeting[0]} applies to")
             else:
                 problem = (f"names container {name}, but {targeting[0]} applies to {target.container}; set "
                            f"{ann.CONTAINER_NAME} to {name}")
