@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import gate_floor
+from bench import fraction_floor, gate_floor
 from bench.apiserver import (
     IMAGE,
     WEBHOOK_METRIC,
@@ -50,6 +50,8 @@ DEFAULTS, POLICIES_OFF, LABEL_GATE, NOTHING = SETUPS = ("gpufrac defaults", "pol
 # The label gate's selector (webhook.podLabelSelector) and the label the fractional pods of every setup carry.
 GATE_LABELS = {"gpufrac.io/fractions": "true"}
 FLOOR = gate_floor.FLOOR  # nothing installed but one empty gate per plain kind (plain kinds only)
+FRACTION_FLOORS = fraction_floor.SETUPS  # nothing of gpufrac's, its additions still made (fractional CREATE only)
+SEED_SHAPES = (INFERENCE, NOTEBOOK)  # the fractional pods, sent in turn
 KINDS = ("plain CREATE", "plain status write", "fractional CREATE", "binder UPDATE")
 PLAIN_KINDS = KINDS[:2]  # the kinds of a pod without fractions: gpufrac's gates keep them out
 STATUS_POOL = 20  # plain pods whose status is written in turn
@@ -248,10 +250,21 @@ class Requests:
             pod["metadata"]["resourceVersion"] = version[1].decode()
         return data
 
-    def fractional_create(self) -> bytes:
+    def fractional_create(self, shapes: list[fraction_floor.Shape] | None = None) -> bytes:
         """The seed inference pod (sm-sharing, 4 GPUs) and the seed notebook (a portion of 2) in turn, as
-        bench/apiserver.py sends them."""
-        return self._create(INFERENCE if next(self._shape) % 2 == 0 else NOTEBOOK)
+        bench/apiserver.py sends them; with `shapes`, sent as gpufrac's admission would store them."""
+        turn = next(self._shape) % len(SEED_SHAPES)
+        pod = _pod(SEED_SHAPES[turn])
+        if shapes:
+            pod = shapes[turn].stored(pod)
+        data: bytes = self.api.create_namespaced_pod(NAMESPACE, pod, _preload_content=False).data
+        return data
+
+    def dry_runs(self) -> list[dict[str, Any]]:
+        """Each seed pod as the API server would store it now (a server-side dry run, nothing stored)."""
+        return [json.loads(self.api.create_namespaced_pod(NAMESPACE, _pod(annotations), dry_run="All",
+                                                          _preload_content=False).data)
+                for annotations in SEED_SHAPES]
 
     def binder_update(self) -> bytes:
         """What KAI's binder writes at bind before it posts pods/binding (e2e.testing.bind): one merge patch of the
@@ -314,9 +327,10 @@ def _phase(cell: TaxCell, send: Callable[[], bytes], count: int, cpu: Callable[[
 
 
 def _floor_phases(cells: dict[tuple[str, str], TaxCell], requests: Requests, admission_api: Any, count: int,
-                  cpu: Callable[[], float], probe: ApiserverProbe) -> None:
+                  cpu: Callable[[], float], probe: ApiserverProbe, dry_runs: dict[str, list[dict[str, Any]]]) -> None:
     """Right after nothing's phases, with nothing installed: the plain kinds again, each meeting one empty gate
-    (bench/gate_floor.py), the least any gate that reads annotations costs."""
+    (bench/gate_floor.py), the least any gate that reads annotations costs; then the fractional CREATE with gpufrac's
+    additions made without it (bench/fraction_floor.py), once the defaults' dry runs are known."""
     plain = {kind: send for kind, send in requests.by_kind().items() if kind in PLAIN_KINDS}
     gate_floor.install(admission_api, probe.gates, requests.plain_create, requests.status_write)
     try:
@@ -324,6 +338,35 @@ def _floor_phases(cells: dict[tuple[str, str], TaxCell], requests: Requests, adm
             _phase(cells.setdefault((FLOOR, kind), TaxCell(FLOOR, kind)), send, count, cpu, probe)
     finally:
         gate_floor.remove(admission_api, probe.gates, requests.plain_create, requests.status_write)
+    if DEFAULTS in dry_runs:
+        _fraction_floor_phases(cells, requests, admission_api, count, cpu, probe, dry_runs)
+
+
+def _fraction_floor_phases(cells: dict[tuple[str, str], TaxCell], requests: Requests, admission_api: Any,
+                           count: int, cpu: Callable[[], float], probe: ApiserverProbe,
+                           dry_runs: dict[str, list[dict[str, Any]]]) -> None:
+    """The fractional CREATE with gpufrac's additions made, nothing of gpufrac's installed (bench/fraction_floor.py):
+    all of them, then its metadata alone, each sent by the client, then written by the constant policy."""
+    kind = "fractional CREATE"
+    whole = [fraction_floor.shape(annotations, plain_pod, mutated) for annotations, plain_pod, mutated
+             in zip(SEED_SHAPES, dry_runs[NOTHING], dry_runs[DEFAULTS], strict=True)]
+    for sent, written, shapes in ((fraction_floor.STORED, fraction_floor.POLICY, whole),
+                                  (fraction_floor.STORED_METADATA, fraction_floor.POLICY_METADATA,
+                                   [s.metadata_only() for s in whole])):
+        _phase(cells.setdefault((sent, kind), TaxCell(sent, kind)),
+               lambda shapes=shapes: requests.fractional_create(shapes), count, cpu, probe)
+
+        def stored_as(pods: list[dict[str, Any]]) -> Callable[[], bool]:
+            return lambda: all(fraction_floor.same_but_token(now, then)
+                               for now, then in zip(requests.dry_runs(), pods, strict=True))
+
+        made = [shape.stored(pod) for shape, pod in zip(shapes, dry_runs[NOTHING], strict=True)]
+        fraction_floor.install(admission_api, shapes, {BENCH_LABEL: "1"}, stored_as(made))
+        try:
+            _phase(cells.setdefault((written, kind), TaxCell(written, kind)), requests.fractional_create, count,
+                   cpu, probe)
+        finally:
+            fraction_floor.remove(admission_api, stored_as(dry_runs[NOTHING]))
 
 
 def _remove_policies(cp: Any, admission_api: Any) -> None:
@@ -346,7 +389,8 @@ def _switch(setup: str, cp: Any, admission_api: Any, api: Any, names: list[tuple
 
 
 def _round(r: int, cells: dict[tuple[str, str], TaxCell], clients: tuple[Any, Any], cp: Any, admission_api: Any,
-           names: list[tuple[str, str]], count: int, cpu: Callable[[], float], probe: ApiserverProbe) -> None:
+           names: list[tuple[str, str]], count: int, cpu: Callable[[], float], probe: ApiserverProbe,
+           dry_runs: dict[str, list[dict[str, Any]]]) -> None:
     api, binder = clients
     turn = r % len(SETUPS)
     order = SETUPS[turn:] + SETUPS[:turn]  # rotate: no setup always comes first, none comes twice in a row
@@ -357,8 +401,10 @@ def _round(r: int, cells: dict[tuple[str, str], TaxCell], clients: tuple[Any, An
         measured = [cells.setdefault((setup, kind), TaxCell(setup, kind)) for kind in KINDS]
         for cell, send in zip(measured, requests.by_kind().values(), strict=True):
             _phase(cell, send, count, cpu, probe)
+        if setup in (DEFAULTS, NOTHING) and setup not in dry_runs:  # round 1: what the fraction floors need
+            dry_runs[setup] = requests.dry_runs()
         if setup == NOTHING:
-            _floor_phases(cells, requests, admission_api, count, cpu, probe)
+            _floor_phases(cells, requests, admission_api, count, cpu, probe, dry_runs)
         print(f"[bench] tax round {r + 1} {setup}: " + ", ".join(
             f"{c.kind} {c.rounds[-1] if c.rounds else float('nan'):.2f} ms" for c in measured), file=sys.stderr,
             flush=True)
@@ -397,8 +443,9 @@ def run(*, requests: int, rounds: int, workdir: Path, idle_s: float = IDLE_S) ->
         cells: dict[tuple[str, str], TaxCell] = {}
         started = (cpu(), proc.cpu_seconds())
         probe = ApiserverProbe(cp)
+        dry_runs: dict[str, list[dict[str, Any]]] = {}  # setup -> the seed pods as it stores them
         for r in range(rounds):
-            _round(r, cells, (api, binder), cp, admission_api, names, requests, cpu, probe)
+            _round(r, cells, (api, binder), cp, admission_api, names, requests, cpu, probe, dry_runs)
         check = (cpu() - started[0], proc.cpu_seconds() - started[1])
         return TaxResult(cells, rounds, requests, cp.server_version, described, machine.load_average(), clock,
                          check, _idle_ms_per_s(cpu, idle_s))
@@ -483,6 +530,23 @@ def _gate_line(result: TaxResult) -> str:
         parts) + "."
 
 
+def _fraction_floor_line(result: TaxResult) -> str:
+    """A fractional CREATE's cost with gpufrac's additions made and no webhook called, beside the defaults' and the
+    target: the floor under any admission that writes them (bench/fraction_floor.py)."""
+    kind = "fractional CREATE"
+    nothing = result.cells[(NOTHING, kind)]
+    floors = [result.cells[(setup, kind)] for setup in FRACTION_FLOORS if (setup, kind) in result.cells]
+    if not floors:
+        return "No fraction floor was measured (the defaults' dry runs came after nothing's phases)."
+    most = targets(result)[kind][0]
+    parts = [f"{cell.setup} ×{_ratio(cell, nothing):.2f} (median of blocks ×{_ratio(cell, nothing, 'block_ms'):.2f})"
+             for cell in (*floors, result.cells[(DEFAULTS, kind)])]
+    return (f"A {kind} with gpufrac's additions (label, canonical annotations, node affinity, env, MPS mounts, CSI "
+            f"volume; {fraction_floor.METADATA}: label, annotations and node affinity alone) and no webhook, "
+            f"Kubernetes {result.server_version}, × nothing: " + "; ".join(parts)
+            + f". Target for {DEFAULTS}: ≤ {most:g}×.")
+
+
 def _label_gate_line(result: TaxResult) -> str:
     """What the label gate leaves a plain (unlabelled) pod to pay: no gate evaluated, no webhook called."""
     parts = []
@@ -519,8 +583,11 @@ def _header(result: TaxResult) -> list[str]:
             "ValidatingAdmissionPolicies and Bindings; policies off = the configurations rendered with "
             "policies.enabled=false, the policies deleted; nothing = all deleted; an empty gate = nothing but one "
             "mutating webhook (pods CREATE) and one bound policy (pods/status), each with the one condition `false` "
-            "(bench/gate_floor.py), plain kinds only, measured after nothing. Status write: PUT pods/status "
-            "(status.message); binder UPDATE: a merge patch of the bind-time annotations as "
+            f"(bench/gate_floor.py), plain kinds only, measured after nothing; {fraction_floor.STORED} and "
+            f"{fraction_floor.POLICY} = nothing of gpufrac's, its additions to each seed pod (taken from a dry run "
+            "under the defaults) sent by the client or written by one MutatingAdmissionPolicy as a constant JSON "
+            "patch (bench/fraction_floor.py), fractional CREATE only, measured after nothing. Status write: PUT "
+            "pods/status (status.message); binder UPDATE: a merge patch of the bind-time annotations as "
             "system:serviceaccount:kai-scheduler:binder. Each kind of a setup's round is a phase of its own, begun "
             f"with a GC cycle forced in the API server ({GC_NOW}, profiling on): a phase pays for the collections "
             "of its own garbage, not of another kind's. Its requests go in blocks of "
@@ -546,12 +613,13 @@ def markdown(result: TaxResult | str | None) -> str:
     rows = target_rows(result)
     for kind in KINDS:
         nothing = result.cells.get((NOTHING, kind))
-        for setup in (*SETUPS, FLOOR):
+        for setup in (*SETUPS, FLOOR, *FRACTION_FLOORS):
             if (setup, kind) in result.cells:
                 cell = result.cells[(setup, kind)]
                 lines.append(_row(cell, nothing, rows.get(kind) if setup == DEFAULTS else None,
                                   result.server_version))
-    return "\n".join([*lines, "", _gate_line(result), "", _label_gate_line(result), "", _mutation_line(result)])
+    return "\n".join([*lines, "", _gate_line(result), "", _fraction_floor_line(result), "", _label_gate_line(result),
+                      "", _mutation_line(result)])
 
 
 if __name__ == "__main__":  # a quick look: python -m bench.admission_tax

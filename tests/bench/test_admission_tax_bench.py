@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from bench import admission_tax
+from bench import admission_tax, fraction_floor
 from bench.__main__ import MODES
 from bench.admission_tax import (
     DEFAULTS,
     FLOOR,
+    FRACTION_FLOORS,
     KINDS,
     LABEL_GATE,
     NOTHING,
@@ -37,7 +38,8 @@ def test_every_request_kind_is_measured_under_every_setup(tmp_path: Path) -> Non
     result = admission_tax.run(requests=smoke["tax_requests"], rounds=smoke["tax_rounds"], workdir=tmp_path / "cp",
                                idle_s=0.5)
     assert not isinstance(result, str), result
-    assert set(result.cells) == {(s, k) for s in SETUPS for k in KINDS} | {(FLOOR, k) for k in PLAIN_KINDS}
+    assert set(result.cells) == ({(s, k) for s in SETUPS for k in KINDS} | {(FLOOR, k) for k in PLAIN_KINDS}
+                                 | {(s, "fractional CREATE") for s in FRACTION_FLOORS})
     for (setup, kind), cell in result.cells.items():
         assert cell.errors == 0, (setup, kind, cell.first_error)
         assert len(cell.latencies) == smoke["tax_requests"] * smoke["tax_rounds"], (setup, kind)
@@ -64,6 +66,13 @@ def test_every_request_kind_is_measured_under_every_setup(tmp_path: Path) -> Non
         assert result.cells[(LABEL_GATE, kind)].gated == 0, kind
         assert result.cells[(LABEL_GATE, kind)].called == 0, kind
         assert result.cells[(NOTHING, kind)].called == 0, kind
+    # Issue 47's fraction floors: gpufrac's additions made with nothing of it installed. Every pod is stored
+    # carrying them (the mark counted from each answer), sent so or written by the constant policy, and no webhook
+    # is called and no gate evaluated.
+    for setup in FRACTION_FLOORS:
+        cell = result.cells[(setup, "fractional CREATE")]
+        assert cell.mutated == len(cell.latencies), setup
+        assert cell.called == 0 and cell.gated == 0, setup
     binds = result.cells[(LABEL_GATE, "binder UPDATE")]
     assert binds.called >= len(binds.latencies)
     text = admission_tax.markdown(result)
@@ -78,4 +87,6 @@ def test_every_request_kind_is_measured_under_every_setup(tmp_path: Path) -> Non
     assert f"load average {result.machine['load']} before" in text
     assert "per plain request under the defaults: plain CREATE " in text
     assert f"{FLOOR}, one condition `false`: " in text
+    assert (f"no webhook, Kubernetes {version}, × nothing: {fraction_floor.STORED} ×" in text
+            and f"; {fraction_floor.POLICY} ×" in text), text
     assert f"{LABEL_GATE} (gpufrac.io/fractions=true selects; plain pods unlabelled), Kubernetes {version}: " in text
