@@ -348,6 +348,12 @@ def _fraction_floor_phases(cells: dict[tuple[str, str], TaxCell], requests: Requ
     """The fractional CREATE with gpufrac's additions made, nothing of gpufrac's installed (bench/fraction_floor.py):
     all of them, then its metadata alone, each sent by the client, then written by the constant policy."""
     kind = "fractional CREATE"
+
+    def stored_as(pods: list[dict[str, Any]]) -> Callable[[], bool]:
+        """Whether a dry run of each seed pod now comes back as `pods` (a policy applied, or gone)."""
+        return lambda: all(fraction_floor.same_but_token(now, then)
+                           for now, then in zip(requests.dry_runs(), pods, strict=True))
+
     whole = [fraction_floor.shape(annotations, plain_pod, mutated) for annotations, plain_pod, mutated
              in zip(SEED_SHAPES, dry_runs[NOTHING], dry_runs[DEFAULTS], strict=True)]
     for sent, written, shapes in ((fraction_floor.STORED, fraction_floor.POLICY, whole),
@@ -355,11 +361,6 @@ def _fraction_floor_phases(cells: dict[tuple[str, str], TaxCell], requests: Requ
                                    [s.metadata_only() for s in whole])):
         _phase(cells.setdefault((sent, kind), TaxCell(sent, kind)),
                lambda shapes=shapes: requests.fractional_create(shapes), count, cpu, probe)
-
-        def stored_as(pods: list[dict[str, Any]]) -> Callable[[], bool]:
-            return lambda: all(fraction_floor.same_but_token(now, then)
-                               for now, then in zip(requests.dry_runs(), pods, strict=True))
-
         made = [shape.stored(pod) for shape, pod in zip(shapes, dry_runs[NOTHING], strict=True)]
         fraction_floor.install(admission_api, shapes, {BENCH_LABEL: "1"}, stored_as(made))
         try:
