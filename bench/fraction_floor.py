@@ -5,8 +5,8 @@ nothing of gpufrac's installed, right after nothing's phases, beside gpufrac's d
   node affinity, env `fieldRef`s, MPS mounts and CSI volume, captured by a dry run under the defaults). No admission
   runs: this is what validating and storing the larger pod costs by itself.
 - POLICY: the user's pods, and one MutatingAdmissionPolicy that writes those same additions as a constant JSON patch
-  (no CEL that computes anything, no webhook, `reinvocationPolicy: Never`). The least an admission inside the API
-  server pays to write them: the policy's activation, the patch, the object converted and decoded again, and the
+  (no CEL that computes anything, no webhook, `reinvocationPolicy: Never`). The least a MutatingAdmissionPolicy pays to
+  write them: the policy's activation, the patch, the object converted and decoded again, and the
   admission chain run a second time because the object changed (k8s.io/apiserver `admission/reinvocation.go`).
 
 Each also with the metadata alone (METADATA: the label, the canonical annotations, the node affinity): what a pod
