@@ -1,5 +1,5 @@
-"""The floor under any admission that writes into a fractional pod what gpufrac writes (issue 47): measured with
-nothing of gpufrac's installed, right after nothing's phases, beside gpufrac's defaults in the same run.
+"""What a fractional CREATE costs with gpufrac's additions made without gpufrac (issue 47): measured with nothing of
+gpufrac's installed, right after nothing's phases, beside gpufrac's defaults in the same run.
 
 - STORED: the client sends each seed pod already as gpufrac's admission leaves it (its label, canonical annotations,
   node affinity, env `fieldRef`s, MPS mounts and CSI volume, captured by a dry run under the defaults). No admission
