@@ -222,8 +222,9 @@ class Requests:
         self._turn = itertools.count()
         self._shape = itertools.count()
 
-    def _create(self, annotations: dict[str, str] | None) -> bytes:
-        data: bytes = self.api.create_namespaced_pod(NAMESPACE, _pod(annotations), _preload_content=False).data
+    def _create(self, annotations: dict[str, str] | None, as_stored: fraction_floor.Shape | None = None) -> bytes:
+        pod = _pod(annotations) if as_stored is None else as_stored.stored(_pod(annotations))
+        data: bytes = self.api.create_namespaced_pod(NAMESPACE, pod, _preload_content=False).data
         return data
 
     def prepare(self, binds: int) -> None:
@@ -254,11 +255,7 @@ class Requests:
         """The seed inference pod (sm-sharing, 4 GPUs) and the seed notebook (a portion of 2) in turn, as
         bench/apiserver.py sends them; with `shapes`, sent as gpufrac's admission would store them."""
         turn = next(self._shape) % len(SEED_SHAPES)
-        pod = _pod(SEED_SHAPES[turn])
-        if shapes:
-            pod = shapes[turn].stored(pod)
-        data: bytes = self.api.create_namespaced_pod(NAMESPACE, pod, _preload_content=False).data
-        return data
+        return self._create(SEED_SHAPES[turn], shapes[turn] if shapes else None)
 
     def dry_runs(self) -> list[dict[str, Any]]:
         """Each seed pod as the API server would store it now (a server-side dry run, nothing stored)."""
@@ -327,10 +324,9 @@ def _phase(cell: TaxCell, send: Callable[[], bytes], count: int, cpu: Callable[[
 
 
 def _floor_phases(cells: dict[tuple[str, str], TaxCell], requests: Requests, admission_api: Any, count: int,
-                  cpu: Callable[[], float], probe: ApiserverProbe, dry_runs: dict[str, list[dict[str, Any]]]) -> None:
+                  cpu: Callable[[], float], probe: ApiserverProbe) -> None:
     """Right after nothing's phases, with nothing installed: the plain kinds again, each meeting one empty gate
-    (bench/gate_floor.py), the least any gate that reads annotations costs; then the fractional CREATE with gpufrac's
-    additions made without it (bench/fraction_floor.py), once the defaults' dry runs are known."""
+    (bench/gate_floor.py), the least any gate that reads annotations costs."""
     plain = {kind: send for kind, send in requests.by_kind().items() if kind in PLAIN_KINDS}
     gate_floor.install(admission_api, probe.gates, requests.plain_create, requests.status_write)
     try:
@@ -338,15 +334,14 @@ def _floor_phases(cells: dict[tuple[str, str], TaxCell], requests: Requests, adm
             _phase(cells.setdefault((FLOOR, kind), TaxCell(FLOOR, kind)), send, count, cpu, probe)
     finally:
         gate_floor.remove(admission_api, probe.gates, requests.plain_create, requests.status_write)
-    if DEFAULTS in dry_runs:
-        _fraction_floor_phases(cells, requests, admission_api, count, cpu, probe, dry_runs)
 
 
 def _fraction_floor_phases(cells: dict[tuple[str, str], TaxCell], requests: Requests, admission_api: Any,
                            count: int, cpu: Callable[[], float], probe: ApiserverProbe,
                            dry_runs: dict[str, list[dict[str, Any]]]) -> None:
-    """The fractional CREATE with gpufrac's additions made, nothing of gpufrac's installed (bench/fraction_floor.py):
-    all of them, then its metadata alone, each sent by the client, then written by the constant policy."""
+    """Right after nothing's phases, with nothing installed: the fractional CREATE with gpufrac's additions made
+    without it (bench/fraction_floor.py), all of them, then the metadata alone, each sent by the client, then written
+    by the constant policy. `dry_runs`: the seed pods as the defaults and nothing store them."""
     kind = "fractional CREATE"
 
     def stored_as(pods: list[dict[str, Any]]) -> Callable[[], bool]:
@@ -402,10 +397,11 @@ def _round(r: int, cells: dict[tuple[str, str], TaxCell], clients: tuple[Any, An
         measured = [cells.setdefault((setup, kind), TaxCell(setup, kind)) for kind in KINDS]
         for cell, send in zip(measured, requests.by_kind().values(), strict=True):
             _phase(cell, send, count, cpu, probe)
-        if setup in (DEFAULTS, NOTHING) and setup not in dry_runs:  # round 1: what the fraction floors need
+        if setup in (DEFAULTS, NOTHING) and setup not in dry_runs:  # round 1, defaults first: the fraction floors'
             dry_runs[setup] = requests.dry_runs()
         if setup == NOTHING:
-            _floor_phases(cells, requests, admission_api, count, cpu, probe, dry_runs)
+            _floor_phases(cells, requests, admission_api, count, cpu, probe)
+            _fraction_floor_phases(cells, requests, admission_api, count, cpu, probe, dry_runs)
         print(f"[bench] tax round {r + 1} {setup}: " + ", ".join(
             f"{c.kind} {c.rounds[-1] if c.rounds else float('nan'):.2f} ms" for c in measured), file=sys.stderr,
             flush=True)
@@ -532,13 +528,11 @@ def _gate_line(result: TaxResult) -> str:
 
 
 def _fraction_floor_line(result: TaxResult) -> str:
-    """A fractional CREATE's cost with gpufrac's additions made and no webhook called, beside the defaults' and the
-    target: the floor under any admission that writes them (bench/fraction_floor.py)."""
+    """A fractional CREATE's cost with gpufrac's additions made and no webhook called (bench/fraction_floor.py),
+    beside the defaults' and the target."""
     kind = "fractional CREATE"
     nothing = result.cells[(NOTHING, kind)]
-    floors = [result.cells[(setup, kind)] for setup in FRACTION_FLOORS if (setup, kind) in result.cells]
-    if not floors:
-        return "No fraction floor was measured (the defaults' dry runs came after nothing's phases)."
+    floors = [result.cells[(setup, kind)] for setup in FRACTION_FLOORS]
     most = targets(result)[kind][0]
     parts = [f"{cell.setup} ×{_ratio(cell, nothing):.2f} (median of blocks ×{_ratio(cell, nothing, 'block_ms'):.2f})"
              for cell in (*floors, result.cells[(DEFAULTS, kind)])]
