@@ -17,6 +17,7 @@ refused one is counted as an error, never timed. The issue's targets are reporte
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import re
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import fraction_floor, gate_floor
+from bench import direct, fraction_floor, gate_floor
 from bench.apiserver import (
     IMAGE,
     WEBHOOK_METRIC,
@@ -36,9 +37,11 @@ from bench.apiserver import (
     _unregister,
     _webhook_names,
     histogram_series,
+    serve_python,
     started_control_plane,
 )
 from bench.reviews import BIND_ANNOTATIONS
+from e2e.toolkit.procs import free_port
 from e2e.toolkit.web import https_get
 from gpufrac.core.contract import FRACTIONAL_LABEL
 from testkit.pods import INFERENCE, NOTEBOOK
@@ -336,33 +339,59 @@ def _floor_phases(cells: dict[tuple[str, str], TaxCell], requests: Requests, adm
         gate_floor.remove(admission_api, probe.gates, requests.plain_create, requests.status_write)
 
 
-def _fraction_floor_phases(cells: dict[tuple[str, str], TaxCell], requests: Requests, admission_api: Any,
+def _serve_constant(cp: Any, variants: dict[str, list[fraction_floor.Shape]]) -> tuple[direct.Server, str]:
+    """bench.constant_app serving `variants` on a port of its own with the webhook's certificates, and its URL."""
+    workdir = cp.workdir / "constant-webhook"
+    workdir.mkdir(exist_ok=True)
+    answers = workdir / "answers.json"
+    answers.write_text(fraction_floor.answers(variants))
+    port = free_port()
+    server = serve_python(fraction_floor.WEBHOOK, "bench.constant_app", cp.webhook_certs, port, workdir,
+                          ("--answers", str(answers)))
+    return server, f"https://127.0.0.1:{port}"
+
+
+def _fraction_floor_phases(cells: dict[tuple[str, str], TaxCell], requests: Requests, cp: Any, admission_api: Any,
                            count: int, cpu: Callable[[], float], probe: ApiserverProbe,
                            dry_runs: dict[str, list[dict[str, Any]]]) -> None:
     """Right after nothing's phases, with nothing installed: the fractional CREATE with gpufrac's additions made
     without it (bench/fraction_floor.py), all of them, then the metadata alone, each sent by the client, then written
-    by the constant policy. `dry_runs`: the seed pods as the defaults and nothing store them."""
+    by the constant policy, then by the constant webhook. `dry_runs`: the seed pods as the defaults and nothing
+    store them."""
     kind = "fractional CREATE"
 
     def stored_as(pods: list[dict[str, Any]]) -> Callable[[], bool]:
-        """Whether a dry run of each seed pod now comes back as `pods` (a policy applied, or gone)."""
+        """Whether a dry run of each seed pod now comes back as `pods` (an admission applied, or gone)."""
         return lambda: all(fraction_floor.same_but_token(now, then)
                            for now, then in zip(requests.dry_runs(), pods, strict=True))
 
+    def measure(setup: str, send: Callable[[], bytes]) -> None:
+        _phase(cells.setdefault((setup, kind), TaxCell(setup, kind)), send, count, cpu, probe)
+
     whole = [fraction_floor.shape(annotations, plain_pod, mutated) for annotations, plain_pod, mutated
              in zip(SEED_SHAPES, dry_runs[NOTHING], dry_runs[DEFAULTS], strict=True)]
-    for sent, written, shapes in ((fraction_floor.STORED, fraction_floor.POLICY, whole),
-                                  (fraction_floor.STORED_METADATA, fraction_floor.POLICY_METADATA,
-                                   [s.metadata_only() for s in whole])):
-        _phase(cells.setdefault((sent, kind), TaxCell(sent, kind)),
-               lambda shapes=shapes: requests.fractional_create(shapes), count, cpu, probe)
-        made = [shape.stored(pod) for shape, pod in zip(shapes, dry_runs[NOTHING], strict=True)]
-        fraction_floor.install(admission_api, shapes, {BENCH_LABEL: "1"}, stored_as(made))
-        try:
-            _phase(cells.setdefault((written, kind), TaxCell(written, kind)), requests.fractional_create, count,
-                   cpu, probe)
-        finally:
-            fraction_floor.remove(admission_api, stored_as(dry_runs[NOTHING]))
+    variants = fraction_floor.variants(whole)
+    selector, unchanged = {BENCH_LABEL: "1"}, stored_as(dry_runs[NOTHING])
+    ca_bundle = base64.b64encode((cp.webhook_certs / "ca.crt").read_bytes()).decode()
+    constant, url = _serve_constant(cp, variants)
+    try:
+        for variant, (sent, policy, webhook) in fraction_floor.VARIANTS.items():
+            shapes = variants[variant]
+            measure(sent, lambda shapes=shapes: requests.fractional_create(shapes))
+            made = stored_as([shape.stored(pod) for shape, pod in zip(shapes, dry_runs[NOTHING], strict=True)])
+            fraction_floor.install_policy(admission_api, shapes, selector, made)
+            try:
+                measure(policy, requests.fractional_create)
+            finally:
+                fraction_floor.remove_policy(admission_api, unchanged)
+            configuration = fraction_floor.webhook_configuration(f"{url}/mutate/{variant}", ca_bundle, selector)
+            fraction_floor.install_webhook(admission_api, configuration, made)
+            try:
+                measure(webhook, requests.fractional_create)
+            finally:
+                fraction_floor.remove_webhook(admission_api, unchanged)
+    finally:
+        constant.stop()
 
 
 def _remove_policies(cp: Any, admission_api: Any) -> None:
@@ -401,7 +430,7 @@ def _round(r: int, cells: dict[tuple[str, str], TaxCell], clients: tuple[Any, An
             dry_runs[setup] = requests.dry_runs()
         if setup == NOTHING:
             _floor_phases(cells, requests, admission_api, count, cpu, probe)
-            _fraction_floor_phases(cells, requests, admission_api, count, cpu, probe, dry_runs)
+            _fraction_floor_phases(cells, requests, cp, admission_api, count, cpu, probe, dry_runs)
         print(f"[bench] tax round {r + 1} {setup}: " + ", ".join(
             f"{c.kind} {c.rounds[-1] if c.rounds else float('nan'):.2f} ms" for c in measured), file=sys.stderr,
             flush=True)
@@ -528,8 +557,8 @@ def _gate_line(result: TaxResult) -> str:
 
 
 def _fraction_floor_line(result: TaxResult) -> str:
-    """A fractional CREATE's cost with gpufrac's additions made and no webhook called (bench/fraction_floor.py),
-    beside the defaults' and the target."""
+    """A fractional CREATE's cost with gpufrac's additions made without gpufrac: sent, or written by the cheapest
+    policy or webhook (bench/fraction_floor.py), beside the defaults' and the target."""
     kind = "fractional CREATE"
     nothing = result.cells[(NOTHING, kind)]
     floors = [result.cells[(setup, kind)] for setup in FRACTION_FLOORS]
@@ -537,7 +566,7 @@ def _fraction_floor_line(result: TaxResult) -> str:
     parts = [f"{cell.setup} ×{_ratio(cell, nothing):.2f} (median of blocks ×{_ratio(cell, nothing, 'block_ms'):.2f})"
              for cell in (*floors, result.cells[(DEFAULTS, kind)])]
     return (f"A {kind} with gpufrac's additions (label, canonical annotations, node affinity, env, MPS mounts, CSI "
-            f"volume; {fraction_floor.METADATA}: label, annotations and node affinity alone) and no webhook, "
+            f"volume; {fraction_floor.METADATA}: label, annotations and node affinity alone) made without gpufrac, "
             f"Kubernetes {result.server_version}, × nothing: " + "; ".join(parts)
             + f". Target for {DEFAULTS}: ≤ {most:g}×.")
 
@@ -578,10 +607,11 @@ def _header(result: TaxResult) -> list[str]:
             "ValidatingAdmissionPolicies and Bindings; policies off = the configurations rendered with "
             "policies.enabled=false, the policies deleted; nothing = all deleted; an empty gate = nothing but one "
             "mutating webhook (pods CREATE) and one bound policy (pods/status), each with the one condition `false` "
-            f"(bench/gate_floor.py), plain kinds only, measured after nothing; {fraction_floor.STORED} and "
-            f"{fraction_floor.POLICY} = nothing of gpufrac's, its additions to each seed pod (taken from a dry run "
-            "under the defaults) sent by the client or written by one MutatingAdmissionPolicy as a constant JSON "
-            "patch (bench/fraction_floor.py), fractional CREATE only, measured after nothing. Status write: PUT "
+            f"(bench/gate_floor.py), plain kinds only, measured after nothing; {fraction_floor.STORED}, "
+            f"{fraction_floor.POLICY} and {fraction_floor.WEBHOOK} = nothing of gpufrac's, its additions to each "
+            "seed pod (taken from a dry run under the defaults) sent by the client, or written as a constant JSON "
+            "patch by one MutatingAdmissionPolicy or by one webhook that decides nothing (bench/constant_app.py), "
+            "fractional CREATE only, measured after nothing. Status write: PUT "
             "pods/status (status.message); binder UPDATE: a merge patch of the bind-time annotations as "
             "system:serviceaccount:kai-scheduler:binder. Each kind of a setup's round is a phase of its own, begun "
             f"with a GC cycle forced in the API server ({GC_NOW}, profiling on): a phase pays for the collections "

@@ -213,24 +213,30 @@ def _serve_stand_in(cp, workdir: Path, server: str, go_binary: Path | None) -> d
     """Stop gpufrac's webhook and serve a stand-in on its port with its certificates: a Python one
     (PYTHON_STAND_INS) with the settings `gpufrac webhook` runs with by default (the control plane's webhook), or
     the Go one."""
-    from gpufrac.webhook.serve.server import ServeOptions
-
     cp.stop_webhook()
     port = cp.ports["webhook"]
     workdir.mkdir(parents=True, exist_ok=True)
     if server == "do-nothing (Go)" and go_binary is not None:
         return direct.start(server, [str(go_binary), str(cp.webhook_certs), f"127.0.0.1:{port}"],
                             workdir / "go-do-nothing.log", dict(os.environ), port)
-    defaults = ServeOptions(cp.webhook_certs, "")
-    module = PYTHON_STAND_INS[server]
+    return serve_python(server, PYTHON_STAND_INS[server], cp.webhook_certs, port, workdir)
+
+
+def serve_python(name: str, module: str, certs: Path, port: int, workdir: Path,
+                 args: tuple[str, ...] = ()) -> direct.Server:
+    """`python -m module` (noop_app.serve's command line, `args` first) on `port` with `certs`, with the settings
+    `gpufrac webhook` runs with by default."""
+    from gpufrac.webhook.serve.server import ServeOptions
+
+    defaults = ServeOptions(certs, "")
     run_dir = workdir / f"{module}-run"
-    run_dir.mkdir(mode=0o700, exist_ok=True)
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_RUNTIME_DIR": str(run_dir),
            "PROMETHEUS_MULTIPROC_DIR": str(workdir / f"{module}-prometheus"),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    argv = [sys.executable, "-m", module, "--workers", str(defaults.workers), "--threads",
-            str(defaults.threads), "--certs", str(cp.webhook_certs), "--bind", f"127.0.0.1:{port}"]
-    return direct.start(server, argv, workdir / f"{module}.log", env, port)
+    argv = [sys.executable, "-m", module, *args, "--workers", str(defaults.workers), "--threads",
+            str(defaults.threads), "--certs", str(certs), "--bind", f"127.0.0.1:{port}"]
+    return direct.start(name, argv, workdir / f"{module}.log", env, port)
 
 
 def _unbind_policies(cp, admission_api, timeout: float = 30) -> None:

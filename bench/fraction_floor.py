@@ -9,6 +9,11 @@ gpufrac's installed, right after nothing's phases, beside gpufrac's defaults in 
   write them: the policy's activation, the patch, the object converted and decoded again, and the
   admission chain run a second time because the object changed (k8s.io/apiserver `admission/reinvocation.go`).
 
+- WEBHOOK: the user's pods, and one mutating webhook that answers each with the same additions as a constant JSON
+  patch (bench/constant_app.py: no decision, nothing built per review; no matchConditions, `reinvocationPolicy:
+  Never`). The least any webhook pays to write them: the review encoded, the HTTPS round trip, the patch applied,
+  the object decoded again, and the chain's second pass.
+
 Each also with the metadata alone (METADATA: the label, the canonical annotations, the node affinity): what a pod
 would carry were its env and mounts delivered at container creation instead of written into its spec. Fractional
 CREATEs only: a plain pod gets nothing from gpufrac."""
@@ -27,10 +32,15 @@ from e2e.toolkit.wait import wait_until
 
 STORED = "gpufrac's pod, sent"  # the setups' names in the report
 POLICY = "a constant MutatingAdmissionPolicy"
+WEBHOOK = "a constant webhook"
 METADATA = "metadata only"  # what a pod would carry were the env and mounts delivered at container creation
 STORED_METADATA = f"{STORED}, {METADATA}"
 POLICY_METADATA = f"{POLICY}, {METADATA}"
-SETUPS = (STORED, POLICY, STORED_METADATA, POLICY_METADATA)
+WEBHOOK_METADATA = f"{WEBHOOK}, {METADATA}"
+SETUPS = (STORED, POLICY, WEBHOOK, STORED_METADATA, POLICY_METADATA, WEBHOOK_METADATA)
+WRITERS = (POLICY, WEBHOOK, POLICY_METADATA, WEBHOOK_METADATA)  # the setups where an admission writes the additions
+# The additions' variants (bench.constant_app's URL path), each sent, written by the policy, written by the webhook.
+VARIANTS = {"whole": (STORED, POLICY, WEBHOOK), "metadata": (STORED_METADATA, POLICY_METADATA, WEBHOOK_METADATA)}
 _METADATA_PATHS = ("/metadata/", "/spec/affinity")
 NAME = "gpufrac-bench-fraction-floor"
 _SERVICE_ACCOUNT_VOLUME = "kube-api-access-"  # ServiceAccount admission's, with a random suffix: never copied
@@ -144,7 +154,7 @@ def policy_objects(shapes: list[Shape], selector: Mapping[str, str]) -> tuple[di
     return policy, binding
 
 
-def install(admission_api: Any, shapes: list[Shape], selector: Mapping[str, str],
+def install_policy(admission_api: Any, shapes: list[Shape], selector: Mapping[str, str],
             applied: Callable[[], bool], timeout: float = 30) -> None:
     """The policy created, and waited for until `applied` (a dry run comes back as gpufrac stores it): the API
     server loads it by an informer."""
@@ -154,10 +164,48 @@ def install(admission_api: Any, shapes: list[Shape], selector: Mapping[str, str]
     wait_until(applied, timeout, "the constant MutatingAdmissionPolicy to apply", interval=0.2)
 
 
-def remove(admission_api: Any, gone: Callable[[], bool], timeout: float = 30) -> None:
+def remove_policy(admission_api: Any, gone: Callable[[], bool], timeout: float = 30) -> None:
     admission_api.delete_mutating_admission_policy_binding(NAME)
     admission_api.delete_mutating_admission_policy(NAME)
     wait_until(gone, timeout, "the constant MutatingAdmissionPolicy to be gone", interval=0.2)
+
+
+def variants(whole: list[Shape]) -> dict[str, list[Shape]]:
+    """VARIANTS' shapes: all of gpufrac's additions, and the metadata alone."""
+    return {"whole": whole, "metadata": [s.metadata_only() for s in whole]}
+
+
+def answers(variants: Mapping[str, list[Shape]]) -> str:
+    """bench.constant_app's answers file: each variant's shapes, their annotations and patch."""
+    return json.dumps({variant: [{"annotations": dict(s.annotations), "patch": s.patch} for s in shapes]
+                       for variant, shapes in variants.items()})
+
+
+def webhook_configuration(url: str, ca_bundle: str, selector: Mapping[str, str]) -> dict[str, Any]:
+    """One mutating webhook at `url` (bench.constant_app's `/mutate/<variant>`) on pods CREATE whose labels match
+    `selector`: no matchConditions, not called again, failing closed (a pod it did not answer is an error)."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": NAME},
+        "webhooks": [{"name": "constant.bench.gpufrac.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                      "failurePolicy": "Fail", "reinvocationPolicy": "Never", "timeoutSeconds": 5,
+                      "clientConfig": {"url": url, "caBundle": ca_bundle},
+                      "objectSelector": {"matchLabels": dict(selector)},
+                      "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                                 "resources": ["pods"], "scope": "Namespaced"}]}],
+    }
+
+
+def install_webhook(admission_api: Any, configuration: Mapping[str, Any], applied: Callable[[], bool],
+                    timeout: float = 30) -> None:
+    """The constant webhook registered, and waited for until `applied` (the API server loads it by an informer)."""
+    admission_api.create_mutating_webhook_configuration(dict(configuration))
+    wait_until(applied, timeout, "the constant webhook to apply", interval=0.2)
+
+
+def remove_webhook(admission_api: Any, gone: Callable[[], bool], timeout: float = 30) -> None:
+    admission_api.delete_mutating_webhook_configuration(NAME)
+    wait_until(gone, timeout, "the constant webhook to be gone", interval=0.2)
 
 
 def same_but_token(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

@@ -1,17 +1,20 @@
 """bench/fraction_floor.py without a server: from two stores of a seed pod (nothing installed, gpufrac's defaults) it
-takes exactly gpufrac's additions, sends them as gpufrac stores them, and writes them as one constant policy. The
+takes exactly gpufrac's additions, sends them as gpufrac stores them, and writes them as one constant policy or
+by the constant webhook (bench/constant_app.py). The
 stores here are the webhook's own answer (gpufrac review's pod) with what the API server adds around it (the
 ServiceAccount's token volume under a random name, the name, the server's metadata, the status)."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from typing import Any
 
+import jsonpatch
 import pytest
 
-from bench import fraction_floor
+from bench import constant_app, fraction_floor
 from bench.admission_tax import SEED_SHAPES
 from gpufrac.webhook.decide.policy import Policy, UserInfo
 from gpufrac.webhook.offline import review
@@ -46,6 +49,11 @@ def _webhooks(pod: dict[str, Any]) -> dict[str, Any]:
     return result.object
 
 
+def _shapes() -> list[fraction_floor.Shape]:
+    return [fraction_floor.shape(a, _as_stored(_pod(a, "p"), "aaaaa"), _as_stored(_webhooks(_pod(a, "m")), "bbbbb"))
+            for a in SEED_SHAPES]
+
+
 @pytest.mark.parametrize("annotations", SEED_SHAPES, ids=["inference", "notebook"])
 def test_a_shape_sends_the_pod_gpufrac_stores(annotations: dict[str, str]) -> None:
     plain = _as_stored(_pod(annotations, "tax-1"), "aaaaa")
@@ -76,8 +84,7 @@ def test_nothing_added_is_an_error_not_a_floor() -> None:
 
 
 def test_the_policy_writes_each_shape_only_on_its_own_pods() -> None:
-    shapes = [fraction_floor.shape(a, _as_stored(_pod(a, "p"), "aaaaa"), _as_stored(_webhooks(_pod(a, "m")), "bbbbb"))
-              for a in SEED_SHAPES]
+    shapes = _shapes()
     policy, binding = fraction_floor.policy_objects(shapes, {"gpufrac-bench": "1"})
     spec = policy["spec"]
     assert spec["reinvocationPolicy"] == "Never" and spec["failurePolicy"] == "Fail"
@@ -111,3 +118,47 @@ def test_metadata_only_keeps_the_label_annotations_and_affinity_and_no_spec_of_t
     assert sent["spec"]["containers"] == _pod(annotations, "tax-3")["spec"]["containers"]  # no env, no mounts
     assert "volumes" not in sent["spec"]
     assert len(whole.metadata_only().patch) < len(whole.patch)
+
+
+def _admitted(client: Any, path: str, pod: dict[str, Any]) -> dict[str, Any]:
+    """`pod` as the constant webhook's answer at `path` leaves it (its patch applied as the API server would)."""
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+              "request": {"uid": "u-1", "operation": "CREATE", "object": pod}}
+    answer = client.post(path, json=review).get_json()["response"]
+    assert answer["uid"] == "u-1" and answer["allowed"] is True
+    if "patch" not in answer:
+        return pod
+    assert answer["patchType"] == "JSONPatch"
+    return jsonpatch.apply_patch(pod, json.loads(base64.b64decode(answer["patch"])))
+
+
+@pytest.mark.parametrize("annotations", SEED_SHAPES, ids=["inference", "notebook"])
+def test_the_constant_webhook_answers_each_pod_with_the_pod_gpufrac_stores(annotations: dict[str, str]) -> None:
+    variants = fraction_floor.variants(_shapes())
+    app = constant_app.create_app(constant_app.load_answers(fraction_floor.answers(variants)))
+    client = app.test_client()
+    # What the API server sends a webhook: the user's pod with its token volume and mount already in.
+    seen = _as_stored(_pod(annotations, "tax-5"), "ccccc")
+    seen["metadata"] = {k: v for k, v in seen["metadata"].items() if k in ("name", "namespace", "labels",
+                                                                          "annotations")}
+    del seen["status"]
+    stored = _as_stored(_webhooks(_pod(annotations, "tax-5")), "ccccc")
+    assert fraction_floor.same_but_token(_admitted(client, "/mutate/whole", seen), stored)
+    metadata_only = _admitted(client, "/mutate/metadata", seen)
+    assert metadata_only["metadata"]["annotations"] == stored["metadata"]["annotations"]
+    assert metadata_only["spec"]["containers"] == seen["spec"]["containers"]
+    # A pod no shape matches is let through unchanged; a variant the file does not name is not found.
+    plain = {**seen, "metadata": {**seen["metadata"], "annotations": {}}}
+    assert _admitted(client, "/mutate/whole", plain) == plain
+    assert client.post("/mutate/other", json={}).status_code == 404
+
+
+def test_the_constant_webhook_is_the_cheapest_registration() -> None:
+    configuration = fraction_floor.webhook_configuration("https://127.0.0.1:1/mutate/whole", "Q0E=",
+                                                         {"gpufrac-bench": "1"})
+    (webhook,) = configuration["webhooks"]
+    assert "matchConditions" not in webhook  # nothing evaluated before the call
+    assert webhook["reinvocationPolicy"] == "Never" and webhook["failurePolicy"] == "Fail"
+    assert webhook["objectSelector"] == {"matchLabels": {"gpufrac-bench": "1"}}
+    assert webhook["rules"][0]["operations"] == ["CREATE"]
+    assert webhook["clientConfig"] == {"url": "https://127.0.0.1:1/mutate/whole", "caBundle": "Q0E="}
