@@ -1,5 +1,5 @@
 """A webhook that answers each pod CREATE with a constant JSON patch, picked by the pod's annotations: gpufrac's
-additions to a seed pod written by the cheapest webhook there can be (issue 47's fraction floors,
+additions to a seed pod written by a webhook that does nothing else (issue 47's fraction floors,
 bench/fraction_floor.py). It decides nothing and builds nothing per review: what the API server then spends is what
 any webhook writing those additions costs it.
 

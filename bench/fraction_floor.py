@@ -38,7 +38,6 @@ STORED_METADATA = f"{STORED}, {METADATA}"
 POLICY_METADATA = f"{POLICY}, {METADATA}"
 WEBHOOK_METADATA = f"{WEBHOOK}, {METADATA}"
 SETUPS = (STORED, POLICY, WEBHOOK, STORED_METADATA, POLICY_METADATA, WEBHOOK_METADATA)
-WRITERS = (POLICY, WEBHOOK, POLICY_METADATA, WEBHOOK_METADATA)  # the setups where an admission writes the additions
 # The additions' variants (bench.constant_app's URL path), each sent, written by the policy, written by the webhook.
 VARIANTS = {"whole": (STORED, POLICY, WEBHOOK), "metadata": (STORED_METADATA, POLICY_METADATA, WEBHOOK_METADATA)}
 _METADATA_PATHS = ("/metadata/", "/spec/affinity")
