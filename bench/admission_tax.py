@@ -378,14 +378,14 @@ def _fraction_floor_phases(cells: dict[tuple[str, str], TaxCell], requests: Requ
         for variant, (sent, policy, webhook) in fraction_floor.VARIANTS.items():
             shapes = variants[variant]
             measure(sent, lambda shapes=shapes: requests.fractional_create(shapes))
-            made = stored_as([shape.stored(pod) for shape, pod in zip(shapes, dry_runs[NOTHING], strict=True)])
-            fraction_floor.install_policy(admission_api, shapes, selector, made)
+            applied = stored_as([shape.stored(pod) for shape, pod in zip(shapes, dry_runs[NOTHING], strict=True)])
+            fraction_floor.install_policy(admission_api, shapes, selector, applied)
             try:
                 measure(policy, requests.fractional_create)
             finally:
                 fraction_floor.remove_policy(admission_api, unchanged)
             configuration = fraction_floor.webhook_configuration(f"{url}/mutate/{variant}", ca_bundle, selector)
-            fraction_floor.install_webhook(admission_api, configuration, made)
+            fraction_floor.install_webhook(admission_api, configuration, applied)
             try:
                 measure(webhook, requests.fractional_create)
             finally:

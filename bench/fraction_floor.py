@@ -154,7 +154,7 @@ def policy_objects(shapes: list[Shape], selector: Mapping[str, str]) -> tuple[di
 
 
 def install_policy(admission_api: Any, shapes: list[Shape], selector: Mapping[str, str],
-            applied: Callable[[], bool], timeout: float = 30) -> None:
+                   applied: Callable[[], bool], timeout: float = 30) -> None:
     """The policy created, and waited for until `applied` (a dry run comes back as gpufrac stores it): the API
     server loads it by an informer."""
     policy, binding = policy_objects(shapes, selector)
@@ -170,8 +170,8 @@ def remove_policy(admission_api: Any, gone: Callable[[], bool], timeout: float =
 
 
 def variants(whole: list[Shape]) -> dict[str, list[Shape]]:
-    """VARIANTS' shapes: all of gpufrac's additions, and the metadata alone."""
-    return {"whole": whole, "metadata": [s.metadata_only() for s in whole]}
+    """VARIANTS' shapes, in its order: all of gpufrac's additions, and the metadata alone."""
+    return dict(zip(VARIANTS, (whole, [s.metadata_only() for s in whole]), strict=True))
 
 
 def answers(variants: Mapping[str, list[Shape]]) -> str:

@@ -1,8 +1,8 @@
 """bench/fraction_floor.py without a server: from two stores of a seed pod (nothing installed, gpufrac's defaults) it
-takes exactly gpufrac's additions, sends them as gpufrac stores them, and writes them as one constant policy or
-by the constant webhook (bench/constant_app.py). The
-stores here are the webhook's own answer (gpufrac review's pod) with what the API server adds around it (the
-ServiceAccount's token volume under a random name, the name, the server's metadata, the status)."""
+takes exactly gpufrac's additions, sends them as gpufrac stores them, and writes them as one constant policy or by
+the constant webhook (bench/constant_app.py). The stores here are the webhook's own answer (gpufrac review's pod)
+with what the API server adds around it (the ServiceAccount's token volume under a random name, the name, the
+server's metadata, the status)."""
 
 from __future__ import annotations
 
